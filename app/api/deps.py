@@ -1,0 +1,34 @@
+"""``Annotated`` aliases that read the per-app objects from ``app.state``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from app.config import Settings
+from app.errors import Unavailable
+from app.metrics import Metrics
+from app.service import InferenceService
+
+
+def _service(request: Request) -> InferenceService:
+    service: InferenceService | None = getattr(request.app.state, "service", None)
+    if service is None:
+        raise Unavailable("loading", "the server is starting")
+    return service
+
+
+def _settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def _metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.app.state.metrics
+    return metrics
+
+
+ServiceDep = Annotated[InferenceService, Depends(_service)]
+SettingsDep = Annotated[Settings, Depends(_settings)]
+MetricsDep = Annotated[Metrics, Depends(_metrics)]

@@ -1,0 +1,175 @@
+"""What travels through the queue, the batching policy, and the blocking batch collector.
+
+``BatchPolicy`` is pure (it is handed the clock's readings); ``collect_batch`` runs on a device
+thread and blocks on the sync side of the janus queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class PendingRequest:
+    """One admitted request: its future resolves to the list of per-item results, in order.
+
+    Created and resolved on the event loop. Device threads only read ``deadline`` and call
+    ``future.done()`` (a plain attribute read) to skip work nobody waits for.
+    """
+
+    future: asyncio.Future[list[Any]]
+    size: int
+    deadline: float
+    enqueued_at: float
+    results: list[Any] = field(default_factory=list)
+    remaining: int = 0
+
+    def __post_init__(self) -> None:
+        self.results = [None] * self.size
+        self.remaining = self.size
+
+    def abandoned(self, now: float) -> bool:
+        return self.future.done() or now >= self.deadline
+
+
+@dataclass(eq=False, slots=True)
+class PendingItem:
+    """One instance of a request, already decoded: the unit of batching."""
+
+    request: PendingRequest
+    index: int
+    data: Any
+    key: Any = None  # items of different keys (e.g. shapes) never share a model call
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """max-size / max-wait batching, where the wait is a ceiling, not a fixed delay.
+
+    A batch leaves when it holds ``max_batch_size`` items, or when ``max_wait_s`` has passed since
+    its first item arrived. It also leaves at once when waiting cannot help:
+    - no request other than those already in the batch is in flight (a lone client, or a closed
+      loop whose every client is in this batch, would only be kept waiting), or
+    - the recent mean gap between request arrivals is longer than the budget still left.
+    Under load none of this matters: items pile up while the device is busy, and the next batch
+    is filled from the queue without any wait.
+    """
+
+    max_batch_size: int
+    max_wait_s: float
+
+    def wait_budget(
+        self,
+        size: int,
+        first_at: float,
+        now: float,
+        gap_s: float | None = None,
+        others_in_flight: int | None = None,
+    ) -> float:
+        """Seconds still worth waiting for more items (0: dispatch now).
+
+        ``gap_s``: recent mean gap between request arrivals, None if unknown.
+        ``others_in_flight``: admitted requests not represented in this batch, None if unknown.
+        """
+        if size >= self.max_batch_size:
+            return 0.0
+        remaining = first_at + self.max_wait_s - now
+        if remaining <= 0.0 or others_in_flight == 0:
+            return 0.0
+        if gap_s is not None and gap_s > remaining:
+            return 0.0
+        return remaining
+
+
+@dataclass
+class ArrivalRate:
+    """Exponentially weighted mean gap between consecutive request arrivals (seconds)."""
+
+    alpha: float = 0.2
+    gap_s: float | None = None
+    last: PendingRequest | None = None
+
+    def observe(self, request: PendingRequest) -> None:
+        last = self.last
+        if last is request:
+            return  # another item of the same request: not a new arrival
+        self.last = request
+        if last is None or request.enqueued_at < last.enqueued_at:
+            return
+        gap = request.enqueued_at - last.enqueued_at
+        self.gap_s = gap if self.gap_s is None else self.gap_s + self.alpha * (gap - self.gap_s)
+
+
+class SyncGetter(Protocol):
+    def get(self, block: bool = True, timeout: float | None = None) -> PendingItem: ...
+
+
+def collect_batch(
+    q: SyncGetter,
+    policy: BatchPolicy,
+    limit: int,
+    rate: ArrivalRate,
+    in_flight: Callable[[], int] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[PendingItem]:
+    """Block for a first item, then gather more until the policy says go. Device thread only.
+
+    ``limit`` (<= policy.max_batch_size) is the current effective batch limit; ``in_flight``
+    reports how many requests are admitted and unanswered. Raises whatever ``q.get`` raises when
+    the queue is shut down and empty (janus.SyncQueueShutDown).
+    """
+    first = q.get()
+    batch = [first]
+    requests = {id(first.request)}
+    rate.observe(first.request)
+    first_at = min(first.request.enqueued_at, clock())
+    effective = BatchPolicy(min(limit, policy.max_batch_size), policy.max_wait_s)
+    while True:
+        # Take what is already queued without waiting (a loaded server needs no timer at all).
+        while len(batch) < effective.max_batch_size:
+            try:
+                item = q.get(block=False)
+            except queue.Empty:
+                break
+            batch.append(item)
+            requests.add(id(item.request))
+            rate.observe(item.request)
+        others = None if in_flight is None else max(0, in_flight() - len(requests))
+        budget = effective.wait_budget(len(batch), first_at, clock(), rate.gap_s, others)
+        if budget <= 0.0:
+            return batch
+        try:
+            item = q.get(timeout=budget)
+        except queue.Empty:
+            return batch
+        except Exception:
+            return batch  # shut down while waiting: run what we hold; the next get raises
+        batch.append(item)
+        requests.add(id(item.request))
+        rate.observe(item.request)
+
+
+def split_live(
+    batch: list[PendingItem], now: float
+) -> tuple[list[PendingItem], list[PendingItem]]:
+    """(items someone still waits for, items cancelled or past their deadline)."""
+    live: list[PendingItem] = []
+    dead: list[PendingItem] = []
+    for item in batch:
+        (dead if item.request.abandoned(now) else live).append(item)
+    return live, dead
+
+
+def group_by(items: list[T], key: Callable[[T], Hashable]) -> list[list[T]]:
+    """Split items into runs that can share one model call, keeping arrival order within each."""
+    groups: dict[Hashable, list[T]] = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return list(groups.values())

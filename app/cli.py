@@ -1,0 +1,169 @@
+"""``batchserve serve | check-model``: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+from app.config import ENV_PREFIX, ConfigError, Settings, load_settings
+
+log = logging.getLogger("batchserve")
+
+
+def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is typing.Literal:
+        return str, [str(a) for a in args]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return _flag_type(args[0])
+    return annotation, None
+
+
+def add_setting_flags(parser: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> None:
+    """One flag per setting (``--max-batch-size``); unset flags do not override anything."""
+    parser.add_argument("--config", metavar="FILE", help=f"TOML settings file ({ENV_PREFIX}CONFIG)")
+    for name, field in Settings.model_fields.items():
+        if name in skip:
+            continue
+        kind, choices = _flag_type(field.annotation)
+        env = ENV_PREFIX + name.upper()
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=kind,
+            choices=choices,
+            default=None,
+            help=f"{field.description} (env {env}; default {field.default})",
+        )
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {name: getattr(args, name, None) for name in Settings.model_fields}
+    return load_settings(args.config, overrides)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.logs import configure_logging
+    from app.main import create_app
+
+    settings = _settings(args)
+    configure_logging(settings.log_level, settings.log_format)
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        log_level=settings.log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,
+    )
+    server = _server_class()(config)
+    server.run()
+    return 0 if server.started and not server.fatal else 1
+
+
+def _server_class() -> type[Any]:
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):  # type: ignore[misc]
+        """uvicorn's Server, plus: on SIGTERM/SIGINT the service starts draining at once (health
+        says ``draining``, new requests get 503) while accepted requests are answered, and the
+        process then exits 0 instead of re-raising the signal; a model that fails to load stops
+        the server with a non-zero exit."""
+
+        fatal = False
+
+        def handle_exit(self, sig: int, frame: types.FrameType | None) -> None:
+            service = getattr(self.config.app.state, "service", None)
+            if service is not None:
+                service.begin_drain()
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            self.should_exit = True
+
+        async def on_tick(self, counter: int) -> bool:
+            service = getattr(self.config.app.state, "service", None)
+            if service is not None and service.load_failed:
+                log.critical("the model failed to load; exiting")
+                self.fatal = True
+                return True
+            should_exit: bool = await super().on_tick(counter)
+            return should_exit
+
+    return DrainingServer
+
+
+def check_model(args: argparse.Namespace) -> int:
+    """Load the model, warm it up, run one batch of its examples, print schema and timing."""
+    import json
+
+    import torch
+
+    from app.models.base import map_tensors
+    from app.models.registry import load_handler
+    from app.service import resolve_devices
+
+    settings = _settings(args)
+    device = resolve_devices(settings.devices)[0]
+    t0 = time.perf_counter()
+    handler = load_handler(settings.model, settings.model_name)
+    replica = handler.load(device)
+    load_s = time.perf_counter() - t0
+    examples = handler.examples()
+    print(f"model: {handler.name} on {device}")
+    print(f"input schema (one instance): {json.dumps(handler.input_schema)}")
+    print(f"load: {load_s * 1000:.0f} ms")
+    if not examples:
+        print("no examples declared: nothing run")
+        return 0
+    with torch.inference_mode():
+        items = handler.decode(examples)
+        for label in ("warm-up", "batch"):
+            t0 = time.perf_counter()
+            batch = map_tensors(lambda t: t.to(device), handler.collate(items))
+            outputs = map_tensors(lambda t: t.to("cpu"), replica(batch))
+            results = handler.split(outputs, len(items))
+            print(f"{label}: {len(items)} items in {(time.perf_counter() - t0) * 1000:.1f} ms")
+    first = results[0]
+    shape = getattr(first, "shape", None)
+    print(f"output of one item: {type(first).__name__}" + (f" shape {list(shape)}" if shape else ""))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="batchserve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_serve = sub.add_parser("serve", help="run the HTTP server")
+    add_setting_flags(p_serve)
+    p_serve.set_defaults(func=serve)
+    p_check = sub.add_parser("check-model", help="load a model, run one batch, print its schema")
+    p_check.add_argument("model", help="builtin name, module:callable, or a .pt / .pt2 file")
+    add_setting_flags(p_check, skip=frozenset({"model"}))
+    p_check.set_defaults(func=check_model)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except ConfigError as exc:
+        print(f"batchserve: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    sys.exit(main())

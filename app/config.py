@@ -1,0 +1,148 @@
+"""Settings: built-in defaults < TOML file < environment (BATCHSERVE_*) < command-line flags."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+ENV_PREFIX = "BATCHSERVE_"
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
+
+
+class ConfigError(ValueError):
+    """Settings that cannot work together, or a config file that cannot be read."""
+
+
+class Settings(BaseSettings):
+    """Every knob of the server. Build it once (``load_settings``) and pass it down."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
+
+    model: str = Field(
+        "minilm",
+        description="builtin name (minilm, linear), module:callable, or a .pt / .pt2 file",
+    )
+    model_name: str | None = Field(
+        None, description="name under /v2/models/ and in metrics (default: derived from model)"
+    )
+    devices: str = Field("auto", description="comma list: cpu, cuda, cuda:0,cuda:1, or auto")
+    max_batch_size: int = Field(32, ge=1, le=65536, description="most items in one model call")
+    max_wait_ms: float = Field(
+        5.0, ge=0, description="longest an item waits for its batch to fill (ceiling)"
+    )
+    queue_capacity: int = Field(1024, ge=1, description="items the bounded queue holds")
+    request_timeout_s: float = Field(
+        30.0, gt=0, description="default deadline of a request, arrival to answer"
+    )
+    max_instances: int = Field(256, ge=1, description="most instances in one request")
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1, description="largest request body")
+    api_key: str | None = Field(
+        None, description="when set, predict needs 'Authorization: Bearer <key>'"
+    )
+    torch_threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads per process (default: torch's choice)"
+    )
+    host: str = Field("127.0.0.1", description="address to bind")
+    port: int = Field(8000, ge=0, le=65535, description="port to bind (0: any free port)")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
+    log_format: Literal["text", "json"] = Field("text", description="log line format")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.max_wait_ms / 1000.0 >= self.request_timeout_s:
+            raise ValueError(
+                f"max_wait_ms ({self.max_wait_ms}) must be shorter than request_timeout_s "
+                f"({self.request_timeout_s}): every request would time out waiting for its batch"
+            )
+        if self.max_instances > self.queue_capacity:
+            raise ValueError(
+                f"max_instances ({self.max_instances}) exceeds queue_capacity "
+                f"({self.queue_capacity}): a request that large could never be admitted"
+            )
+        return self
+
+    @property
+    def max_wait_s(self) -> float:
+        return self.max_wait_ms / 1000.0
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Only init kwargs and the environment; load_settings layers the TOML file below both.
+        return (init_settings, env_settings)
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a TOML settings file: top-level keys are setting names (``max_batch_size = 32``)."""
+    try:
+        with Path(path).open("rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    unknown = sorted(set(data) - set(Settings.model_fields))
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown settings {', '.join(unknown)}")
+    return data
+
+
+def load_settings(
+    config_file: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Build Settings from defaults, a TOML file, the environment and explicit overrides.
+
+    ``config_file`` defaults to ``$BATCHSERVE_CONFIG``. ``overrides`` (command-line flags) win over
+    everything; ``None`` values in it mean "not given". Raises ConfigError with a readable message.
+    """
+    path = config_file if config_file is not None else os.environ.get(CONFIG_ENV)
+    file_values = read_config_file(path) if path else {}
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+
+    class _Layered(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings, InitSettingsSource(settings_cls, file_values))
+
+    try:
+        layered = _Layered(**given)
+    except ValueError as exc:
+        raise ConfigError(_describe(exc)) from exc
+    return Settings.model_construct(**layered.model_dump())
+
+
+def _describe(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if errors is None:
+        return str(exc)
+    parts = []
+    for err in errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        msg = str(err.get("msg", "")).removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "invalid settings: " + "; ".join(parts)

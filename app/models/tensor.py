@@ -1,0 +1,141 @@
+"""A bare ``nn.Module`` served as float32 tensors in, tensors out."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import numpy as np
+import torch
+
+from app.errors import InvalidInput
+from app.models.base import ModelHandler, Replica, Tensors
+
+Shape = tuple[int, ...]
+
+
+def _number_array_schema(shape: Shape | None) -> dict[str, Any]:
+    if shape is None:
+        return {"description": "a number or a nested list of numbers (any shape)"}
+    schema: dict[str, Any] = {"type": "number"}
+    for dim in reversed(shape):
+        schema = {"type": "array", "items": schema, "minItems": dim, "maxItems": dim}
+    return schema
+
+
+def _shape_text(shape: Shape) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+class TensorHandler(ModelHandler):
+    """Wraps a module factory. ``input_shape`` is the per-item shape (no batch dimension).
+
+    Without a declared shape any numeric array is accepted, and a batch only joins items of one
+    shape. ``build(device)`` returns the replica module for one device.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        build: Callable[[torch.device], torch.nn.Module],
+        input_shape: Shape | None,
+        examples: list[Any] | None = None,
+        max_batch_size: int | None = None,
+    ) -> None:
+        self.name = name
+        self._build = build
+        self.input_shape = input_shape
+        self._examples = examples
+        self.max_batch_size = max_batch_size
+        self.input_schema = _number_array_schema(input_shape)
+
+    @classmethod
+    def from_module(cls, name: str, module: torch.nn.Module) -> TensorHandler:
+        """Serve a module; its optional ``input_shape`` / ``example_inputs`` attributes are used."""
+        shape = getattr(module, "input_shape", None)
+        examples = getattr(module, "example_inputs", None)
+        if shape is None and examples:
+            shape = np.asarray(examples[0], dtype=np.float32).shape  # inferred from an example
+        template = module.eval()
+
+        def build(device: torch.device) -> torch.nn.Module:
+            return copy.deepcopy(template).to(device).eval()
+
+        return cls(name, build, tuple(int(d) for d in shape) if shape is not None else None,
+                   list(examples) if examples else None)
+
+    def examples(self) -> list[Any]:
+        if self._examples:
+            return list(self._examples)
+        if self.input_shape is not None:
+            return [np.zeros(self.input_shape, dtype=np.float32).tolist()]
+        return []
+
+    def decode(self, instances: list[Any]) -> list[Any]:
+        fast = self._decode_all(instances)
+        if fast is not None:
+            return fast
+        return [self._decode_one(i, x) for i, x in enumerate(instances)]
+
+    def _decode_all(self, instances: list[Any]) -> list[Any] | None:
+        """One numpy conversion for a well-formed request; None means look item by item."""
+        if self.input_shape is None:
+            return None
+        try:
+            arr = np.asarray(instances)
+        except (ValueError, TypeError, OverflowError, RecursionError):
+            return None
+        if arr.dtype.kind not in "iuf" or arr.shape[1:] != self.input_shape:
+            return None
+        with np.errstate(over="ignore"):
+            arr = arr.astype(np.float32, copy=False)
+        if not np.isfinite(arr).all():
+            return None
+        return list(arr)
+
+    def _decode_one(self, index: int, instance: Any) -> np.ndarray:
+        expected = (
+            f"a nested list of numbers of shape {_shape_text(self.input_shape)}"
+            if self.input_shape is not None else "a number or a nested list of numbers"
+        )
+        if isinstance(instance, (str, bytes, dict, bool)) or instance is None:
+            kind = "a string" if isinstance(instance, (str, bytes)) else type(instance).__name__
+            if instance is None:
+                kind = "null"
+            raise InvalidInput(f"instances[{index}]: expected {expected}, got {kind}")
+        try:
+            arr = np.asarray(instance)
+        except (ValueError, TypeError, OverflowError, RecursionError):
+            raise InvalidInput(
+                f"instances[{index}]: expected {expected}; the nested lists are ragged or too deep"
+            ) from None
+        if arr.dtype.kind == "O":
+            raise InvalidInput(
+                f"instances[{index}]: expected {expected}; found ragged lists, nulls or numbers "
+                "out of range"
+            )
+        if arr.dtype.kind not in "iuf":
+            raise InvalidInput(f"instances[{index}]: expected {expected}; found non-numbers")
+        if self.input_shape is not None and arr.shape != self.input_shape:
+            raise InvalidInput(
+                f"instances[{index}]: expected shape {_shape_text(self.input_shape)}, "
+                f"got {_shape_text(arr.shape)}"
+            )
+        with np.errstate(over="ignore"):
+            out = arr.astype(np.float32)
+        if not np.isfinite(out).all():
+            raise InvalidInput(
+                f"instances[{index}]: numbers must be finite and within float32 range"
+            )
+        return out
+
+    def key(self, item: Any) -> Hashable:
+        return None if self.input_shape is not None else item.shape
+
+    def load(self, device: torch.device) -> Replica:
+        module = self._build(device)
+        return module  # type: ignore[no-any-return]
+
+    def collate(self, items: list[Any]) -> Tensors:
+        return torch.from_numpy(np.stack(items))
