@@ -66,8 +66,10 @@ def serve(args: argparse.Namespace) -> int:
         log_level=settings.log_level,
         lifespan="on",
         timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,
+        fd=args.fd,
     )
     server = _server_class()(config)
+    server.drain_limit_s = settings.request_timeout_s + 5.0
     server.run()
     return 0 if server.started and not server.fatal else 1
 
@@ -76,20 +78,28 @@ def _server_class() -> type[Any]:
     import uvicorn
 
     class DrainingServer(uvicorn.Server):  # type: ignore[misc]
-        """uvicorn's Server, plus: on SIGTERM/SIGINT the service starts draining at once (health
-        says ``draining``, new requests get 503) while accepted requests are answered, and the
-        process then exits 0 instead of re-raising the signal; a model that fails to load stops
-        the server with a non-zero exit."""
+        """uvicorn's Server with a drain phase for load balancers.
+
+        On SIGTERM/SIGINT the service starts draining at once: health says ``draining`` (503)
+        and new requests get 503, while the listener stays open and accepted requests are
+        answered. When none is left in flight (or after ``drain_limit_s``), uvicorn's own
+        shutdown runs, and the process exits 0 instead of re-raising the signal. A second
+        signal skips the wait. A model that fails to load stops the server with exit code 1.
+        """
 
         fatal = False
+        drain_started: float | None = None
+        drain_limit_s = 35.0
 
         def handle_exit(self, sig: int, frame: types.FrameType | None) -> None:
             service = getattr(self.config.app.state, "service", None)
-            if service is not None:
-                service.begin_drain()
-            if self.should_exit and sig == signal.SIGINT:
-                self.force_exit = True
-            self.should_exit = True
+            if self.drain_started is not None or service is None:
+                if self.should_exit and sig == signal.SIGINT:
+                    self.force_exit = True
+                self.should_exit = True
+                return
+            service.begin_drain()
+            self.drain_started = time.monotonic()
 
         async def on_tick(self, counter: int) -> bool:
             service = getattr(self.config.app.state, "service", None)
@@ -97,6 +107,10 @@ def _server_class() -> type[Any]:
                 log.critical("the model failed to load; exiting")
                 self.fatal = True
                 return True
+            if self.drain_started is not None and service is not None:
+                waited = time.monotonic() - self.drain_started
+                if service.in_flight == 0 or waited > self.drain_limit_s:
+                    return True
             should_exit: bool = await super().on_tick(counter)
             return should_exit
 
@@ -145,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p_serve = sub.add_parser("serve", help="run the HTTP server")
     add_setting_flags(p_serve)
+    p_serve.add_argument(
+        "--fd", type=int, default=None,
+        help="serve on an inherited, already bound socket (file descriptor) instead of host:port",
+    )
     p_serve.set_defaults(func=serve)
     p_check = sub.add_parser("check-model", help="load a model, run one batch, print its schema")
     p_check.add_argument("model", help="builtin name, module:callable, or a .pt / .pt2 file")

@@ -1,0 +1,175 @@
+"""Test doubles: a fake clock and queue for the policy, and handlers with controllable behaviour.
+
+The handlers take numbers as instances and return ``2 * x``. Each records every batch it ran.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from app.batching import PendingItem
+from app.errors import InvalidInput
+from app.models.base import ModelHandler, Replica, Tensors
+
+
+@dataclass
+class FakeClock:
+    now: float = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class FakeQueue:
+    """Items become visible at their arrival time; blocking gets advance the fake clock."""
+
+    clock: FakeClock
+    arrivals: list[tuple[float, PendingItem]] = field(default_factory=list)
+
+    def add(self, at: float, item: PendingItem) -> None:
+        self.arrivals.append((at, item))
+        self.arrivals.sort(key=lambda pair: pair[0])
+
+    def get(self, block: bool = True, timeout: float | None = None) -> PendingItem:
+        if self.arrivals and self.arrivals[0][0] <= self.clock.now:
+            return self.arrivals.pop(0)[1]
+        if not block:
+            raise queue.Empty
+        if not self.arrivals:
+            if timeout is None:
+                raise AssertionError("would block forever")
+            self.clock.now += timeout
+            raise queue.Empty
+        at = self.arrivals[0][0]
+        if timeout is not None and at > self.clock.now + timeout:
+            self.clock.now += timeout
+            raise queue.Empty
+        self.clock.now = at
+        return self.arrivals.pop(0)[1]
+
+
+class EchoHandler(ModelHandler):
+    """Numbers in, ``2 * x`` out; ``batches`` records what each model call received."""
+
+    name = "echo"
+    input_schema = {"type": "number"}
+
+    def __init__(self) -> None:
+        self.batches: list[list[float]] = []
+        self._lock = threading.Lock()
+
+    def examples(self) -> list[Any]:
+        return []
+
+    def decode(self, instances: list[Any]) -> list[Any]:
+        out = []
+        for i, x in enumerate(instances):
+            if isinstance(x, bool) or not isinstance(x, (int, float)):
+                raise InvalidInput(f"instances[{i}]: expected a number")
+            out.append(float(x))
+        return out
+
+    def load(self, device: torch.device) -> Replica:
+        return self.compute
+
+    def collate(self, items: list[Any]) -> Tensors:
+        return torch.tensor(items, dtype=torch.float64)
+
+    def compute(self, batch: torch.Tensor) -> torch.Tensor:
+        with self._lock:
+            self.batches.append(batch.tolist())
+        return batch * 2
+
+    @property
+    def seen(self) -> list[float]:
+        with self._lock:
+            return [x for b in self.batches for x in b]
+
+
+class GatedHandler(EchoHandler):
+    """Blocks every model call until ``gate`` is set; ``entered`` is set when a call starts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def compute(self, batch: torch.Tensor) -> torch.Tensor:
+        self.entered.set()
+        if not self.gate.wait(timeout=60):
+            raise RuntimeError("gate never opened")
+        return super().compute(batch)
+
+
+class FailingHandler(EchoHandler):
+    """Raises on any batch that contains a negative number."""
+
+    def compute(self, batch: torch.Tensor) -> torch.Tensor:
+        if (batch < 0).any():
+            raise ValueError("negative input /secret/path/model.py")
+        return super().compute(batch)
+
+
+class WrongLengthHandler(EchoHandler):
+    def compute(self, batch: torch.Tensor) -> torch.Tensor:
+        return super().compute(batch)[:-1]
+
+
+class Crash(BaseException):
+    """Not an Exception: escapes the per-batch error handling and kills the device thread."""
+
+
+class CrashingHandler(EchoHandler):
+    """Kills its device thread on the value 666."""
+
+    def compute(self, batch: torch.Tensor) -> torch.Tensor:
+        if (batch == 666).any():
+            raise Crash("device thread crash")
+        return super().compute(batch)
+
+
+class OOMHandler(EchoHandler):
+    """Out of device memory above ``fits`` items, or on the value 999 even alone."""
+
+    def __init__(self, fits: int) -> None:
+        super().__init__()
+        self.fits = fits
+        self.attempts: list[int] = []
+
+    def compute(self, batch: torch.Tensor) -> torch.Tensor:
+        self.attempts.append(len(batch))
+        if len(batch) > self.fits or (batch == 999).any():
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return super().compute(batch)
+
+
+class BrokenLoadHandler(EchoHandler):
+    def load(self, device: torch.device) -> Replica:
+        raise RuntimeError("weights are corrupt")
+
+
+class GateFileModule(torch.nn.Module):
+    """For subprocess servers: each forward waits until the file named by $GATE_FILE exists."""
+
+    input_shape = (2,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = Path(os.environ["GATE_FILE"])
+        for _ in range(60_000):
+            if gate.exists():
+                break
+            time.sleep(0.001)
+        return x * 2
+
+
+def gate_file_module() -> torch.nn.Module:
+    return GateFileModule()

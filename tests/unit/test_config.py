@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.cli import build_parser
+from app.config import ConfigError, Settings, load_settings
+from app.service import resolve_devices
+
+
+def test_defaults_match_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in Settings.model_fields:
+        monkeypatch.delenv("BATCHSERVE_" + name.upper(), raising=False)
+    monkeypatch.delenv("BATCHSERVE_CONFIG", raising=False)
+    s = load_settings()
+    assert (s.model, s.devices, s.max_batch_size, s.max_wait_ms) == ("minilm", "auto", 32, 5)
+    assert (s.queue_capacity, s.request_timeout_s, s.max_instances) == (1024, 30, 256)
+    assert s.max_body_bytes == 16 * 1024 * 1024 and s.api_key is None
+
+
+def test_priority_file_then_env_then_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("max_batch_size = 8\nqueue_capacity = 300\nmax_wait_ms = 2.5\n")
+    monkeypatch.setenv("BATCHSERVE_QUEUE_CAPACITY", "400")
+    monkeypatch.setenv("BATCHSERVE_MAX_WAIT_MS", "3")
+    s = load_settings(cfg, {"max_wait_ms": 4.0, "model": None})
+    assert s.max_batch_size == 8  # file
+    assert s.queue_capacity == 400  # env beats file
+    assert s.max_wait_ms == 4.0  # flag beats env
+    assert s.model == "minilm"  # None means "flag not given"
+
+
+def test_config_file_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('model = "linear"\n')
+    monkeypatch.setenv("BATCHSERVE_CONFIG", str(cfg))
+    assert load_settings().model == "linear"
+
+
+def test_contradictions_are_refused_naming_both() -> None:
+    with pytest.raises(ConfigError, match="max_wait_ms.*request_timeout_s"):
+        load_settings(None, {"max_wait_ms": 2000, "request_timeout_s": 1})
+    with pytest.raises(ConfigError, match="max_instances.*queue_capacity"):
+        load_settings(None, {"max_instances": 50, "queue_capacity": 10})
+
+
+def test_bad_values_and_unknown_keys(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="max_batch_size"):
+        load_settings(None, {"max_batch_size": 0})
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("max_batch_sise = 8\n")
+    with pytest.raises(ConfigError, match="unknown settings max_batch_sise"):
+        load_settings(cfg)
+    cfg.write_text("max_batch_size = [\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_settings(cfg)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings(tmp_path / "missing.toml")
+
+
+def test_shipped_example_config_is_valid() -> None:
+    root = Path(__file__).resolve().parents[2]
+    for path in sorted((root / "config").glob("*.toml")):
+        load_settings(path)
+
+
+def test_every_setting_has_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    text = capsys.readouterr().out
+    for name in Settings.model_fields:
+        assert "--" + name.replace("_", "-") in text
+
+
+def test_device_names() -> None:
+    assert resolve_devices("cpu,cpu") == [torch.device("cpu")] * 2
+    if not torch.cuda.is_available():
+        assert resolve_devices("auto") == [torch.device("cpu")]
+        with pytest.raises(ValueError, match="no such CUDA device"):
+            resolve_devices("cuda:0")
+    with pytest.raises(ValueError):
+        resolve_devices("tpu")

@@ -1,0 +1,177 @@
+"""InferenceService with real device threads and the janus queue, driven by gated fakes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from app.errors import DeadlineExceeded, ModelError, Unavailable
+from app.metrics import Metrics
+from app.models.base import ModelHandler
+from app.service import InferenceService, resolve_devices
+from app.worker import WorkerState
+from tests.conftest import make_settings, wait_until
+from tests.fakes import (
+    BrokenLoadHandler,
+    CrashingHandler,
+    EchoHandler,
+    FailingHandler,
+    GatedHandler,
+    OOMHandler,
+    WrongLengthHandler,
+)
+
+pytestmark = pytest.mark.asyncio
+
+
+@asynccontextmanager
+async def running(handler: ModelHandler, ready: bool = True, **overrides: Any
+                  ) -> AsyncIterator[InferenceService]:
+    settings = make_settings(**overrides)
+    service = InferenceService(settings, handler, Metrics.create(),
+                               resolve_devices(settings.devices))
+    await service.start()
+    try:
+        if ready:
+            await wait_until(lambda: service.status == "ready", "ready")
+        yield service
+    finally:
+        await service.stop(timeout_s=30)
+
+
+async def call(service: InferenceService, values: list[Any], timeout_s: float = 30.0) -> list[Any]:
+    items = await service.decode(values)
+    request = service.enqueue(items, time.monotonic() + timeout_s)
+    return await service.result(request)
+
+
+async def test_results_come_back_in_order() -> None:
+    async with running(EchoHandler()) as service:
+        assert [float(x) for x in await call(service, [1, 2, 3])] == [2.0, 4.0, 6.0]
+
+
+async def test_queued_requests_share_a_batch() -> None:
+    handler = GatedHandler()
+    async with running(handler) as service:
+        first = asyncio.create_task(call(service, [0]))
+        await wait_until(handler.entered.is_set, "first batch on the device")
+        rest = [asyncio.create_task(call(service, [i])) for i in range(1, 9)]
+        await wait_until(lambda: service.queue_depth == 8, "8 queued")
+        handler.gate.set()
+        await asyncio.gather(first, *rest)
+    assert handler.batches == [[0.0], [float(i) for i in range(1, 9)]]
+
+
+async def test_a_full_queue_refuses_whole_requests() -> None:
+    handler = GatedHandler()
+    async with running(handler, queue_capacity=4, max_instances=4) as service:
+        first = asyncio.create_task(call(service, [0]))
+        await wait_until(handler.entered.is_set, "device busy")
+        held = asyncio.create_task(call(service, [1, 2, 3]))
+        await wait_until(lambda: service.queue_depth == 3, "3 queued")
+        with pytest.raises(Unavailable) as info:
+            await call(service, [4, 5])  # 2 items do not fit in the 1 free slot: none is queued
+        assert info.value.type == "busy" and info.value.retry_after_s
+        assert service.queue_depth == 3
+        last = asyncio.create_task(call(service, [6]))  # 1 item still fits
+        await wait_until(lambda: service.queue_depth == 4, "queue full")
+        assert service.status == "busy"
+        handler.gate.set()
+        await asyncio.gather(first, held, last)
+        assert service.status == "ready"
+    assert 4.0 not in handler.seen and 5.0 not in handler.seen
+
+
+async def test_expired_items_are_dropped_not_computed() -> None:
+    handler = GatedHandler()
+    async with running(handler) as service:
+        first = asyncio.create_task(call(service, [0]))
+        await wait_until(handler.entered.is_set, "device busy")
+        with pytest.raises(DeadlineExceeded):
+            await call(service, [7], timeout_s=0.05)
+        handler.gate.set()
+        await first
+        await call(service, [8])  # FIFO: by now the expired item has been taken and dropped
+    assert 7.0 not in handler.seen and handler.seen == [0.0, 8.0]
+    dropped = service.metrics.dropped.labels(reason="cancelled")._value.get()
+    assert dropped == 1
+
+
+async def test_a_failing_batch_fails_only_its_items() -> None:
+    handler = FailingHandler()
+    async with running(handler) as service:
+        with pytest.raises(ModelError) as info:
+            await call(service, [1, -1])
+        assert "secret" not in info.value.message
+        assert [float(x) for x in await call(service, [5])] == [10.0]
+
+
+async def test_wrong_output_count_fails_the_batch(caplog: pytest.LogCaptureFixture) -> None:
+    async with running(WrongLengthHandler()) as service:
+        with pytest.raises(ModelError):
+            await call(service, [1, 2])
+    assert "model returned 1 rows for a batch of 2" in caplog.text
+
+
+async def test_out_of_memory_splits_and_lowers_the_limit() -> None:
+    handler = OOMHandler(fits=2)
+    async with running(handler, max_batch_size=8) as service:
+        worker = service.workers[0]
+        results = await call(service, [1, 2, 3, 4, 5, 6, 7])
+        assert [float(x) for x in results] == [2.0 * i for i in range(1, 8)]
+        assert worker.batch_limit <= 2
+        with pytest.raises(ModelError, match="out of device memory on this item alone"):
+            await call(service, [999])
+        assert [float(x) for x in await call(service, [1])] == [2.0]
+
+
+async def test_a_dead_device_thread_is_reported_and_restarted() -> None:
+    handler = CrashingHandler()
+    async with running(handler) as service:
+        first = service.workers[0]
+        with pytest.raises(ModelError):
+            await call(service, [666])
+        await wait_until(lambda: first.state is WorkerState.FAILED, "thread dead")
+        assert service.status in {"unhealthy", "loading"}
+        await wait_until(lambda: service.status == "ready", "restarted")
+        assert service.workers[0] is not first
+        assert [float(x) for x in await call(service, [1])] == [2.0]
+
+
+async def test_a_model_that_cannot_load_is_not_ready() -> None:
+    async with running(BrokenLoadHandler(), ready=False) as service:
+        await wait_until(lambda: service.load_failed, "load failure seen")
+        assert service.status == "unhealthy"
+        with pytest.raises(Unavailable) as info:
+            service.check_admissible(1)
+        assert info.value.type == "unhealthy"
+
+
+async def test_two_cpu_replicas_share_the_queue() -> None:
+    handler = GatedHandler()
+    async with running(handler, devices="cpu,cpu", max_batch_size=1) as service:
+        assert len(service.workers) == 2
+        tasks = [asyncio.create_task(call(service, [i])) for i in range(2)]
+        # With a batch limit of 1 and the gate closed, an empty queue means each thread holds one.
+        await wait_until(lambda: service.queue_depth == 0, "both taken")
+        handler.gate.set()
+        await asyncio.gather(*tasks)
+    assert sorted(handler.seen) == [0.0, 1.0]
+
+
+async def test_stop_answers_everything_queued() -> None:
+    handler = GatedHandler()
+    async with running(handler) as service:
+        tasks = [asyncio.create_task(call(service, [i])) for i in range(5)]
+        await wait_until(handler.entered.is_set, "device busy")
+        service.begin_drain()
+        with pytest.raises(Unavailable, match="shutting down"):
+            await call(service, [9])
+        stopping = asyncio.create_task(service.stop(timeout_s=30))
+        handler.gate.set()
+        await stopping
+        assert sorted(float(r[0]) for r in await asyncio.gather(*tasks)) == [0, 2, 4, 6, 8]
