@@ -68,7 +68,7 @@ def serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,
         fd=args.fd,
     )
-    server = _server_class()(config)
+    server = _server_class()(config, app.state)
     server.drain_limit_s = settings.request_timeout_s + 5.0
     server.run()
     return 0 if server.started and not server.fatal else 1
@@ -77,7 +77,7 @@ def serve(args: argparse.Namespace) -> int:
 def _server_class() -> type[Any]:
     import uvicorn
 
-    class DrainingServer(uvicorn.Server):  # type: ignore[misc]
+    class DrainingServer(uvicorn.Server):
         """uvicorn's Server with a drain phase for load balancers.
 
         On SIGTERM/SIGINT the service starts draining at once: health says ``draining`` (503)
@@ -91,8 +91,15 @@ def _server_class() -> type[Any]:
         drain_started: float | None = None
         drain_limit_s = 35.0
 
+        def __init__(self, config: uvicorn.Config, app_state: Any) -> None:
+            super().__init__(config)
+            self.app_state = app_state
+
+        def _service(self) -> Any:
+            return getattr(self.app_state, "service", None)
+
         def handle_exit(self, sig: int, frame: types.FrameType | None) -> None:
-            service = getattr(self.config.app.state, "service", None)
+            service = self._service()
             if self.drain_started is not None or service is None:
                 if self.should_exit and sig == signal.SIGINT:
                     self.force_exit = True
@@ -102,7 +109,7 @@ def _server_class() -> type[Any]:
             self.drain_started = time.monotonic()
 
         async def on_tick(self, counter: int) -> bool:
-            service = getattr(self.config.app.state, "service", None)
+            service = self._service()
             if service is not None and service.load_failed:
                 log.critical("the model failed to load; exiting")
                 self.fatal = True
@@ -150,7 +157,8 @@ def check_model(args: argparse.Namespace) -> int:
             print(f"{label}: {len(items)} items in {(time.perf_counter() - t0) * 1000:.1f} ms")
     first = results[0]
     shape = getattr(first, "shape", None)
-    print(f"output of one item: {type(first).__name__}" + (f" shape {list(shape)}" if shape else ""))
+    described = f" shape {list(shape)}" if shape else ""
+    print(f"output of one item: {type(first).__name__}{described}")
     return 0
 
 

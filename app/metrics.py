@@ -18,6 +18,7 @@ class Metrics:
     requests: Counter
     request_duration: Histogram
     queue_depth: Gauge
+    in_flight: Gauge
     queue_wait: Histogram
     batch_size: Histogram
     batch_compute: Histogram
@@ -39,6 +40,9 @@ class Metrics:
                 buckets=LATENCY_BUCKETS, registry=r,
             ),
             queue_depth=Gauge("batchserve_queue_depth", "Items waiting in the queue", registry=r),
+            in_flight=Gauge(
+                "batchserve_in_flight_requests", "Admitted requests not yet answered", registry=r
+            ),
             queue_wait=Histogram(
                 "batchserve_queue_wait_seconds", "Enqueue to batch start, per item",
                 buckets=LATENCY_BUCKETS, registry=r,

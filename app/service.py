@@ -89,6 +89,7 @@ class InferenceService:
         )
         queue = self._queue
         self.metrics.queue_depth.set_function(lambda: queue.async_q.qsize())
+        self.metrics.in_flight.set_function(lambda: self.in_flight)
         for device in self.devices:
             self._spawn(device)
 

@@ -192,7 +192,9 @@ class DeviceWorker:
                 outputs = map_tensors(lambda t: t.to("cpu"), outputs)
             results = handler.split(outputs, len(data))
         if len(results) != len(data):
-            raise OutputCountMismatch(f"handler returned {len(results)} results for {len(data)} items")
+            raise OutputCountMismatch(
+                f"handler returned {len(results)} results for {len(data)} items"
+            )
         return results
 
     def _send(self, report: BatchReport) -> None:

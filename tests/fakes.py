@@ -152,19 +152,36 @@ class OOMHandler(EchoHandler):
         return super().compute(batch)
 
 
+class SlowLoadHandler(EchoHandler):
+    """Its load blocks until ``loaded`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded = threading.Event()
+
+    def load(self, device: torch.device) -> Replica:
+        if not self.loaded.wait(timeout=60):
+            raise RuntimeError("never released")
+        return super().load(device)
+
+
 class BrokenLoadHandler(EchoHandler):
     def load(self, device: torch.device) -> Replica:
         raise RuntimeError("weights are corrupt")
 
 
 class GateFileModule(torch.nn.Module):
-    """For subprocess servers: each forward waits until the file named by $GATE_FILE exists."""
+    """For subprocess servers: a forward waits until the file named by $GATE_FILE exists, except
+    for the (negative) warm-up example."""
 
     input_shape = (2,)
+    example_inputs = [[-1.0, -1.0]]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate = Path(os.environ["GATE_FILE"])
         for _ in range(60_000):
+            if (x < 0).all():
+                break
             if gate.exists():
                 break
             time.sleep(0.001)

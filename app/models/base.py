@@ -50,7 +50,7 @@ class ModelHandler(ABC):
 
     @abstractmethod
     def load(self, device: torch.device) -> Replica:
-        """Build this device's replica: a callable from a collated batch on ``device`` to outputs."""
+        """Build this device's replica: a callable from a batch on ``device`` to outputs."""
 
     @abstractmethod
     def collate(self, items: list[Any]) -> Tensors:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -71,11 +72,12 @@ def _require(path: Path) -> None:
 
 def _torchscript(path: Path) -> ModelHandler:
     _require(path)
-    probe = torch.jit.load(str(path), map_location="cpu")
+    probe: Any = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
     shape = getattr(probe, "input_shape", None)
 
     def build(device: torch.device) -> torch.nn.Module:
-        return torch.jit.load(str(path), map_location=device).eval()
+        module: Any = torch.jit.load(str(path), map_location=device)  # type: ignore[no-untyped-call]
+        return cast(torch.nn.Module, module.eval())
 
     return TensorHandler(path.stem, build, tuple(shape) if shape is not None else None)
 

@@ -135,7 +135,7 @@ class TensorHandler(ModelHandler):
 
     def load(self, device: torch.device) -> Replica:
         module = self._build(device)
-        return module  # type: ignore[no-any-return]
+        return module
 
     def collate(self, items: list[Any]) -> Tensors:
         return torch.from_numpy(np.stack(items))

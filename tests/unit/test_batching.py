@@ -108,7 +108,8 @@ def test_wait_budget_is_pure() -> None:
     assert POLICY.wait_budget(4, 100.0, 100.0) == 0.0
     assert POLICY.wait_budget(1, 100.0, 100.002) == pytest.approx(0.003)
     assert POLICY.wait_budget(1, 100.0, 100.006) == 0.0
-    assert POLICY.wait_budget(1, 100.0, 100.0, gap_s=0.001, others_in_flight=3) == pytest.approx(0.005)
+    waits = POLICY.wait_budget(1, 100.0, 100.0, gap_s=0.001, others_in_flight=3)
+    assert waits == pytest.approx(0.005)
     assert POLICY.wait_budget(1, 100.0, 100.0, gap_s=0.010, others_in_flight=3) == 0.0
     assert POLICY.wait_budget(1, 100.0, 100.0, gap_s=0.001, others_in_flight=0) == 0.0
 

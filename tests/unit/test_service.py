@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+
 from app.errors import DeadlineExceeded, ModelError, Unavailable
 from app.metrics import Metrics
 from app.models.base import ModelHandler

@@ -1,0 +1,149 @@
+"""POST /predict in-process (httpx + ASGITransport): status codes and error bodies."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.conftest import app_client, make_settings, wait_until
+from tests.fakes import EchoHandler, FailingHandler, GatedHandler, SlowLoadHandler
+
+pytestmark = pytest.mark.asyncio
+
+
+def assert_error(response: object, status: int, type_: str, contains: str = "") -> dict:
+    assert response.status_code == status, response.text  # type: ignore[attr-defined]
+    body = response.json()  # type: ignore[attr-defined]
+    assert set(body) == {"error"} and body["error"]["type"] == type_
+    assert contains in body["error"]["message"]
+    assert "Traceback" not in body["error"]["message"] and "/" not in body["error"]["message"]
+    return body
+
+
+async def test_linear_predicts() -> None:
+    async with app_client(make_settings()) as client:
+        r = await client.post("/predict", json={"instances": [[1, 2, 3, 4], [0, 0, 0, 0]]})
+        assert r.status_code == 200
+        preds = r.json()["predictions"]
+        assert len(preds) == 2 and all(len(p) == 2 for p in preds)
+
+
+@pytest.mark.parametrize(
+    ("body", "contains"),
+    [
+        (b"not json", "not valid JSON"),
+        (b"", "empty"),
+        (b"[1, 2]", 'expected a JSON object {"instances"'),
+        (b'{"inputs": [1]}', 'missing field "instances"'),
+        (b'{"instances": 3}', "must be a list"),
+        (b'{"instances": []}', "is empty"),
+        (b'{"instances": [[1, 2, 3]]}', "instances[0]: expected shape [4], got [3]"),
+        (b'{"instances": [[1, 2, 3, 4], "x"]}', "instances[1]"),
+        (b'{"instances": [[1, 2, 3, NaN]]}', "not valid JSON"),
+        (b'{"instances": [[1, 2, 3, 1e999]]}', "infinity"),
+    ],
+)
+async def test_client_mistakes_get_422(body: bytes, contains: str) -> None:
+    async with app_client(make_settings()) as client:
+        r = await client.post("/predict", content=body)
+        assert_error(r, 422, "invalid_input", contains)
+
+
+async def test_limits_get_413() -> None:
+    async with app_client(make_settings(max_body_bytes=1000, max_instances=4)) as client:
+        r = await client.post("/predict", json={"instances": [[1, 2, 3, 4]] * 5})
+        assert_error(r, 413, "payload_too_large", "limit of 4")
+        r = await client.post("/predict", content=b'{"instances": [' + b"1," * 2000 + b"1]}")
+        assert_error(r, 413, "payload_too_large", "1000 bytes")
+
+
+async def test_timeout_header() -> None:
+    async with app_client(make_settings()) as client:
+        r = await client.post("/predict", json={"instances": [[1, 2, 3, 4]]},
+                              headers={"X-Request-Timeout": "abc"})
+        assert_error(r, 422, "invalid_input", "x-request-timeout")
+        r = await client.post("/predict", json={"instances": [[1, 2, 3, 4]]},
+                              headers={"X-Request-Timeout": "5"})
+        assert r.status_code == 200
+
+
+async def test_deadline_gives_504() -> None:
+    handler = GatedHandler()
+    async with app_client(make_settings(), handler) as client:
+        first = asyncio.create_task(client.post("/predict", json={"instances": [1]}))
+        await wait_until(handler.entered.is_set, "device busy")
+        r = await client.post("/predict", json={"instances": [2]},
+                              headers={"X-Request-Timeout": "0.05"})
+        assert_error(r, 504, "timeout", "deadline")
+        handler.gate.set()
+        assert (await first).status_code == 200
+
+
+async def test_model_failure_gives_500_and_serving_goes_on() -> None:
+    async with app_client(make_settings(), FailingHandler()) as client:
+        r = await client.post("/predict", json={"instances": [1, -1]})
+        body = assert_error(r, 500, "model_error")
+        assert "secret" not in body["error"]["message"]
+        r = await client.post("/predict", json={"instances": [3]})
+        assert r.status_code == 200 and r.json() == {"predictions": [6.0]}
+
+
+async def test_busy_gives_503_with_retry_after() -> None:
+    handler = GatedHandler()
+    async with app_client(make_settings(queue_capacity=2, max_instances=2), handler) as client:
+        first = asyncio.create_task(client.post("/predict", json={"instances": [1]}))
+        await wait_until(handler.entered.is_set, "device busy")
+        held = asyncio.create_task(client.post("/predict", json={"instances": [2, 3]}))
+        await wait_until(lambda: client.app.state.service.queue_depth == 2, "queue full")
+        r = await client.post("/predict", json={"instances": [4]})
+        assert_error(r, 503, "busy", "queue is full")
+        assert r.headers["retry-after"] == "1"
+        health = await client.get("/health_check")
+        assert health.status_code == 503 and health.json()["status"] == "busy"
+        handler.gate.set()
+        assert [(await t).status_code for t in (first, held)] == [200, 200]
+
+
+async def test_not_ready_gives_503_loading() -> None:
+    handler = SlowLoadHandler()
+    async with app_client(make_settings(), handler, wait_ready=False) as client:
+        r = await client.post("/predict", json={"instances": [1]})
+        assert_error(r, 503, "loading")
+        assert r.headers["retry-after"] == "1"
+        health = await client.get("/health_check")
+        assert health.status_code == 503 and health.json()["status"] == "loading"
+        handler.loaded.set()
+        await wait_until(lambda: client.app.state.service.status == "ready", "ready")
+        assert (await client.post("/predict", json={"instances": [1]})).status_code == 200
+
+
+async def test_api_key() -> None:
+    async with app_client(make_settings(api_key="s3cret"), EchoHandler()) as client:
+        r = await client.post("/predict", json={"instances": [1]})
+        assert_error(r, 401, "unauthorized")
+        assert r.headers["www-authenticate"] == "Bearer"
+        r = await client.post("/predict", json={"instances": [1]},
+                              headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401
+        r = await client.post("/predict", json={"instances": [1]},
+                              headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 200
+        assert (await client.get("/health_check")).status_code == 200  # stays open
+
+
+async def test_unknown_route_and_method() -> None:
+    async with app_client(make_settings()) as client:
+        assert_error(await client.get("/nope"), 404, "not_found")
+        assert_error(await client.get("/predict"), 405, "method_not_allowed")
+
+
+async def test_openapi_documents_the_contract() -> None:
+    async with app_client(make_settings()) as client:
+        doc = (await client.get("/openapi.json")).json()
+        post = doc["paths"]["/predict"]["post"]
+        assert {"200", "413", "422", "500", "503", "504"} <= set(post["responses"])
+        schema = post["requestBody"]["content"]["application/json"]["schema"]
+        assert schema["properties"]["instances"]["items"]["maxItems"] == 4
+        assert "/health_check" in doc["paths"]
+        assert (await client.get("/docs")).status_code == 200

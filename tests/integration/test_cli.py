@@ -1,0 +1,129 @@
+"""``batchserve serve`` as a real process: SIGTERM draining, the default minilm model, errors."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import WAIT_S, free_socket, wait_until_sync
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def serve(
+    *args: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``python -m app serve`` on an inherited socket bound to a free loopback port."""
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "serve", "--fd", str(sock.fileno()), *args],
+        cwd=ROOT, pass_fds=[sock.fileno()],
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+    )
+    sock.close()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(WAIT_S)
+
+
+def wait_ready(url: str) -> None:
+    def ready() -> bool:
+        try:
+            return httpx.get(url + "/health_check", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_until_sync(ready, "server ready")
+
+
+def in_flight(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=5).text
+    return float(re.search(r"^batchserve_in_flight_requests (\S+)$", text, re.M).group(1))
+
+
+def test_sigterm_answers_everything_in_flight_then_exits_0(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    args = ("--model", "tests.fakes:gate_file_module", "--devices", "cpu", "--max-batch-size", "2")
+    with serve(*args, env={"GATE_FILE": str(gate)}) as (proc, url):
+        wait_ready(url)
+        with ThreadPoolExecutor(6) as pool:
+            futures = [
+                pool.submit(httpx.post, url + "/predict", json={"instances": [[i, i]]}, timeout=60)
+                for i in range(6)
+            ]
+            wait_until_sync(lambda: in_flight(url) == 6, "6 requests in flight")
+            proc.send_signal(signal.SIGTERM)
+            wait_until_sync(
+                lambda: httpx.get(url + "/health_check", timeout=5).json()["status"] == "draining",
+                "draining",
+            )
+            health = httpx.get(url + "/health_check", timeout=5)
+            assert health.status_code == 503
+            late = httpx.post(url + "/predict", json={"instances": [[9, 9]]}, timeout=5)
+            assert late.status_code == 503 and late.json()["error"]["type"] == "draining"
+            gate.touch()
+            responses = [f.result() for f in futures]
+        assert [r.status_code for r in responses] == [200] * 6
+        assert [r.json()["predictions"] for r in responses] == [[[2 * i, 2 * i]] for i in range(6)]
+        assert proc.wait(WAIT_S) == 0
+
+
+def test_default_model_serves_correct_embeddings() -> None:
+    from sentence_transformers import SentenceTransformer
+
+    from app.models.minilm import model_dir
+
+    texts = ["A man is eating food.", "Dynamic batching on a CPU", "", "Übung macht den Meister"]
+    with serve("--devices", "cpu") as (proc, url):  # every other setting at its default
+        wait_ready(url)
+        r = httpx.post(url + "/predict", json={"instances": texts}, timeout=60)
+        assert r.status_code == 200
+        got = r.json()["predictions"]
+        r = httpx.post(url + "/predict", json={"instances": [1]}, timeout=60)
+        assert r.status_code == 422 and "expected a string" in r.json()["error"]["message"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT_S) == 0
+    reference = SentenceTransformer(str(model_dir()), device="cpu").encode(texts)
+    assert len(got) == 4 and all(len(v) == 384 for v in got)
+    assert max(abs(a - b) for v, ref in zip(got, reference, strict=True)
+               for a, b in zip(v, ref, strict=True)) < 1e-5
+
+
+def test_bad_settings_exit_2_with_a_message() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "serve", "--max-wait-ms", "5000", "--request-timeout-s", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S,
+    )
+    assert proc.returncode == 2
+    assert "max_wait_ms" in proc.stderr and "request_timeout_s" in proc.stderr
+
+
+def test_a_model_that_cannot_load_exits_non_zero() -> None:
+    with serve("--model", "tests.fakes:BrokenLoadHandler", "--devices", "cpu") as (proc, _url):
+        assert proc.wait(WAIT_S) == 1
+
+
+def test_check_model_prints_schema_and_timing() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "check-model", "linear", "--devices", "cpu"],
+        cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert '"minItems": 4' in proc.stdout and "batch: 1 items in" in proc.stdout
