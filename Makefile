@@ -35,7 +35,7 @@ test: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.dev-installed
-	$(BIN)/ruff check app tests bench
+	$(BIN)/ruff check app tests $(wildcard bench)
 	$(BIN)/mypy app
 
 bench: $(VENV)/.dev-installed

@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from app.api import errors, health, predict
+from app.api import errors, health, predict, v2
 from app.config import ConfigError, Settings, load_settings
 from app.metrics import Metrics
 from app.models.base import ModelHandler
@@ -48,4 +48,5 @@ def create_app(settings: Settings | None = None, handler: ModelHandler | None = 
     errors.install(app)
     app.include_router(predict.router(handler.input_schema))
     app.include_router(health.router)
+    app.include_router(v2.router)
     return app

@@ -17,30 +17,40 @@ log = logging.getLogger("batchserve.api")
 _HTTP_TYPES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
 
-def error_response(status: int, type_: str, message: str, headers: dict[str, str] | None = None
-                   ) -> Response:
-    body = orjson.dumps({"error": {"type": type_, "message": message}})
+def error_response(
+    status: int,
+    type_: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+    path: str = "",
+) -> Response:
+    """Our ``{"error": {"type", "message"}}``, or the v2 protocol's ``{"error": "..."}``."""
+    detail: object = {"type": type_, "message": message}
+    payload = {"error": message if path.startswith("/v2") else detail}
+    body = orjson.dumps(payload)
     return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
-def serve_error_response(exc: ServeError) -> Response:
+def serve_error_response(exc: ServeError, path: str = "") -> Response:
     headers = {}
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(exc.retry_after_s)
     if exc.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    return error_response(exc.status, exc.type, exc.message, headers)
+    return error_response(exc.status, exc.type, exc.message, headers, path)
 
 
 async def _on_serve_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ServeError)
-    return serve_error_response(exc)
+    return serve_error_response(exc, request.url.path)
 
 
 async def _on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     type_ = _HTTP_TYPES.get(exc.status_code, "http_error")
-    return error_response(exc.status_code, type_, str(exc.detail), dict(exc.headers or {}))
+    return error_response(
+        exc.status_code, type_, str(exc.detail), dict(exc.headers or {}), request.url.path
+    )
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> Response:
@@ -49,12 +59,13 @@ async def _on_validation_error(request: Request, exc: Exception) -> Response:
     for err in exc.errors():
         loc = ".".join(str(p) for p in err.get("loc", ()))
         parts.append(f"{loc}: {err.get('msg', 'invalid')}")
-    return error_response(422, "invalid_input", "; ".join(parts) or "invalid request")
+    message = "; ".join(parts) or "invalid request"
+    return error_response(422, "invalid_input", message, path=request.url.path)
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> Response:
     log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(500, "internal_error", "internal server error")
+    return error_response(500, "internal_error", "internal server error", path=request.url.path)
 
 
 def install(app: FastAPI) -> None:

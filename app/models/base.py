@@ -26,12 +26,17 @@ class ModelHandler(ABC):
     ``name``: the model's name in URLs and metrics. ``input_schema``: JSON Schema of one instance.
     ``max_batch_size``: a limit the model itself imposes (None: the server's setting applies).
     ``heavy_decode``: run ``decode`` in the thread pool rather than on the event loop.
+    ``input_datatype``, ``input_shape`` and ``output_shape`` (per item, None: unknown) describe
+    the model for the Open Inference Protocol's metadata.
     """
 
     name: str = "model"
     input_schema: dict[str, Any] = {}
     max_batch_size: int | None = None
     heavy_decode: bool = False
+    input_datatype: str = "FP32"
+    input_shape: tuple[int, ...] | None = None
+    output_shape: tuple[int, ...] | None = None
 
     def examples(self) -> list[Any]:
         """Raw instances (as a client would send them) to warm the model up with."""

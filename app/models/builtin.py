@@ -30,9 +30,10 @@ def mlp_module(sizes: tuple[int, ...] = (512, 4096, 4096, 16)) -> torch.nn.Modul
 
 def linear_handler() -> TensorHandler:
     return TensorHandler(
-        "linear", lambda d: linear_module().to(d).eval(), (4,), examples=[[1.0, 2.0, 3.0, 4.0]]
+        "linear", lambda d: linear_module().to(d).eval(), (4,), examples=[[1.0, 2.0, 3.0, 4.0]],
+        output_shape=(2,),
     )
 
 
 def mlp_handler() -> TensorHandler:
-    return TensorHandler("mlp", lambda d: mlp_module().to(d).eval(), (512,))
+    return TensorHandler("mlp", lambda d: mlp_module().to(d).eval(), (512,), output_shape=(16,))

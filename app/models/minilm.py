@@ -47,6 +47,9 @@ class _MeanPooled(torch.nn.Module):
 class MiniLMHandler(ModelHandler):
     name = "minilm"
     heavy_decode = True
+    input_datatype = "BYTES"
+    input_shape = (1,)
+    output_shape = (384,)
     input_schema = {"type": "string", "description": "text to embed (truncated at 256 tokens)"}
 
     def __init__(self, path: Path | None = None) -> None:

@@ -42,12 +42,14 @@ class TensorHandler(ModelHandler):
         input_shape: Shape | None,
         examples: list[Any] | None = None,
         max_batch_size: int | None = None,
+        output_shape: Shape | None = None,
     ) -> None:
         self.name = name
         self._build = build
         self.input_shape = input_shape
         self._examples = examples
         self.max_batch_size = max_batch_size
+        self.output_shape = output_shape
         self.input_schema = _number_array_schema(input_shape)
 
     @classmethod
