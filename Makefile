@@ -37,6 +37,7 @@ test: $(VENV)/.dev-installed
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check app tests $(wildcard bench)
 	$(BIN)/mypy app
+	$(BIN)/hadolint docker/Dockerfile docker/Dockerfile.cuda
 
 bench: $(VENV)/.dev-installed
 	$(BIN)/batchserve bench $(ARGS)

@@ -65,6 +65,7 @@ def serve(args: argparse.Namespace) -> int:
         log_config=None,
         log_level=settings.log_level,
         lifespan="on",
+        access_log=False,  # app.api.access logs each request, with its request id
         timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,
         fd=args.fd,
     )

@@ -8,27 +8,41 @@ import time
 
 import orjson
 
+_FIELDS = ("request_id", "method", "path", "status", "duration_ms", "client")
+
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, request fields when present."""
+
     def format(self, record: logging.LogRecord) -> str:
-        entry = {
+        entry: dict[str, object] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
         }
+        for name in _FIELDS:
+            value = getattr(record, name, None)
+            if value is not None:
+                entry[name] = value
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(entry).decode()
 
 
 def configure_logging(level: str, fmt: str) -> None:
+    """Send every logger (ours and uvicorn's) to stderr as text or JSON lines."""
+    from app.api.access import RequestIdFilter
+
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RequestIdFilter())
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
+        ))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

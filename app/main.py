@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app.api import errors, health, predict, v2
+from app.api.access import AccessLog
 from app.config import ConfigError, Settings, load_settings
 from app.metrics import Metrics
 from app.models.base import ModelHandler
@@ -49,4 +50,5 @@ def create_app(settings: Settings | None = None, handler: ModelHandler | None = 
     app.include_router(predict.router(handler.input_schema))
     app.include_router(health.router)
     app.include_router(v2.router)
+    app.add_middleware(AccessLog)
     return app

@@ -76,6 +76,13 @@ class MiniLMHandler(ModelHandler):
 
     def load(self, device: torch.device) -> Replica:
         from transformers import AutoModel
+        from transformers.utils import logging as hf_logging
+
+        # No progress bar on stderr, and transformers' messages through our log handlers (so
+        # --log-format json stays one JSON object per line).
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+        hf_logging.disable_default_handler()
+        hf_logging.enable_propagation()
 
         encoder = AutoModel.from_pretrained(str(self._path), local_files_only=True)
         return _MeanPooled(encoder).to(device).eval()

@@ -23,14 +23,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @contextmanager
 def serve(
-    *args: str, env: dict[str, str] | None = None
+    *args: str, env: dict[str, str] | None = None, stderr: int | None = None
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """``python -m app serve`` on an inherited socket bound to a free loopback port."""
     sock = free_socket()
     port = sock.getsockname()[1]
     proc = subprocess.Popen(
         [sys.executable, "-m", "app", "serve", "--fd", str(sock.fileno()), *args],
-        cwd=ROOT, pass_fds=[sock.fileno()],
+        cwd=ROOT, pass_fds=[sock.fileno()], stderr=stderr,
         env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
     )
     sock.close()
@@ -41,6 +41,8 @@ def serve(
         if proc.poll() is None:
             proc.kill()
         proc.wait(WAIT_S)
+        if proc.stderr is not None:
+            proc.stderr.close()
 
 
 def wait_ready(url: str) -> None:
@@ -104,6 +106,23 @@ def test_default_model_serves_correct_embeddings() -> None:
     assert len(got) == 4 and all(len(v) == 384 for v in got)
     assert max(abs(a - b) for v, ref in zip(got, reference, strict=True)
                for a, b in zip(v, ref, strict=True)) < 1e-5
+
+
+def test_json_logs_carry_the_request_id() -> None:
+    import json
+
+    with serve("--model", "linear", "--devices", "cpu", "--log-format", "json",
+               stderr=subprocess.PIPE) as (proc, url):
+        wait_ready(url)
+        r = httpx.post(url + "/predict", json={"instances": [[1, 2, 3, 4]]},
+                       headers={"X-Request-ID": "trace-42"}, timeout=60)
+        assert r.status_code == 200 and r.headers["x-request-id"] == "trace-42"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT_S) == 0
+        lines = [json.loads(line) for line in proc.stderr.read().decode().splitlines() if line]
+    assert all({"time", "level", "logger", "message"} <= set(entry) for entry in lines)
+    access = [e for e in lines if e["logger"] == "batchserve.access" and e["path"] == "/predict"]
+    assert access and access[0]["request_id"] == "trace-42" and access[0]["status"] == 200
 
 
 def test_bad_settings_exit_2_with_a_message() -> None:

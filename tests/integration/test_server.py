@@ -54,7 +54,12 @@ async def test_full_queue_busy_and_recovery() -> None:
             handler.gate.set()
             assert [(await t).status_code for t in (first, held)] == [200, 200]
             assert (await client.get("/health_check")).json()["status"] == "ready"
+            text = (await client.get("/metrics")).text
     assert 4.0 not in handler.seen
+    assert metric(text, 'batchserve_rejected_total{reason="busy"}') == 1
+    assert metric(text, 'batchserve_requests_total{status="503"}') == 1
+    assert metric(text, 'batchserve_requests_total{status="200"}') == 2
+    assert metric(text, "batchserve_batch_size_count") == 2  # [0] alone, then [1, 2, 3]
 
 
 async def test_deadline_gives_504_and_the_item_is_not_computed() -> None:

@@ -1,0 +1,73 @@
+"""Request ids and the access log: a pure ASGI middleware (no per-request task or copy).
+
+The id comes from the client's ``X-Request-ID`` (if sane) or is generated; it is echoed in the
+response and attached to every log line written while the request is handled.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+REQUEST_ID_HEADER = b"x-request-id"
+_SANE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
+log = logging.getLogger("batchserve.access")
+
+
+class RequestIdFilter(logging.Filter):
+    """Adds ``request_id`` to every record (None outside a request)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = request_id.get()
+        return True
+
+
+class AccessLog:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = None
+        for name, value in scope["headers"]:
+            if name == REQUEST_ID_HEADER:
+                text = value.decode("latin-1")
+                rid = text if _SANE.match(text) else None
+                break
+        rid = rid or uuid.uuid4().hex
+        token = request_id.set(rid)
+        started = time.perf_counter()
+        status = 0
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers: list[Any] = list(message.get("headers", []))
+                headers.append((REQUEST_ID_HEADER, rid.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            if log.isEnabledFor(logging.INFO):
+                client = scope.get("client")
+                log.info(
+                    '%s "%s %s" %d %.1fms', client[0] if client else "-", scope["method"],
+                    scope["path"], status, (time.perf_counter() - started) * 1000,
+                    extra={"method": scope["method"], "path": scope["path"], "status": status,
+                           "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+                           "client": client[0] if client else None},
+                )
+            request_id.reset(token)
