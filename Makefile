@@ -25,6 +25,10 @@ $(VENV)/.dev-installed: $(VENV)/.run-installed
 	$(PIP) -e ".[dev]"
 	touch $@
 
+$(VENV)/.bench-installed: $(VENV)/.dev-installed
+	$(PIP) -e ".[dev,bench]"
+	touch $@
+
 install: $(VENV)/.run-installed
 install-dev: $(VENV)/.dev-installed
 
@@ -39,5 +43,6 @@ lint: $(VENV)/.dev-installed
 	$(BIN)/mypy app
 	$(BIN)/hadolint docker/Dockerfile docker/Dockerfile.cuda
 
-bench: $(VENV)/.dev-installed
+# Benchmarks need wrk (Debian: apt-get install wrk); results go to bench/results/.
+bench: $(VENV)/.bench-installed
 	$(BIN)/batchserve bench $(ARGS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import socket
 import sys
 import time
 import types
@@ -67,11 +68,12 @@ def serve(args: argparse.Namespace) -> int:
         lifespan="on",
         access_log=False,  # app.api.access logs each request, with its request id
         timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,
-        fd=args.fd,
     )
     server = _server_class()(config, app.state)
     server.drain_limit_s = settings.request_timeout_s + 5.0
-    server.run()
+    # An inherited socket is wrapped with its real family (uvicorn's own --fd assumes AF_UNIX,
+    # which leaves TCP_NODELAY off and costs ~40 ms per small response to delayed ACKs).
+    server.run(sockets=[socket.socket(fileno=args.fd)] if args.fd is not None else None)
     return 0 if server.started and not server.fatal else 1
 
 
@@ -163,6 +165,25 @@ def check_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    try:
+        from bench.run import add_arguments
+    except ImportError:  # installed without the bench/ folder
+        return
+    add_arguments(parser)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    try:
+        from bench.run import run
+    except ImportError:
+        print("batchserve bench: run it from a source checkout (bench/ is not installed)",
+              file=sys.stderr)
+        return 2
+    code: int = run(args)
+    return code
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="batchserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -173,6 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve on an inherited, already bound socket (file descriptor) instead of host:port",
     )
     p_serve.set_defaults(func=serve)
+    p_bench = sub.add_parser(
+        "bench", help="benchmark the server against the model alone and unbatched (needs wrk)"
+    )
+    _add_bench_arguments(p_bench)
+    p_bench.set_defaults(func=_bench)
     p_check = sub.add_parser("check-model", help="load a model, run one batch, print its schema")
     p_check.add_argument("model", help="builtin name, module:callable, or a .pt / .pt2 file")
     add_setting_flags(p_check, skip=frozenset({"model"}))

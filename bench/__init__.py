@@ -1,0 +1,1 @@
+"""Benchmarks run by hand (``batchserve bench``); results and commands in docs/benchmarks.md."""

@@ -1,0 +1,311 @@
+"""``batchserve bench``: the server against its own ceiling and against itself unbatched.
+
+For a workload (linear, mlp, minilm) it measures, in one run:
+- ``offline``: the model called in-process in a loop at max_batch_size (collate, forward, split),
+  the ceiling on this machine;
+- ``batchserve``: the server (subprocess, loopback) under wrk at each concurrency;
+- ``unbatched``: the same server with max_batch_size=1.
+Every server process gets the same settings (torch threads, batch wait). Answers are checked
+against the model called directly before any load is sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+TEXTS = [
+    "A man is eating food.", "The new movie is awesome.", "A cheetah chases prey.",
+    "Dynamic batching pays off.", "How do I bake bread at home?", "Stocks rose on Friday.",
+    "The cat sat on the mat.", "Where is the nearest station?",
+]
+
+
+@dataclass
+class Point:
+    config: str
+    concurrency: int
+    req_s: float
+    items_s: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    errors: int
+    mean_batch: float
+    server_cpu: float  # cores used by the server process, averaged over the run
+
+
+@dataclass
+class Report:
+    workload: str
+    settings: dict[str, Any]
+    offline_items_s: float
+    points: list[Point] = field(default_factory=list)
+    machine: dict[str, Any] = field(default_factory=dict)
+
+
+def instance_for(workload: str, i: int) -> Any:
+    if workload == "minilm":
+        return TEXTS[i % len(TEXTS)]
+    size = 4 if workload == "linear" else 512
+    rng = np.random.default_rng(i)
+    return [round(float(v), 4) for v in rng.standard_normal(size)]
+
+
+def offline_items_s(workload: str, batch: int, seconds: float) -> float:
+    """Items/s of collate + forward + split at ``batch``, in this process, torch threads set."""
+    from app.models.registry import load_handler
+
+    handler = load_handler(workload)
+    replica = handler.load(torch.device("cpu"))
+    items = handler.decode([instance_for(workload, i) for i in range(batch)])
+    runs: list[float] = []
+    deadline = time.perf_counter() + seconds
+    with torch.inference_mode():
+        for _ in range(3):
+            handler.split(replica(handler.collate(items)), batch)  # warm-up
+        while time.perf_counter() < deadline or len(runs) < 5:
+            t0 = time.perf_counter()
+            handler.split(replica(handler.collate(items)), batch)
+            runs.append(time.perf_counter() - t0)
+    return batch / statistics.median(runs)
+
+
+def check_answers(url: str, workload: str) -> None:
+    from app.models.registry import load_handler
+
+    handler = load_handler(workload)
+    replica = handler.load(torch.device("cpu"))
+    instances = [instance_for(workload, i) for i in range(4)]
+    with torch.inference_mode():
+        want = handler.split(replica(handler.collate(handler.decode(instances))), 4)
+    got = httpx.post(url + "/predict", json={"instances": instances}, timeout=60).json()
+    error = max(float(np.abs(np.asarray(g) - np.asarray(w)).max())
+                for g, w in zip(got["predictions"], want, strict=True))
+    if error > 1e-4:
+        raise SystemExit(f"bench: the server's answers differ from the model's by {error}")
+    print(f"  answers match the model called directly (max abs diff {error:.2e})", flush=True)
+
+
+@contextmanager
+def server(workload: str, max_batch: int, args: argparse.Namespace) -> Iterator[tuple[str, int]]:
+    import socket
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    port = sock.getsockname()[1]
+    cmd = [
+        sys.executable, "-m", "app", "serve", "--fd", str(sock.fileno()), "--model", workload,
+        "--devices", "cpu", "--max-batch-size", str(max_batch), "--max-wait-ms",
+        str(args.max_wait_ms), "--torch-threads", str(args.torch_threads),
+        "--queue-capacity", "4096", "--max-instances", "256", "--log-level", "warning",
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(cmd, pass_fds=[sock.fileno()], env=env)
+    sock.close()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health_check", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise SystemExit("bench: the server did not become ready")
+            time.sleep(0.1)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def batch_totals(url: str) -> tuple[float, float]:
+    text = httpx.get(url + "/metrics", timeout=10).text
+
+    def value(name: str) -> float:
+        m = re.search(rf"^{name} (\S+)$", text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    return value("batchserve_batch_size_sum"), value("batchserve_batch_size_count")
+
+
+def run_wrk(url: str, body_file: str, concurrency: int, seconds: float) -> dict[str, Any]:
+    cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--timeout", "30s",
+           "-s", str(HERE / "post.lua"), url + "/predict"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True,
+                         env={**os.environ, "BENCH_BODY_FILE": body_file}).stdout
+    line = next(ln for ln in out.splitlines() if ln.startswith("BENCH_JSON "))
+    result: dict[str, Any] = json.loads(line.removeprefix("BENCH_JSON "))
+    return result
+
+
+def measure(config: str, url: str, pid: int, body_file: str, concurrency: int,
+            args: argparse.Namespace) -> Point:
+    run_wrk(url, body_file, concurrency, max(1.0, args.seconds / 5))  # warm the path up
+    sum0, count0 = batch_totals(url)
+    cpu0, t0 = cpu_seconds(pid), time.monotonic()
+    r = run_wrk(url, body_file, concurrency, args.seconds)
+    cpu1, t1 = cpu_seconds(pid), time.monotonic()
+    sum1, count1 = batch_totals(url)
+    seconds = r["duration_us"] / 1e6
+    req_s = r["requests"] / seconds
+    return Point(
+        config, concurrency, req_s, req_s * args.instances, r["p50_us"] / 1000,
+        r["p90_us"] / 1000, r["p99_us"] / 1000, r["non200"] + r["socket_errors"],
+        (sum1 - sum0) / max(1.0, count1 - count0), (cpu1 - cpu0) / (t1 - t0),
+    )
+
+
+def ratio_lines(report: Report) -> list[str]:
+    def point(config: str, c: int) -> Point | None:
+        return next((p for p in report.points if p.config == config and p.concurrency == c), None)
+
+    lines = []
+    top = max(report.points, key=lambda p: p.concurrency).concurrency
+    b_top, u_top = point("batchserve", top), point("unbatched", top)
+    b_1, u_1 = point("batchserve", 1), point("unbatched", 1)
+    if b_top:
+        lines.append(f"batchserve c={top}: {b_top.items_s / report.offline_items_s:.2f} x offline"
+                     f" items/s")
+    if b_top and u_top:
+        lines.append(f"batchserve c={top}: {b_top.items_s / u_top.items_s:.2f} x unbatched items/s")
+    if b_1 and u_1:
+        lines.append(f"batchserve c=1: p50 {b_1.p50_ms / u_1.p50_ms:.2f} x unbatched p50")
+    return lines
+
+
+def table(report: Report) -> str:
+    head = (f"{'config':<11}{'conc':>5}{'req/s':>10}{'items/s':>10}{'p50 ms':>9}{'p90 ms':>9}"
+            f"{'p99 ms':>9}{'errors':>8}{'batch':>7}{'cpu':>6}")
+    rows = [head, "-" * len(head),
+            f"{'offline':<11}{'-':>5}{'-':>10}{report.offline_items_s:>10.0f}"]
+    for p in report.points:
+        rows.append(f"{p.config:<11}{p.concurrency:>5}{p.req_s:>10.0f}{p.items_s:>10.0f}"
+                    f"{p.p50_ms:>9.2f}{p.p90_ms:>9.2f}{p.p99_ms:>9.2f}{p.errors:>8}"
+                    f"{p.mean_batch:>7.1f}{p.server_cpu:>6.2f}")
+    return "\n".join(rows + [""] + ratio_lines(report))
+
+
+def plot(report: Report, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for config in ("batchserve", "unbatched"):
+        pts = [p for p in report.points if p.config == config]
+        ax1.plot([p.concurrency for p in pts], [p.items_s for p in pts], "o-", label=config)
+        ax2.plot([p.concurrency for p in pts], [p.p99_ms for p in pts], "o-", label=config)
+    ax1.axhline(report.offline_items_s, color="grey", ls="--", label="offline")
+    for ax, title in ((ax1, "items/s"), (ax2, "p99 latency (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_title(f"{report.workload}: {title}")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return run(args)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", choices=["linear", "mlp", "minilm"], default="mlp")
+    parser.add_argument("--concurrency", default="1,8,64", help="comma list (default 1,8,64)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="per measured point")
+    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--max-wait-ms", type=float, default=5.0)
+    parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument("--instances", type=int, default=1, help="instances per request")
+    parser.add_argument("--configs", default="batchserve,unbatched")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="batchserve bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    if shutil.which("wrk") is None:
+        print("bench: needs wrk (apt-get install wrk)", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.torch_threads)
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    settings = {"max_batch_size": args.max_batch_size, "max_wait_ms": args.max_wait_ms,
+                "torch_threads": args.torch_threads, "instances_per_request": args.instances,
+                "seconds_per_point": args.seconds}
+    print(f"[{args.workload}] offline: model in-process at batch {args.max_batch_size} ...",
+          flush=True)
+    report = Report(args.workload, settings,
+                    offline_items_s(args.workload, args.max_batch_size, args.seconds),
+                    machine={"cpus": os.cpu_count(), "torch": torch.__version__,
+                             "python": sys.version.split()[0]})
+    print(f"  {report.offline_items_s:.0f} items/s", flush=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"instances": [instance_for(args.workload, i) for i in range(args.instances)]},
+                  f)
+        body_file = f.name
+    try:
+        for config in args.configs.split(","):
+            max_batch = 1 if config == "unbatched" else args.max_batch_size
+            with server(args.workload, max_batch, args) as (url, pid):
+                check_answers(url, args.workload)
+                for c in concurrencies:
+                    print(f"[{args.workload}] {config} concurrency {c} ({args.seconds:.0f}s) ...",
+                          flush=True)
+                    point = measure(config, url, pid, body_file, c, args)
+                    report.points.append(point)
+                    print(f"  {point.req_s:.0f} req/s, p50 {point.p50_ms:.2f} ms, "
+                          f"p99 {point.p99_ms:.2f} ms, batch {point.mean_batch:.1f}, "
+                          f"errors {point.errors}", flush=True)
+    finally:
+        os.unlink(body_file)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = args.out / f"{args.workload}-{stamp}"
+    base.with_suffix(".json").write_text(json.dumps(asdict(report), indent=2))
+    print("\n" + table(report))
+    try:
+        plot(report, base.with_suffix(".png"))
+        print(f"\nwrote {base}.json and {base}.png")
+    except ImportError:
+        print(f"\nwrote {base}.json (install matplotlib for the plot)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
