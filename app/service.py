@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -26,6 +27,7 @@ from app.worker import BatchReport, DeviceWorker, WorkerState
 log = logging.getLogger("batchserve.service")
 
 RESTART_DELAY_S = 1.0
+GIL_SWITCH_INTERVAL_S = 0.001
 INLINE_DECODE_MAX_ITEMS = 64  # light decodes of small requests stay on the loop
 
 
@@ -83,6 +85,10 @@ class InferenceService:
         self._loop = asyncio.get_running_loop()
         if self.settings.torch_threads:
             torch.set_num_threads(self.settings.torch_threads)
+        # Device threads release the GIL inside every torch op and must win it back from the
+        # event loop afterwards; at CPython's default 5 ms switch interval that hand-off nearly
+        # doubled a 28 ms forward next to a busy loop (docs/benchmarks.md). 1 ms removes it.
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         self._queue = janus.Queue(maxsize=self.settings.queue_capacity)
         self._pool = ThreadPoolExecutor(
             max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="decode"

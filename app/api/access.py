@@ -7,10 +7,11 @@ response and attached to every log line written while the request is handled.
 from __future__ import annotations
 
 import contextvars
+import itertools
 import logging
+import os
 import re
 import time
-import uuid
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -33,6 +34,9 @@ class RequestIdFilter(logging.Filter):
 class AccessLog:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        # Generated ids: a random per-process prefix and a counter (uuid4 costs a syscall each).
+        self._prefix = os.urandom(8).hex()
+        self._counter = itertools.count(1)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -44,7 +48,7 @@ class AccessLog:
                 text = value.decode("latin-1")
                 rid = text if _SANE.match(text) else None
                 break
-        rid = rid or uuid.uuid4().hex
+        rid = rid or f"{self._prefix}{next(self._counter):016x}"
         token = request_id.set(rid)
         started = time.perf_counter()
         status = 0

@@ -1,4 +1,8 @@
-"""``Annotated`` aliases that read the per-app objects from ``app.state``."""
+"""``Annotated`` aliases that read the per-app objects from ``app.state``.
+
+They are ``async def`` on purpose: FastAPI runs plain ``def`` dependencies in a thread pool, which
+cost three thread hops per request.
+"""
 
 from __future__ import annotations
 
@@ -12,19 +16,19 @@ from app.metrics import Metrics
 from app.service import InferenceService
 
 
-def _service(request: Request) -> InferenceService:
+async def _service(request: Request) -> InferenceService:
     service: InferenceService | None = getattr(request.app.state, "service", None)
     if service is None:
         raise Unavailable("loading", "the server is starting")
     return service
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def _metrics(request: Request) -> Metrics:
+async def _metrics(request: Request) -> Metrics:
     metrics: Metrics = request.app.state.metrics
     return metrics
 
