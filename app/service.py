@@ -7,6 +7,7 @@ they schedule with ``call_soon_threadsafe``.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import sys
@@ -103,7 +104,7 @@ class InferenceService:
         assert self._queue is not None
         worker = DeviceWorker(
             device, self.handler, self._queue.sync_q, self.policy, self._loop,
-            self._deliver, lambda: self.in_flight, self._worker_exited,
+            self._deliver, lambda: self.in_flight, self._worker_changed,
         )
         self.workers.append(worker)
         label = str(device) if self.devices.count(device) == 1 else f"{device}#{len(self.workers)}"
@@ -112,7 +113,11 @@ class InferenceService:
         worker.start()
         return worker
 
-    def _worker_exited(self, worker: DeviceWorker) -> None:
+    def _worker_changed(self, worker: DeviceWorker) -> None:
+        if worker.state is WorkerState.READY:
+            if all(w.state is WorkerState.READY for w in self.workers):
+                _freeze_startup_objects()
+            return
         if self._draining or worker.state is not WorkerState.FAILED:
             return
         if worker.error and worker.error.startswith("load:"):
@@ -254,6 +259,14 @@ class InferenceService:
             m.dropped.labels(reason="expired").inc(report.expired)
         if report.cancelled:
             m.dropped.labels(reason="cancelled").inc(report.cancelled)
+
+
+def _freeze_startup_objects() -> None:
+    """Move everything alive after start-up (torch, the model, modules: ~200k objects) out of the
+    collector's reach. Full collections then scan only request garbage: they cost 70-100 ms each
+    before, stalling the event loop (docs/benchmarks.md)."""
+    gc.collect()
+    gc.freeze()
 
 
 def _busy_ratio(worker: DeviceWorker) -> Any:

@@ -56,7 +56,7 @@ class DeviceWorker:
 
     ``start``/``join`` are called from the event loop's thread; everything else in this class runs
     on the worker thread. Results go back through ``deliver``, which the worker schedules on the
-    loop with one ``call_soon_threadsafe`` per batch. ``on_exit`` is scheduled the same way when the
+    loop with one ``call_soon_threadsafe`` per batch. ``on_state`` is scheduled the same way when the
     thread ends for any reason other than the queue shutting down.
     """
 
@@ -69,7 +69,7 @@ class DeviceWorker:
         loop: Any,
         deliver: Deliver,
         in_flight: Callable[[], int],
-        on_exit: Callable[[DeviceWorker], None],
+        on_state: Callable[[DeviceWorker], None],
     ) -> None:
         self.device = device
         self.handler = handler
@@ -78,7 +78,7 @@ class DeviceWorker:
         self._loop = loop
         self._deliver = deliver
         self._in_flight = in_flight
-        self._on_exit = on_exit
+        self._on_state = on_state
         limit = policy.max_batch_size
         if handler.max_batch_size is not None:
             limit = min(limit, handler.max_batch_size)
@@ -107,6 +107,7 @@ class DeviceWorker:
         try:
             self.state = WorkerState.READY
             log.info("device %s ready (batch limit %d)", self.device, self.batch_limit)
+            self._loop.call_soon_threadsafe(self._on_state, self)
             rate = ArrivalRate()
             while True:
                 in_hand = collect_batch(
@@ -126,7 +127,7 @@ class DeviceWorker:
         self.state = WorkerState.FAILED
         self.error = error
         log.critical("device thread %s died: %s", self.device, error, exc_info=True)
-        self._loop.call_soon_threadsafe(self._on_exit, self)
+        self._loop.call_soon_threadsafe(self._on_state, self)
 
     def _load(self) -> Replica:
         with torch.inference_mode():

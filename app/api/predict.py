@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from app.api.body import instances_of, parse_json
 from app.api.deps import MetricsDep, ServiceDep, SettingsDep
+from app.api.errors import error_response, serve_error_response
 from app.api.inference import run_inference
+from app.errors import ServeError, Unavailable
 from app.schemas import ErrorResponse, PredictRequest, PredictResponse
+
+log = logging.getLogger("batchserve.api")
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorResponse, "description": "missing or wrong bearer token"},
@@ -26,6 +32,31 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 def _render(results: list[Any], _: None) -> Response:
     content = orjson.dumps({"predictions": results}, option=orjson.OPT_SERIALIZE_NUMPY)
     return Response(content, media_type="application/json")
+
+
+async def predict_asgi(scope: Scope, receive: Receive, send: Send) -> None:
+    """POST /predict without FastAPI's routing, middleware and dependency machinery.
+
+    The same flow and error conversion as the documented route below (which serves the OpenAPI
+    schema and stays the reference), at about half the event-loop time per request.
+    """
+    request = Request(scope, receive)
+    state = request.app.state
+    service, settings, metrics = state.service, state.settings, state.metrics
+    try:
+        if service is None:
+            raise Unavailable("loading", "the server is starting")
+
+        def parse(body: bytes) -> tuple[list[Any], None]:
+            return instances_of(parse_json(body), settings.max_instances), None
+
+        response = await run_inference(request, service, settings, metrics, parse, _render)
+    except ServeError as exc:
+        response = serve_error_response(exc, scope["path"])
+    except Exception:
+        log.exception("unhandled error on POST /predict")
+        response = error_response(500, "internal_error", "internal server error")
+    await response(scope, receive, send)
 
 
 def router(instance_schema: dict[str, Any]) -> APIRouter:
