@@ -56,8 +56,8 @@ class DeviceWorker:
 
     ``start``/``join`` are called from the event loop's thread; everything else in this class runs
     on the worker thread. Results go back through ``deliver``, which the worker schedules on the
-    loop with one ``call_soon_threadsafe`` per batch. ``on_state`` is scheduled the same way when the
-    thread ends for any reason other than the queue shutting down.
+    loop with one ``call_soon_threadsafe`` per batch. ``on_state`` is scheduled the same way when
+    the thread ends for any reason other than the queue shutting down.
     """
 
     def __init__(
