@@ -70,13 +70,16 @@ def instance_for(workload: str, i: int) -> Any:
     return [round(float(v), 4) for v in rng.standard_normal(size)]
 
 
-def offline_items_s(workload: str, batch: int, seconds: float) -> float:
-    """Items/s of collate + forward + split at ``batch``, in this process, torch threads set."""
+def offline_items_s(workload: str, batch: int, seconds: float, distinct: int) -> float:
+    """Items/s of collate + forward + split at ``batch``, in this process, torch threads set.
+
+    The batch holds the same instances the load generator sends (``distinct`` of them, repeated),
+    so for text the padded length matches what the server computes."""
     from app.models.registry import load_handler
 
     handler = load_handler(workload)
     replica = handler.load(torch.device("cpu"))
-    items = handler.decode([instance_for(workload, i) for i in range(batch)])
+    items = handler.decode([instance_for(workload, i % distinct) for i in range(batch)])
     runs: list[float] = []
     deadline = time.perf_counter() + seconds
     with torch.inference_mode():
@@ -250,6 +253,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instances", type=int, default=1, help="instances per request")
     parser.add_argument("--configs", default="batchserve,unbatched")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--soak-minutes", type=float, default=0.0,
+                        help="instead of the sweep: measure capacity, then hold a share of it "
+                             "this long, recording RSS and p99 over time")
+    parser.add_argument("--soak-share", type=float, default=0.8, help="share of capacity (0.8)")
+    parser.add_argument("--soak-instances", type=int, default=8,
+                        help="instances per soak request (keeps the client's request rate low)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -264,6 +273,8 @@ def run(args: argparse.Namespace) -> int:
         print("bench: needs wrk (apt-get install wrk)", file=sys.stderr)
         return 2
     torch.set_num_threads(args.torch_threads)
+    if args.soak_minutes > 0:
+        return run_soak(args)
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     settings = {"max_batch_size": args.max_batch_size, "max_wait_ms": args.max_wait_ms,
                 "torch_threads": args.torch_threads, "instances_per_request": args.instances,
@@ -271,7 +282,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"[{args.workload}] offline: model in-process at batch {args.max_batch_size} ...",
           flush=True)
     report = Report(args.workload, settings,
-                    offline_items_s(args.workload, args.max_batch_size, args.seconds),
+                    offline_items_s(args.workload, args.max_batch_size, args.seconds,
+                                    args.instances),
                     machine={"cpus": os.cpu_count(), "torch": torch.__version__,
                              "python": sys.version.split()[0]})
     print(f"  {report.offline_items_s:.0f} items/s", flush=True)
@@ -305,6 +317,27 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         print(f"\nwrote {base}.json (install matplotlib for the plot)")
     return 0
+
+
+def run_soak(args: argparse.Namespace) -> int:
+    from bench.soak import soak
+
+    instance = instance_for(args.workload, 0)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"instances": [instance] * args.soak_instances}, f)
+        body_file = f.name
+    try:
+        with server(args.workload, args.max_batch_size, args) as (url, pid):
+            check_answers(url, args.workload)
+            print(f"[{args.workload}] capacity: wrk, concurrency 64, {args.seconds:.0f}s ...",
+                  flush=True)
+            run_wrk(url, body_file, 64, max(1.0, args.seconds / 5))  # warm the path up
+            r = run_wrk(url, body_file, 64, args.seconds)
+            capacity = r["requests"] / (r["duration_us"] / 1e6) * args.soak_instances
+            report = soak(args, url, pid, capacity, instance)
+    finally:
+        os.unlink(body_file)
+    return 0 if report.windows else 1
 
 
 if __name__ == "__main__":

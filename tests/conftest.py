@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,6 +25,7 @@ from app.main import create_app
 from app.models.base import ModelHandler
 
 WAIT_S = 60.0  # upper bound for waiting on a condition; never a timing assertion
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_settings(**overrides: Any) -> Settings:
@@ -104,3 +110,44 @@ def live_server(settings: Settings, handler: ModelHandler | None = None) -> Iter
         server.should_exit = True
         thread.join(WAIT_S)
         sock.close()
+
+
+@contextmanager
+def serve(
+    *args: str, env: dict[str, str] | None = None, stderr: int | None = None
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``python -m app serve`` as a real process on an inherited socket bound to a free
+    loopback port; killed on exit if still running."""
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "serve", "--fd", str(sock.fileno()), *args],
+        cwd=ROOT, pass_fds=[sock.fileno()], stderr=stderr,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+    )
+    sock.close()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(WAIT_S)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def wait_ready(url: str) -> None:
+    def ready() -> bool:
+        try:
+            return httpx.get(url + "/health_check", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_until_sync(ready, "server ready")
+
+
+def metric(text: str, name: str) -> float:
+    """The value of one sample in Prometheus text (0 when absent)."""
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0

@@ -190,3 +190,18 @@ class GateFileModule(torch.nn.Module):
 
 def gate_file_module() -> torch.nn.Module:
     return GateFileModule()
+
+
+class SleepModule(torch.nn.Module):
+    """For subprocess servers: every forward takes $SLEEP_S seconds (default 0.1) whatever the
+    batch size, so the server's capacity is small and known: max_batch_size / SLEEP_S items/s."""
+
+    input_shape = (2,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(float(os.environ.get("SLEEP_S", "0.1")))
+        return x * 2
+
+
+def sleep_module() -> torch.nn.Module:
+    return SleepModule()

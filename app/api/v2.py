@@ -40,6 +40,47 @@ def _dims(shape: tuple[int, ...] | None) -> list[int]:
 
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol v2"])
 
+_TENSOR = {
+    "type": "object",
+    "required": ["name", "shape", "datatype"],
+    "properties": {
+        "name": {"type": "string"},
+        "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
+        "datatype": {"type": "string", "enum": ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64",
+                                                "INT8", "INT16", "INT32", "INT64", "FP16",
+                                                "FP32", "FP64", "BYTES"]},
+        "data": {"type": "array", "description": "row-major values (or nested lists)"},
+        "parameters": {"type": "object", "properties": {"binary_data_size": {"type": "integer"}}},
+    },
+}
+_INFER_BODY = {
+    "required": True,
+    "content": {"application/json": {"schema": {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "id": {"type": "string"},
+            "inputs": {"type": "array", "items": _TENSOR, "minItems": 1, "maxItems": 1},
+            "outputs": {"type": "array", "items": {"type": "object", "properties": {
+                "name": {"type": "string"},
+                "parameters": {"type": "object",
+                               "properties": {"binary_data": {"type": "boolean"}}},
+            }}},
+            "parameters": {"type": "object",
+                           "properties": {"binary_data_output": {"type": "boolean"}}},
+        },
+    }}},
+}
+_INFER_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"description": text, "content": {"application/json": {"schema": {
+        "type": "object", "properties": {"error": {"type": "string"}}}}}}
+    for status, text in [(401, "missing or wrong bearer token"), (404, "unknown model"),
+                         (413, "body or rows over the limit"), (422, "malformed request"),
+                         (500, "the model failed on this request's batch"),
+                         (503, "busy, loading or draining; see Retry-After"),
+                         (504, "deadline passed before the answer")]
+}
+
 
 @router.get("", summary="Server metadata")
 async def server_metadata() -> dict[str, Any]:
@@ -80,7 +121,12 @@ async def model_ready(request: Request, name: str, version: str = "1") -> Respon
     return JSONResponse({"name": handler.name, "ready": ok}, status_code=200 if ok else 503)
 
 
-@router.post("/models/{name}/infer", summary="Inference; each batch row is one item")
+@router.post(
+    "/models/{name}/infer",
+    summary="Inference; each batch row is one item",
+    openapi_extra={"requestBody": _INFER_BODY},
+    responses=_INFER_ERRORS,
+)
 @router.post("/models/{name}/versions/{version}/infer", include_in_schema=False)
 async def infer(
     request: Request, name: str, service: ServiceDep, settings: SettingsDep, metrics: MetricsDep,

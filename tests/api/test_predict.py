@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from tests.conftest import app_client, make_settings, wait_until
-from tests.fakes import EchoHandler, FailingHandler, GatedHandler, SlowLoadHandler
+from tests.fakes import FailingHandler, GatedHandler, SlowLoadHandler
 
 pytestmark = pytest.mark.asyncio
 
@@ -56,6 +56,35 @@ async def test_limits_get_413() -> None:
         assert_error(r, 413, "payload_too_large", "limit of 4")
         r = await client.post("/predict", content=b'{"instances": [' + b"1," * 2000 + b"1]}")
         assert_error(r, 413, "payload_too_large", "1000 bytes")
+
+
+async def test_oversized_stream_is_refused_before_it_is_read_whole() -> None:
+    """No Content-Length, an endless body: 413 once the limit is passed, the rest never read."""
+    limit, chunk = 10_000, b"[" * 1000
+    read = 0
+
+    async def receive() -> dict:
+        nonlocal read
+        read += 1
+        if read > 10_000:  # 10 MB: far past the limit; reaching it means the body was slurped
+            raise AssertionError("the server kept reading")
+        return {"type": "http.request", "body": chunk, "more_body": True}
+
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async with app_client(make_settings(max_body_bytes=limit)) as client:
+        for path in ("/predict", "/v2/models/linear/infer"):
+            read, sent = 0, []
+            scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(),
+                     "query_string": b"", "headers": [(b"content-type", b"application/json")],
+                     "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80), "scheme": "http",
+                     "http_version": "1.1", "root_path": "", "app": client.app}
+            await client.app(scope, receive, send)  # type: ignore[attr-defined]
+            assert sent[0]["status"] == 413
+            assert read <= limit // len(chunk) + 1
 
 
 async def test_timeout_header() -> None:
@@ -119,17 +148,26 @@ async def test_not_ready_gives_503_loading() -> None:
 
 
 async def test_api_key() -> None:
-    async with app_client(make_settings(api_key="s3cret"), EchoHandler()) as client:
-        r = await client.post("/predict", json={"instances": [1]})
+    BODY = {"instances": [[1, 2, 3, 4]]}  # noqa: N806
+    async with app_client(make_settings(api_key="s3cret")) as client:
+        r = await client.post("/predict", json=BODY)
         assert_error(r, 401, "unauthorized")
         assert r.headers["www-authenticate"] == "Bearer"
-        r = await client.post("/predict", json={"instances": [1]},
+        r = await client.post("/predict", json=BODY,
                               headers={"Authorization": "Bearer wrong"})
         assert r.status_code == 401
-        r = await client.post("/predict", json={"instances": [1]},
+        r = await client.post("/predict", json=BODY,
                               headers={"Authorization": "Bearer s3cret"})
         assert r.status_code == 200
         assert (await client.get("/health_check")).status_code == 200  # stays open
+        assert (await client.get("/metrics")).status_code == 200
+        v2_body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32",
+                              "data": [1, 2, 3, 4]}]}
+        r = await client.post("/v2/models/linear/infer", json=v2_body)
+        assert r.status_code == 401 and r.json() == {"error": "missing or invalid bearer token"}
+        r = await client.post("/v2/models/linear/infer", json=v2_body,
+                              headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 200
 
 
 async def test_unknown_route_and_method() -> None:

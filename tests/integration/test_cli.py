@@ -2,62 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import WAIT_S, free_socket, wait_until_sync
+from tests.conftest import WAIT_S, metric, serve, wait_ready, wait_until_sync
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@contextmanager
-def serve(
-    *args: str, env: dict[str, str] | None = None, stderr: int | None = None
-) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """``python -m app serve`` on an inherited socket bound to a free loopback port."""
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", "--fd", str(sock.fileno()), *args],
-        cwd=ROOT, pass_fds=[sock.fileno()], stderr=stderr,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
-    )
-    sock.close()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        yield proc, url
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(WAIT_S)
-        if proc.stderr is not None:
-            proc.stderr.close()
-
-
-def wait_ready(url: str) -> None:
-    def ready() -> bool:
-        try:
-            return httpx.get(url + "/health_check", timeout=5).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    wait_until_sync(ready, "server ready")
-
-
-def in_flight(url: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=5).text
-    return float(re.search(r"^batchserve_in_flight_requests (\S+)$", text, re.M).group(1))
 
 
 def test_sigterm_answers_everything_in_flight_then_exits_0(tmp_path: Path) -> None:
@@ -70,7 +27,11 @@ def test_sigterm_answers_everything_in_flight_then_exits_0(tmp_path: Path) -> No
                 pool.submit(httpx.post, url + "/predict", json={"instances": [[i, i]]}, timeout=60)
                 for i in range(6)
             ]
-            wait_until_sync(lambda: in_flight(url) == 6, "6 requests in flight")
+            wait_until_sync(
+                lambda: metric(httpx.get(url + "/metrics", timeout=5).text,
+                               "batchserve_in_flight_requests") == 6,
+                "6 requests in flight",
+            )
             proc.send_signal(signal.SIGTERM)
             wait_until_sync(
                 lambda: httpx.get(url + "/health_check", timeout=5).json()["status"] == "draining",

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import socket
 
 import httpx
 import pytest
 
-from tests.conftest import live_server, make_settings, wait_until
+from tests.conftest import live_server, make_settings, metric, wait_until
 from tests.fakes import FailingHandler, GatedHandler
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
-
-
-def metric(text: str, name: str) -> float:
-    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
 
 
 async def test_concurrent_requests_share_batches() -> None:

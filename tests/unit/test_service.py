@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from app.errors import DeadlineExceeded, ModelError, Unavailable
 from app.metrics import Metrics
@@ -125,6 +126,9 @@ async def test_out_of_memory_splits_and_lowers_the_limit() -> None:
         results = await call(service, [1, 2, 3, 4, 5, 6, 7])
         assert [float(x) for x in results] == [2.0 * i for i in range(1, 8)]
         assert worker.batch_limit <= 2
+        reported = generate_latest(service.metrics.registry).decode()
+        assert f'batchserve_effective_batch_limit{{device="cpu"}} {float(worker.batch_limit)}' \
+            in reported
         with pytest.raises(ModelError, match="out of device memory on this item alone"):
             await call(service, [999])
         assert [float(x) for x in await call(service, [1])] == [2.0]

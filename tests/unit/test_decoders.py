@@ -1,0 +1,191 @@
+"""Property tests of every decoder a client's bytes reach: whatever comes in, the answer is a
+valid decoded value or a ServeError (422/413) with a message; never another exception.
+
+Covers app/api/body.py, the tensor and text handlers' ``decode`` and app/v2.py's parser.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from app.api.body import instances_of, parse_json
+from app.errors import InvalidInput, PayloadTooLarge, ServeError
+from app.models.builtin import linear_handler
+from app.models.tensor import TensorHandler
+from app.v2 import DATATYPES, parse_request
+
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+scalars = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=8) | st.binary(max_size=4)
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=4), inner,
+                                                                max_size=4),
+    max_leaves=40,
+)
+numbers = st.integers() | st.floats(allow_nan=True, allow_infinity=True)
+# Near-misses of a [4] float vector: other lengths, ragged rows, huge / non-finite numbers.
+vectors = st.lists(numbers, min_size=0, max_size=6) | st.lists(
+    st.lists(numbers, max_size=3), max_size=4
+)
+
+
+def dumps(value: Any) -> bytes:
+    """JSON text as a client might send it: huge integers and NaN/Infinity tokens included."""
+    return json.dumps(value, default=repr).encode()
+
+
+def nested(depth: int) -> Any:
+    value: Any = 1.0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.fixture(scope="module")
+def linear() -> TensorHandler:
+    return linear_handler()
+
+
+@SETTINGS
+@given(body=st.binary(max_size=200) | json_values.map(dumps))
+@example(body=b"[" * 100_000)
+@example(body=b'{"instances": ' + b"[" * 5000 + b"]" * 5000 + b"}")
+@example(body=b"\xff\xfe")
+@example(body=b'{"instances": [NaN]}')
+def test_parse_json_never_crashes(body: bytes) -> None:
+    try:
+        payload = parse_json(body)
+    except InvalidInput as exc:
+        assert exc.message
+        return
+    try:
+        instances = instances_of(payload, max_instances=4)
+    except (InvalidInput, PayloadTooLarge) as exc:
+        assert exc.message
+        return
+    assert isinstance(instances, list) and 1 <= len(instances) <= 4
+
+
+@SETTINGS
+@given(instances=st.lists(vectors | json_values, min_size=1, max_size=5))
+@example(instances=[[1, 2, 3, 4]])
+@example(instances=[[1, 2, 3, float("nan")]])
+@example(instances=[[1, 2, 3, float("inf")]])
+@example(instances=[[1, 2, 3, 10**400]])
+@example(instances=[[1, 2, 3, 1e39]])  # finite in float64, infinite in float32
+@example(instances=[[1, 2, 3, True]])
+@example(instances=[[[1, 2], [3]]])
+@example(instances=[nested(100)])
+@example(instances=[nested(10_000)])
+@example(instances=["1234"])
+def test_tensor_decode_gives_finite_float32_rows_or_422(
+    linear: TensorHandler, instances: list[Any]
+) -> None:
+    try:
+        items = linear.decode(instances)
+    except InvalidInput as exc:
+        assert exc.message.startswith("instances[")
+        return
+    assert len(items) == len(instances)
+    for item in items:
+        assert item.dtype == np.float32 and item.shape == (4,)
+        assert np.isfinite(item).all()
+
+
+@SETTINGS
+@given(instances=st.lists(json_values, min_size=1, max_size=5))
+@example(instances=[[1, 2]])
+@example(instances=[nested(10_000)])
+def test_shapeless_decode_gives_finite_float32_or_422(instances: list[Any]) -> None:
+    handler = TensorHandler("free", lambda d: None, None)  # type: ignore[arg-type,return-value]
+    try:
+        items = handler.decode(instances)
+    except InvalidInput as exc:
+        assert exc.message.startswith("instances[")
+        return
+    for item in items:
+        assert item.dtype == np.float32 and np.isfinite(item).all()
+
+
+@pytest.mark.slow
+@SETTINGS
+@given(instances=st.lists(json_values, min_size=1, max_size=5))
+@example(instances=["", "a" * 5000, "naïve ☃"])
+def test_text_decode_takes_strings_only(instances: list[Any]) -> None:
+    handler = _minilm()
+    try:
+        items = handler.decode(instances)
+    except InvalidInput as exc:
+        assert not all(isinstance(x, str) for x in instances)
+        assert "expected a string" in exc.message
+        return
+    assert all(isinstance(x, str) for x in instances)
+    assert all(item.dtype == np.int64 and 2 <= len(item) <= 256 for item in items)
+
+
+_MINILM: list[Any] = []
+
+
+def _minilm() -> Any:
+    if not _MINILM:
+        from app.models.minilm import MiniLMHandler
+
+        _MINILM.append(MiniLMHandler())
+    return _MINILM[0]
+
+
+shapes = st.lists(st.integers(min_value=-2, max_value=2**70), min_size=0, max_size=4) | st.lists(
+    st.integers(min_value=0, max_value=4), min_size=1, max_size=3
+)
+v2_inputs = st.fixed_dictionaries(
+    {"name": st.just("INPUT0") | scalars,
+     "shape": shapes | json_values,
+     "datatype": st.sampled_from([*DATATYPES, "BYTES", "FP8", ""]) | scalars},
+    optional={"data": json_values | st.lists(numbers, max_size=12),
+              "parameters": st.fixed_dictionaries({"binary_data_size": st.integers(-1, 64)})
+              | json_values},
+)
+v2_payloads = st.fixed_dictionaries(
+    {"inputs": st.lists(v2_inputs, min_size=1, max_size=2) | json_values},
+    optional={"outputs": json_values, "parameters": json_values, "id": json_values},
+)
+
+
+@SETTINGS
+@given(payload=v2_payloads, binary=st.binary(max_size=64), header=st.booleans())
+@example(payload={"inputs": [{"name": "x", "shape": [1, 2**62, 4], "datatype": "FP32",
+                              "data": [1.0]}]}, binary=b"", header=False)
+@example(payload={"inputs": [{"name": "x", "shape": [2**64], "datatype": "FP32",
+                              "data": [1.0]}]}, binary=b"", header=False)
+@example(payload={"inputs": [{"name": "x", "shape": [1, 4], "datatype": "BYTES",
+                              "parameters": {"binary_data_size": 8}}]},
+         binary=b"\x04\x00\x00\x00\xff\xfe\xfd\xfc", header=True)
+def test_v2_parse_never_crashes(payload: dict[str, Any], binary: bytes, header: bool) -> None:
+    json_part = dumps(payload)
+    body = json_part + binary if header else json_part
+    length = str(len(json_part)) if header else None
+    try:
+        request = parse_request(body, length, max_rows=8)
+    except ServeError as exc:
+        assert exc.status in (413, 422) and exc.message
+        return
+    assert 1 <= len(request.rows) <= 8
+
+
+@SETTINGS
+@given(body=st.binary(max_size=64), length=st.text(max_size=6) | st.none())
+def test_v2_parse_raw_bytes(body: bytes, length: str | None) -> None:
+    try:
+        parse_request(body, length, max_rows=8)
+    except ServeError as exc:
+        assert exc.status in (413, 422)
