@@ -1,4 +1,4 @@
-"""``batchserve serve | check-model``: the command line."""
+"""``batchserve serve | worker | submit | check-model | bench``: the command line."""
 
 from __future__ import annotations
 
@@ -165,6 +165,46 @@ def check_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def worker(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from app.job_runner import run_worker
+    from app.logs import configure_logging
+
+    settings = _settings(args)
+    configure_logging(settings.log_level, settings.log_format)
+    return asyncio.run(run_worker(settings))
+
+
+def submit_jobs(args: argparse.Namespace) -> int:
+    """Enqueue instances from a JSONL file (one instance per line) and print the results."""
+    import json
+
+    from tqdm import tqdm
+
+    from app.job_client import submit
+
+    settings = load_settings(args.config, {"redis_url": args.redis_url,
+                                           "job_stream": args.job_stream})
+    with open(args.file, "rb") as f:
+        instances = [json.loads(line) for line in f if line.strip()]
+    jobs = [instances[i:i + args.job_size] for i in range(0, len(instances), args.job_size)]
+    with tqdm(total=len(jobs), unit="job", file=sys.stderr, disable=args.quiet) as bar:
+        results = submit(settings.redis_url, jobs, settings.job_stream, args.timeout_s,
+                         progress=bar.update)
+    out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115
+    try:
+        for result in results:
+            out.write(json.dumps(result) + "\n")
+    finally:
+        if args.out:
+            out.close()
+    failed = sum(r["status"] != "ok" for r in results)
+    if failed:
+        print(f"batchserve submit: {failed} of {len(results)} jobs failed", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     try:
         from bench.run import add_arguments
@@ -199,6 +239,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_bench_arguments(p_bench)
     p_bench.set_defaults(func=_bench)
+    p_worker = sub.add_parser(
+        "worker", help="serve jobs from a Redis stream (job-queue mode) instead of HTTP"
+    )
+    add_setting_flags(p_worker)
+    p_worker.set_defaults(func=worker)
+    p_submit = sub.add_parser(
+        "submit", help="enqueue instances from a JSONL file as jobs and wait for the results"
+    )
+    p_submit.add_argument("file", help="JSONL: one instance per line")
+    p_submit.add_argument("--config", metavar="FILE", help="TOML settings file")
+    p_submit.add_argument("--redis-url", default=None, help="default: the redis_url setting")
+    p_submit.add_argument("--job-stream", default=None, help="default: the job_stream setting")
+    p_submit.add_argument("--job-size", type=int, default=1, help="instances per job (1)")
+    p_submit.add_argument("--timeout-s", type=float, default=600.0, help="give up after (600)")
+    p_submit.add_argument("--out", default=None, help="write result lines here (default stdout)")
+    p_submit.add_argument("--quiet", action="store_true", help="no progress bar")
+    p_submit.set_defaults(func=submit_jobs)
     p_check = sub.add_parser("check-model", help="load a model, run one batch, print its schema")
     p_check.add_argument("model", help="builtin name, module:callable, or a .pt / .pt2 file")
     add_setting_flags(p_check, skip=frozenset({"model"}))

@@ -57,6 +57,20 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535, description="port to bind (0: any free port)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     log_format: Literal["text", "json"] = Field("text", description="log line format")
+    # Job-queue mode (``batchserve worker``, app/jobs.py)
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="job mode: the Redis server")
+    job_stream: str = Field("batchserve:jobs", description="job mode: stream of jobs")
+    job_group: str = Field("batchserve", description="job mode: consumer group of the workers")
+    job_lease_s: float = Field(
+        60.0, gt=0, description="job mode: a job not finished or renewed within this is taken over"
+    )
+    job_max_deliveries: int = Field(
+        3, ge=1, description="job mode: deliveries before a job is dead-lettered"
+    )
+    result_ttl_s: int = Field(86400, ge=1, description="job mode: how long results are kept")
+    worker_metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="job mode: serve /metrics on host:port (default: off)"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

@@ -253,6 +253,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instances", type=int, default=1, help="instances per request")
     parser.add_argument("--configs", default="batchserve,unbatched")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--jobs", type=int, default=0,
+                        help="instead of the sweep: job-queue mode (Redis) with this many jobs, "
+                             "one worker then two")
     parser.add_argument("--soak-minutes", type=float, default=0.0,
                         help="instead of the sweep: measure capacity, then hold a share of it "
                              "this long, recording RSS and p99 over time")
@@ -275,6 +278,10 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.torch_threads)
     if args.soak_minutes > 0:
         return run_soak(args)
+    if args.jobs > 0:
+        from bench.jobs import run_jobs
+
+        return run_jobs(args, instance_for(args.workload, 0))
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     settings = {"max_batch_size": args.max_batch_size, "max_wait_ms": args.max_wait_ms,
                 "torch_threads": args.torch_threads, "instances_per_request": args.instances,

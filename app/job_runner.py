@@ -1,0 +1,64 @@
+"""``batchserve worker``: the process around a JobWorker (model, device threads, signals)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+
+import redis.asyncio as aioredis
+
+from app.config import Settings
+from app.jobs import JobWorker
+from app.metrics import JobMetrics, Metrics
+from app.models.registry import load_handler
+from app.service import InferenceService, resolve_devices
+
+log = logging.getLogger("batchserve.jobs")
+
+
+def consumer_name() -> str:
+    """Unique per process: a restarted worker is a new consumer (the old one's jobs are taken
+    over after their lease)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
+
+
+async def run_worker(settings: Settings) -> int:
+    """Load the model, serve jobs until SIGTERM/SIGINT, finish what is held. Exit code."""
+    devices = resolve_devices(settings.devices)
+    handler = load_handler(settings.model, settings.model_name)
+    metrics = Metrics.create()
+    service = InferenceService(settings, handler, metrics, devices)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await service.start()
+    try:
+        while service.status != "ready":
+            if service.load_failed or stop.is_set():
+                log.critical("the model failed to load" if service.load_failed else "stopped")
+                return 1 if service.load_failed else 0
+            await asyncio.sleep(0.05)
+        if settings.worker_metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            start_http_server(settings.worker_metrics_port, settings.host, metrics.registry)
+        client = aioredis.Redis.from_url(settings.redis_url)
+        worker = JobWorker(settings, service, client, JobMetrics.create(metrics.registry),
+                           consumer_name())
+        log.info("worker %s reading %s as group %s", worker.consumer, settings.job_stream,
+                 settings.job_group)
+        try:
+            await worker.run(stop)
+        except Exception:
+            log.exception("the worker stopped on an error")
+            return 1
+        finally:
+            await client.aclose()
+        log.info("worker %s stopped", worker.consumer)
+        return 0
+    finally:
+        await service.stop()

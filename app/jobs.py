@@ -1,0 +1,302 @@
+"""Job-queue mode: jobs from a Redis stream through the same bounded queue and device threads.
+
+Contract (../shared/DESIGN.md, "Job-queue mode"): a job is a stream entry with one field ``job``,
+JSON ``{"id", "instances"}``. Its result goes to ``batchserve:result:<id>`` and is announced on
+``batchserve:results``; only then is the entry acknowledged and deleted. A worker holds a lease on
+each job it reads (the group's pending entry), renews it while working, and takes over the jobs
+of lost workers once their lease has run out (XAUTOCLAIM). Everything in this module runs on the
+event loop of ``batchserve worker``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from app.api.body import instances_of
+from app.config import Settings
+from app.errors import ServeError, Unavailable
+from app.metrics import JobMetrics
+from app.service import InferenceService
+
+log = logging.getLogger("batchserve.jobs")
+
+RESULT_KEY = "batchserve:result:"
+RESULTS_STREAM = "batchserve:results"
+RESULTS_MAXLEN = 100_000  # announcements kept (approximately); results live under their keys
+BUSY_RETRY_S = 0.005
+READ_BLOCK_MS = 500  # how long one read waits for new jobs; bounds the reaction to SIGTERM
+
+
+def dead_stream(settings: Settings) -> str:
+    return settings.job_stream + ":dead"
+
+
+@dataclass(frozen=True)
+class Job:
+    """A parsed stream entry: ``id`` None means the entry has no usable id."""
+
+    entry: str
+    id: str | None
+    instances: list[Any] | None
+    error: ServeError | None
+    raw: bytes
+
+
+def parse_job(entry: str, fields: dict[bytes, bytes], max_instances: int) -> Job:
+    """Never raises: a malformed job comes back with ``id`` None or an ``error``."""
+    raw = fields.get(b"job", b"")
+    try:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return Job(entry, None, None, None, raw)
+    job_id = payload.get("id") if isinstance(payload, dict) else None
+    if not isinstance(job_id, str) or not job_id:
+        return Job(entry, None, None, None, raw)
+    try:
+        return Job(entry, job_id, instances_of(payload, max_instances), None, raw)
+    except ServeError as exc:
+        return Job(entry, job_id, None, exc, raw)
+
+
+def error_result(job_id: str, type_: str, message: str) -> dict[str, Any]:
+    return {"id": job_id, "status": "error", "error": {"type": type_, "message": message}}
+
+
+class JobWorker:
+    """Reads, leases, runs and answers jobs. Event-loop thread only.
+
+    Stages overlap: the reader keeps up to ``read_ahead`` jobs in hand, each job runs as its own
+    task (decode -> shared queue -> device threads -> result write), so reading and writing of
+    some jobs happen while others are on the device. Nothing more is read while ``read_ahead``
+    jobs are held, which also bounds the items this worker puts in the queue.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        service: InferenceService,
+        client: aioredis.Redis,
+        metrics: JobMetrics,
+        consumer: str,
+    ) -> None:
+        self.settings = settings
+        self.service = service
+        self.redis = client
+        self.metrics = metrics
+        self.consumer = consumer
+        self.read_ahead = 2 * settings.max_batch_size * max(1, len(service.devices))
+        self.held: dict[str, asyncio.Task[None]] = {}
+        self._room = asyncio.Event()
+        self._stopping = False
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve jobs until ``stop`` is set, then finish and acknowledge what is held."""
+        await self.ensure_group()
+        background = [
+            asyncio.create_task(self._read_loop(), name="jobs-read"),
+            asyncio.create_task(self._claim_loop(), name="jobs-claim"),
+        ]
+        renew = asyncio.create_task(self._renew_loop(), name="jobs-renew")
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait([stopped, *background], return_when=asyncio.FIRST_COMPLETED)
+        self._stopping = True
+        self._room.set()
+        outcomes = await asyncio.gather(*background, return_exceptions=True)  # within a read
+        log.info("stopping: finishing %d held jobs", len(self.held))
+        while self.held:
+            await asyncio.gather(*list(self.held.values()), return_exceptions=True)
+        renew.cancel()
+        stopped.cancel()
+        await asyncio.gather(renew, stopped, return_exceptions=True)
+        failures = [o for o in outcomes if isinstance(o, BaseException)]
+        if failures:
+            raise RuntimeError("a job loop failed (Redis unreachable?)") from failures[0]
+
+    async def ensure_group(self) -> None:
+        """The group starts at the stream's beginning, so jobs added before any worker count."""
+        try:
+            await self.redis.xgroup_create(
+                self.settings.job_stream, self.settings.job_group, id="0", mkstream=True
+            )
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    # ---- reading and taking over -----------------------------------------------------------------
+
+    async def _wait_for_room(self) -> int:
+        while not self._stopping and len(self.held) >= self.read_ahead:
+            self._room.clear()
+            await self._room.wait()
+        return self.read_ahead - len(self.held)
+
+    async def _read_loop(self) -> None:
+        s = self.settings
+        while not self._stopping:
+            free = await self._wait_for_room()
+            if self._stopping:
+                return
+            reply: Any = await self.redis.xreadgroup(
+                s.job_group, self.consumer, {s.job_stream: ">"}, count=free, block=READ_BLOCK_MS
+            )
+            for _stream, entries in reply or []:
+                for entry, fields in entries:
+                    self._start(entry.decode(), fields)
+
+    async def _claim_loop(self) -> None:
+        """Take over jobs whose holder has not renewed them within the lease."""
+        s = self.settings
+        lease_ms = int(s.job_lease_s * 1000)
+        interval = max(0.1, s.job_lease_s / 4)
+        cursor: bytes | str = "0-0"
+        while not self._stopping:
+            free = await self._wait_for_room()
+            if self._stopping:
+                return
+            cursor, entries = (await self.redis.xautoclaim(
+                s.job_stream, s.job_group, self.consumer, lease_ms, start_id=cursor, count=free
+            ))[:2]
+            for entry, fields in entries:
+                if fields is not None:  # None: deleted while pending
+                    await self._claimed(entry.decode(), fields)
+            if cursor in (b"0-0", "0-0"):  # scanned the whole pending list: rest a while
+                await asyncio.sleep(interval)
+
+    async def _claimed(self, entry: str, fields: dict[bytes, bytes]) -> None:
+        s = self.settings
+        pending = await self.redis.xpending_range(
+            s.job_stream, s.job_group, min=entry, max=entry, count=1
+        )
+        deliveries = int(pending[0]["times_delivered"]) if pending else 1
+        self.metrics.reclaimed.inc()
+        log.warning("took over job entry %s (delivery %d)", entry, deliveries)
+        if deliveries > s.job_max_deliveries:
+            job = parse_job(entry, fields, s.max_instances)
+            result = None
+            if job.id is not None:
+                result = error_result(
+                    job.id, "gave_up",
+                    f"the job was delivered {deliveries - 1} times without being finished",
+                )
+            await self._finish(job, result, dead_reason="max_deliveries")
+            return
+        self._start(entry, fields)
+
+    def _start(self, entry: str, fields: dict[bytes, bytes]) -> None:
+        if entry in self.held:
+            return
+        job = parse_job(entry, fields, self.settings.max_instances)
+        task = asyncio.create_task(self._run_job(job), name=f"job-{entry}")
+        self.held[entry] = task
+        self.metrics.held.set(len(self.held))
+        task.add_done_callback(lambda _t: self._release(entry))
+
+    def _release(self, entry: str) -> None:
+        self.held.pop(entry, None)
+        self.metrics.held.set(len(self.held))
+        self._room.set()
+
+    # ---- one job ---------------------------------------------------------------------------------
+
+    async def _run_job(self, job: Job) -> None:
+        try:
+            if job.id is None:
+                await self._finish(job, None, dead_reason="no_id")
+            elif job.error is not None:
+                await self._finish(job, error_result(job.id, job.error.type, job.error.message))
+            else:
+                await self._finish(job, await self._infer(job.id, job.instances or []))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Not acknowledged: the job stays pending and is taken over after its lease.
+            log.exception("job entry %s could not be finished; it will be retried", job.entry)
+
+    async def _infer(self, job_id: str, instances: list[Any]) -> dict[str, Any]:
+        service = self.service
+        deadline = time.monotonic() + self.settings.request_timeout_s
+        try:
+            items = await service.decode(instances)
+            while True:
+                try:
+                    pending = service.enqueue(items, deadline)
+                    break
+                except Unavailable as exc:
+                    if exc.type != "busy" or time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(BUSY_RETRY_S)  # shared with HTTP traffic: wait for room
+            predictions = await service.result(pending)
+        except ServeError as exc:
+            return error_result(job_id, exc.type, exc.message)
+        return {"id": job_id, "status": "ok", "predictions": predictions}
+
+    async def _finish(
+        self, job: Job, result: dict[str, Any] | None, dead_reason: str | None = None
+    ) -> None:
+        """Write the result, announce it, then acknowledge and delete the entry, atomically."""
+        s = self.settings
+        pipe = self.redis.pipeline(transaction=True)
+        if result is not None:
+            body = orjson.dumps(result, option=orjson.OPT_SERIALIZE_NUMPY)
+            pipe.set(RESULT_KEY + result["id"], body, ex=s.result_ttl_s)
+            pipe.xadd(RESULTS_STREAM, {"id": result["id"]}, maxlen=RESULTS_MAXLEN,
+                      approximate=True)
+        if dead_reason is not None:
+            pipe.xadd(dead_stream(s), {"job": job.raw, "reason": dead_reason, "entry": job.entry})
+        pipe.xack(s.job_stream, s.job_group, job.entry)
+        pipe.xdel(s.job_stream, job.entry)
+        await pipe.execute()
+        if dead_reason is not None:
+            self.metrics.dead_lettered.labels(reason=dead_reason).inc()
+            log.warning("job entry %s dead-lettered (%s)", job.entry, dead_reason)
+        if result is not None and result["status"] == "ok":
+            self.metrics.done.inc()
+        elif result is not None:
+            self.metrics.failed.labels(reason=result["error"]["type"]).inc()
+
+    # ---- leases, liveness ------------------------------------------------------------------------
+
+    async def _renew_loop(self) -> None:
+        """Reset the idle time of every held job (XCLAIM ... JUSTID) well within the lease, and
+        publish liveness and counters under ``batchserve:worker:<consumer>``."""
+        s = self.settings
+        interval = s.job_lease_s / 3
+        while True:
+            try:
+                await self.renew()
+                await self._publish()
+            except Exception:
+                log.exception("lease renewal failed; retrying in %.1fs", interval)
+            await asyncio.sleep(interval)
+
+    async def renew(self) -> None:
+        s = self.settings
+        held: list[Any] = list(self.held)
+        if held:
+            await self.redis.xclaim(
+                s.job_stream, s.job_group, self.consumer, 0, held, justid=True
+            )
+            self.metrics.lease_renewals.inc(len(held))
+
+    async def _publish(self) -> None:
+        s = self.settings
+        lag = 0
+        for group in await self.redis.xinfo_groups(s.job_stream):
+            name = group.get("name")
+            if name in (s.job_group, s.job_group.encode()):
+                lag = int(group.get("lag") or 0)
+        self.metrics.stream_lag.set(lag)
+        state = {"consumer": self.consumer, "held": len(self.held), "stream_lag": lag,
+                 "at": time.time()}
+        await self.redis.set(f"batchserve:worker:{self.consumer}", orjson.dumps(state),
+                             ex=max(1, int(s.job_lease_s)))

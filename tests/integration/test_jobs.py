@@ -1,0 +1,202 @@
+"""Job-queue mode against a real redis-server on a free loopback port, workers as processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+import redis
+import torch
+
+from app.job_client import submit
+from app.jobs import RESULT_KEY, RESULTS_STREAM
+from app.models.builtin import linear_module
+from tests.conftest import ROOT, WAIT_S, wait_until_sync
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
+]
+STREAM, GROUP = "batchserve:jobs", "batchserve"
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    with socket.socket() as probe:  # a free loopback port for redis-server to bind
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+
+    def up() -> bool:
+        try:
+            return bool(redis.Redis.from_url(url).ping())
+        except redis.ConnectionError:
+            return False
+
+    try:
+        wait_until_sync(up, "redis-server up")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(WAIT_S)
+
+
+@contextmanager
+def worker(url: str, *args: str, env: dict[str, str] | None = None,
+           ) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "worker", "--redis-url", url, "--devices", "cpu",
+         "--log-level", "warning", *args],
+        cwd=ROOT, env={**os.environ, **(env or {})},
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(WAIT_S)
+
+
+def expected(instances: list[Any]) -> np.ndarray:
+    with torch.inference_mode():
+        return linear_module()(torch.tensor(instances, dtype=torch.float32)).numpy()
+
+
+def pending_count(r: redis.Redis) -> int:
+    """Entries read by a worker and not yet acknowledged (0 before the group exists)."""
+    try:
+        return int(r.xpending(STREAM, GROUP)["pending"])
+    except redis.ResponseError:  # NOGROUP: no worker has started yet
+        return 0
+
+
+def results_of(r: redis.Redis, ids: list[str]) -> dict[str, Any]:
+    bodies = r.mget([RESULT_KEY + i for i in ids])
+    return {i: orjson.loads(b) for i, b in zip(ids, bodies, strict=True) if b is not None}
+
+
+def test_jobs_in_results_out(redis_url: str) -> None:
+    jobs = [[[i, i + 1, i + 2, i + 3]] * (1 + i % 3) for i in range(20)]
+    with worker(redis_url, "--model", "linear"):
+        results = submit(redis_url, jobs, timeout_s=WAIT_S)
+    for job, result in zip(jobs, results, strict=True):
+        assert result["status"] == "ok"
+        np.testing.assert_allclose(result["predictions"], expected(job), rtol=1e-6, atol=1e-6)
+    r = redis.Redis.from_url(redis_url)
+    assert r.xlen(STREAM) == 0 and pending_count(r) == 0  # acknowledged and deleted
+    assert r.xlen(RESULTS_STREAM) == 20
+
+
+def test_malformed_jobs_get_error_results_or_the_dead_letter_stream(redis_url: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    bad = {
+        "shape": {"id": "shape", "instances": [[1, 2]]},
+        "empty": {"id": "empty", "instances": []},
+        "notlist": {"id": "notlist", "instances": "x"},
+        "nan": {"id": "nan", "instances": [[1, 2, 3, "NaN"]]},
+    }
+    for payload in bad.values():
+        r.xadd(STREAM, {"job": orjson.dumps(payload)})
+    r.xadd(STREAM, {"job": b"{not json"})
+    r.xadd(STREAM, {"job": orjson.dumps({"instances": [[1, 2, 3, 4]]})})  # no id
+    r.xadd(STREAM, {"other": b"field"})
+    with worker(redis_url, "--model", "linear") as proc:
+        good = submit(redis_url, [[[1, 2, 3, 4]]], timeout_s=WAIT_S)
+        wait_until_sync(lambda: r.xlen(STREAM) == 0 and pending_count(r) == 0, "all handled")
+        assert proc.poll() is None  # still serving
+    assert good[0]["status"] == "ok"
+    results = results_of(r, list(bad))
+    assert {k: v["status"] for k, v in results.items()} == dict.fromkeys(bad, "error")
+    assert all(v["error"]["type"] == "invalid_input" for v in results.values())
+    assert "instances[0]" in results["shape"]["error"]["message"]
+    dead = r.xrange(STREAM + ":dead")
+    assert [fields[b"reason"] for _, fields in dead] == [b"no_id"] * 3
+
+
+def test_two_workers_share_the_stream_and_each_job_is_done_once(redis_url: str) -> None:
+    jobs = [[[i, 0, 0, 1]] for i in range(200)]
+    r = redis.Redis.from_url(redis_url)
+    with worker(redis_url, "--model", "linear"), worker(redis_url, "--model", "linear"):
+        wait_until_sync(lambda: len(r.keys("batchserve:worker:*")) == 2, "both workers up")
+        results = submit(redis_url, jobs, timeout_s=WAIT_S)
+    assert all(res["status"] == "ok" for res in results)
+    announced = [fields[b"id"].decode() for _, fields in r.xrange(RESULTS_STREAM)]
+    assert sorted(announced) == sorted(res["id"] for res in results)  # once each
+    assert r.xlen(STREAM) == 0 and pending_count(r) == 0
+
+
+def test_kill_9_loses_no_job(redis_url: str) -> None:
+    jobs = [[[float(i), 1.0]] for i in range(12)]
+    out: dict[str, Any] = {}
+    submitter = threading.Thread(
+        target=lambda: out.update(results=submit(redis_url, jobs, timeout_s=WAIT_S))
+    )
+    r = redis.Redis.from_url(redis_url)
+    slow = ("--model", "tests.fakes:sleep_module", "--max-batch-size", "1", "--job-lease-s", "2")
+    with worker(redis_url, *slow, env={"SLEEP_S": "0.5"}) as first:
+        submitter.start()
+        wait_until_sync(lambda: pending_count(r) > 0, "first holds jobs")
+        first.send_signal(signal.SIGKILL)
+        first.wait(WAIT_S)
+    held_by_the_dead = pending_count(r)
+    assert held_by_the_dead > 0
+    with worker(redis_url, *slow, env={"SLEEP_S": "0.01"}):
+        submitter.join(WAIT_S)
+    assert not submitter.is_alive()
+    results = out["results"]
+    assert [res["status"] for res in results] == ["ok"] * len(jobs)
+    assert [res["predictions"] for res in results] == [[[2.0 * i, 2.0]] for i in range(12)]
+    assert r.xlen(STREAM) == 0 and pending_count(r) == 0
+
+
+def test_poison_jobs_are_dead_lettered_after_max_deliveries(redis_url: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    r.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    entry = r.xadd(STREAM, {"job": orjson.dumps({"id": "poison", "instances": [[1, 2, 3, 4]]})})
+    # Two workers took it and died without finishing (each delivery counts).
+    r.xreadgroup(GROUP, "lost-1", {STREAM: ">"}, count=1)
+    r.xclaim(STREAM, GROUP, "lost-2", 0, [entry])
+    with worker(redis_url, "--model", "linear", "--job-lease-s", "0.5",
+                "--job-max-deliveries", "2"):
+        wait_until_sync(lambda: r.exists(RESULT_KEY + "poison"), "result written")
+        fine = submit(redis_url, [[[1, 2, 3, 4]]], timeout_s=WAIT_S)
+    result = results_of(r, ["poison"])["poison"]
+    assert result["status"] == "error" and result["error"]["type"] == "gave_up"
+    dead = r.xrange(STREAM + ":dead")
+    assert len(dead) == 1 and dead[0][1][b"reason"] == b"max_deliveries"
+    assert orjson.loads(dead[0][1][b"job"])["id"] == "poison"
+    assert fine[0]["status"] == "ok"
+    assert r.xlen(STREAM) == 0 and pending_count(r) == 0
+
+
+def test_sigterm_finishes_what_is_held_then_exits_0(redis_url: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    ids = [f"job-{i}" for i in range(20)]
+    for job_id in ids:
+        r.xadd(STREAM, {"job": orjson.dumps({"id": job_id, "instances": [[1.0, 2.0]]})})
+    args = ("--model", "tests.fakes:sleep_module", "--max-batch-size", "1")
+    with worker(redis_url, *args, env={"SLEEP_S": "0.3"}) as proc:
+        wait_until_sync(lambda: pending_count(r) > 0, "jobs held")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT_S) == 0
+    assert pending_count(r) == 0  # everything it held was finished and acknowledged
+    done = results_of(r, ids)
+    assert done and all(res["status"] == "ok" for res in done.values())
+    assert r.xlen(STREAM) == len(ids) - len(done)  # the rest waits for the next worker

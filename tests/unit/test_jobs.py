@@ -1,0 +1,33 @@
+"""Parsing stream entries into jobs (app/jobs.py): never raises, says what is wrong."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from app.jobs import parse_job
+
+
+@pytest.mark.parametrize(
+    ("fields", "job_id", "error"),
+    [
+        ({b"job": b'{"id": "a", "instances": [1, 2]}'}, "a", None),
+        ({b"job": b'{"id": "a", "instances": []}'}, "a", "is empty"),
+        ({b"job": b'{"id": "a", "instances": [1, 2, 3]}'}, "a", "limit of 2"),
+        ({b"job": b'{"id": "a"}'}, "a", 'missing field "instances"'),
+        ({b"job": b'{"id": "", "instances": [1]}'}, None, None),
+        ({b"job": b'{"id": 7, "instances": [1]}'}, None, None),
+        ({b"job": b'["id", "a"]'}, None, None),
+        ({b"job": b"\xff"}, None, None),
+        ({b"other": b"x"}, None, None),
+    ],
+)
+def test_parse_job(fields: dict[bytes, bytes], job_id: str | None, error: str | None) -> None:
+    job = parse_job("1-0", fields, max_instances=2)
+    assert job.entry == "1-0" and job.id == job_id
+    if error is None:
+        assert job.error is None
+    else:
+        assert job.error is not None and error in job.error.message
+    if job_id is not None and error is None:
+        assert job.instances == orjson.loads(fields[b"job"])["instances"]
