@@ -156,6 +156,18 @@ def collect_batch(
         rate.observe(item.request)
 
 
+def take_queued(q: SyncGetter, limit: int) -> list[PendingItem]:
+    """Up to ``limit`` items already in the queue, without waiting (may be empty). Device thread
+    only; raises what ``q.get`` raises once the queue is shut down and empty."""
+    batch: list[PendingItem] = []
+    while len(batch) < limit:
+        try:
+            batch.append(q.get(block=False))
+        except queue.Empty:
+            break
+    return batch
+
+
 def split_live(
     batch: list[PendingItem], now: float
 ) -> tuple[list[PendingItem], list[PendingItem]]:

@@ -21,9 +21,11 @@ from app.batching import (
     collect_batch,
     group_by,
     split_live,
+    take_queued,
 )
 from app.errors import DeadlineExceeded, ModelError
-from app.models.base import ModelHandler, OutputCountMismatch, Replica, map_tensors
+from app.models.base import ModelHandler, Replica
+from app.transfer import DeviceExecutor, Launch
 
 log = logging.getLogger("batchserve.worker")
 
@@ -49,6 +51,21 @@ class BatchReport:
 
 
 Deliver = Callable[[BatchReport], None]
+
+
+@dataclass
+class InFlight:
+    """A batch whose model calls were launched: one (items, launch) per key group."""
+
+    report: BatchReport
+    groups: list[tuple[list[PendingItem], Launch]] = field(default_factory=list)
+
+    @property
+    def pending(self) -> bool:
+        return any(launch.pending for _, launch in self.groups)
+
+    def items(self) -> list[PendingItem]:
+        return [item for items, _ in self.groups for item in items]
 
 
 class DeviceWorker:
@@ -98,9 +115,13 @@ class DeviceWorker:
     # ---- worker thread -------------------------------------------------------------------------
 
     def _main(self) -> None:
+        """Collect, launch, complete. On CUDA one batch stays in flight while the next is
+        collected and launched (app/transfer.py); on the CPU each batch completes at once."""
+        flights: list[InFlight] = []  # launched, not yet completed: at most one left pending
         in_hand: list[PendingItem] = []
         try:
-            replica = self._load()
+            executor = DeviceExecutor(self.device, self.handler)
+            replica = self._load(executor)
         except BaseException as exc:  # noqa: BLE001
             self._fail(f"load: {type(exc).__name__}: {exc}")
             return
@@ -110,17 +131,30 @@ class DeviceWorker:
             self._loop.call_soon_threadsafe(self._on_state, self)
             rate = ArrivalRate()
             while True:
-                in_hand = collect_batch(
-                    self._queue, self._policy, self.batch_limit, rate, self._in_flight
-                )
-                self._process(replica, in_hand)
+                if not flights:
+                    in_hand = collect_batch(
+                        self._queue, self._policy, self.batch_limit, rate, self._in_flight
+                    )
+                else:  # the device is busy: take what is queued, or finish the batch in flight
+                    in_hand = take_queued(self._queue, self.batch_limit)
+                    if not in_hand:
+                        self._complete(flights[0])
+                        flights.pop(0)
+                        continue
+                flights.append(self._launch(executor, replica, in_hand))
                 in_hand = []
+                while flights and (len(flights) > 1 or not flights[0].pending):
+                    self._complete(flights[0])
+                    flights.pop(0)
         except janus.SyncQueueShutDown:
+            for flight in flights:
+                self._complete(flight)
             self.state = WorkerState.STOPPED
             return
         except BaseException as exc:  # noqa: BLE001 - a dying thread must never be silent
-            if in_hand:
-                self._send(BatchReport(str(self.device), [(i, ModelError()) for i in in_hand], 0.0))
+            lost = in_hand + [item for flight in flights for item in flight.items()]
+            if lost:
+                self._send(BatchReport(str(self.device), [(i, ModelError()) for i in lost], 0.0))
             self._fail(f"{type(exc).__name__}: {exc}")
 
     def _fail(self, error: str) -> None:
@@ -129,20 +163,23 @@ class DeviceWorker:
         log.critical("device thread %s died: %s", self.device, error, exc_info=True)
         self._loop.call_soon_threadsafe(self._on_state, self)
 
-    def _load(self) -> Replica:
+    def _load(self, executor: DeviceExecutor) -> Replica:
         with torch.inference_mode():
             replica = self.handler.load(self.device)
             examples = self.handler.examples()
             if examples:
                 items = self.handler.decode(examples)
                 for group in group_by(items, self.handler.key):
-                    self._infer(replica, group)
+                    executor.launch(replica, group).wait()
         return replica
 
-    def _process(self, replica: Replica, batch: list[PendingItem]) -> None:
+    def _launch(
+        self, executor: DeviceExecutor, replica: Replica, batch: list[PendingItem]
+    ) -> InFlight:
         started = time.monotonic()
         live, dead = split_live(batch, started)
-        report = BatchReport(str(self.device), [], started)
+        flight = InFlight(BatchReport(str(self.device), [], started))
+        report = flight.report
         for item in dead:
             if item.request.future.done():
                 report.cancelled += 1
@@ -150,13 +187,16 @@ class DeviceWorker:
                 report.expired += 1
                 report.results.append((item, DeadlineExceeded("deadline passed while queued")))
         for group in group_by(live, lambda i: i.key):
-            self._run_group(replica, group, report)
-        self._send(report)
+            self._launch_group(executor, replica, group, flight)
+        return flight
 
-    def _run_group(self, replica: Replica, items: list[PendingItem], report: BatchReport) -> None:
-        t0 = time.perf_counter()
+    def _launch_group(
+        self, executor: DeviceExecutor, replica: Replica, items: list[PendingItem],
+        flight: InFlight,
+    ) -> None:
+        report = flight.report
         try:
-            outputs = self._infer(replica, [i.data for i in items])
+            launch = executor.launch(replica, [i.data for i in items])
         except torch.OutOfMemoryError:
             if len(items) == 1:
                 log.error("device %s: out of memory on a single item", self.device)
@@ -169,34 +209,31 @@ class DeviceWorker:
                 self.batch_limit = half
                 log.warning("device %s: out of memory at batch %d; batch limit lowered to %d",
                             self.device, len(items), half)
-            self._run_group(replica, items[:half], report)
-            self._run_group(replica, items[half:], report)
+            self._launch_group(executor, replica, items[:half], flight)
+            self._launch_group(executor, replica, items[half:], flight)
             return
         except Exception:
             log.exception("device %s: model failed on a batch of %d", self.device, len(items))
             report.results.extend((i, ModelError()) for i in items)
             return
-        elapsed = time.perf_counter() - t0
-        self.busy_s += elapsed
-        report.sizes.append(len(items))
-        report.compute_s.append(elapsed)
-        report.results.extend(zip(items, outputs, strict=True))
+        flight.groups.append((items, launch))
 
-    def _infer(self, replica: Replica, data: list[Any]) -> list[Any]:
-        handler, device = self.handler, self.device
-        with torch.inference_mode():
-            batch = handler.collate(data)
-            if device.type != "cpu":
-                batch = map_tensors(lambda t: t.pin_memory().to(device, non_blocking=True), batch)
-            outputs = replica(batch)
-            if device.type != "cpu":
-                outputs = map_tensors(lambda t: t.to("cpu"), outputs)
-            results = handler.split(outputs, len(data))
-        if len(results) != len(data):
-            raise OutputCountMismatch(
-                f"handler returned {len(results)} results for {len(data)} items"
-            )
-        return results
+    def _complete(self, flight: InFlight) -> None:
+        """Wait for the batch's device work, split the outputs and send every result."""
+        report = flight.report
+        for items, launch in flight.groups:
+            try:
+                outputs, seconds = launch.wait()
+            except Exception:
+                log.exception("device %s: model failed on a batch of %d", self.device, len(items))
+                report.results.extend((i, ModelError()) for i in items)
+                continue
+            self.busy_s += seconds
+            report.sizes.append(len(items))
+            report.compute_s.append(seconds)
+            report.results.extend(zip(items, outputs, strict=True))
+        flight.groups = []
+        self._send(report)
 
     def _send(self, report: BatchReport) -> None:
         self._loop.call_soon_threadsafe(self._deliver, report)

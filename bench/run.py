@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,6 +52,7 @@ class Point:
     errors: int
     mean_batch: float
     server_cpu: float  # cores used by the server process, averaged over the run
+    sm_util: float | None = None  # mean GPU SM utilisation (%), CUDA devices only
 
 
 @dataclass
@@ -70,26 +72,71 @@ def instance_for(workload: str, i: int) -> Any:
     return [round(float(v), 4) for v in rng.standard_normal(size)]
 
 
-def offline_items_s(workload: str, batch: int, seconds: float, distinct: int) -> float:
-    """Items/s of collate + forward + split at ``batch``, in this process, torch threads set.
+def offline_items_s(workload: str, batch: int, seconds: float, distinct: int,
+                    device: torch.device) -> float:
+    """Items/s of collate + copy in + forward + copy out + split at ``batch`` on ``device``, one
+    call after another in this process (torch threads set): the server's own device code
+    (app/transfer.py) without the server.
 
     The batch holds the same instances the load generator sends (``distinct`` of them, repeated),
     so for text the padded length matches what the server computes."""
     from app.models.registry import load_handler
+    from app.transfer import DeviceExecutor
 
     handler = load_handler(workload)
-    replica = handler.load(torch.device("cpu"))
+    executor = DeviceExecutor(device, handler)
+    replica = handler.load(device)
     items = handler.decode([instance_for(workload, i % distinct) for i in range(batch)])
     runs: list[float] = []
     deadline = time.perf_counter() + seconds
-    with torch.inference_mode():
-        for _ in range(3):
-            handler.split(replica(handler.collate(items)), batch)  # warm-up
-        while time.perf_counter() < deadline or len(runs) < 5:
-            t0 = time.perf_counter()
-            handler.split(replica(handler.collate(items)), batch)
-            runs.append(time.perf_counter() - t0)
+    for _ in range(3):
+        executor.launch(replica, items).wait()  # warm-up
+    while time.perf_counter() < deadline or len(runs) < 5:
+        t0 = time.perf_counter()
+        executor.launch(replica, items).wait()
+        runs.append(time.perf_counter() - t0)
     return batch / statistics.median(runs)
+
+
+class SmSampler:
+    """Mean GPU (SM) utilisation over a window, sampled every 100 ms with NVML (nvidia-ml-py)."""
+
+    def __init__(self, devices: str) -> None:
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._handles: list[Any] = []
+        if "cuda" not in devices:
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            indices = {torch.device(d.strip()).index or 0 for d in devices.split(",")}
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in sorted(indices)]
+        except Exception as exc:  # noqa: BLE001 - a benchmark without NVML still runs
+            print(f"  (no SM utilisation: {exc})", flush=True)
+
+    def __enter__(self) -> SmSampler:
+        if self._handles:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        import pynvml
+
+        while not self._stop.wait(0.1):
+            self.samples.extend(pynvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self._handles)
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.fmean(self.samples) if self.samples else None
 
 
 def check_answers(url: str, workload: str) -> None:
@@ -119,7 +166,7 @@ def server(workload: str, max_batch: int, args: argparse.Namespace) -> Iterator[
     port = sock.getsockname()[1]
     cmd = [
         sys.executable, "-m", "app", "serve", "--fd", str(sock.fileno()), "--model", workload,
-        "--devices", "cpu", "--max-batch-size", str(max_batch), "--max-wait-ms",
+        "--devices", args.devices, "--max-batch-size", str(max_batch), "--max-wait-ms",
         str(args.max_wait_ms), "--torch-threads", str(args.torch_threads),
         "--queue-capacity", "4096", "--max-instances", "256", "--log-level", "warning",
     ]
@@ -174,7 +221,8 @@ def measure(config: str, url: str, pid: int, body_file: str, concurrency: int,
     run_wrk(url, body_file, concurrency, max(1.0, args.seconds / 5))  # warm the path up
     sum0, count0 = batch_totals(url)
     cpu0, t0 = cpu_seconds(pid), time.monotonic()
-    r = run_wrk(url, body_file, concurrency, args.seconds)
+    with SmSampler(args.devices) as sm:
+        r = run_wrk(url, body_file, concurrency, args.seconds)
     cpu1, t1 = cpu_seconds(pid), time.monotonic()
     sum1, count1 = batch_totals(url)
     seconds = r["duration_us"] / 1e6
@@ -182,7 +230,7 @@ def measure(config: str, url: str, pid: int, body_file: str, concurrency: int,
     return Point(
         config, concurrency, req_s, req_s * args.instances, r["p50_us"] / 1000,
         r["p90_us"] / 1000, r["p99_us"] / 1000, r["non200"] + r["socket_errors"],
-        (sum1 - sum0) / max(1.0, count1 - count0), (cpu1 - cpu0) / (t1 - t0),
+        (sum1 - sum0) / max(1.0, count1 - count0), (cpu1 - cpu0) / (t1 - t0), sm.mean,
     )
 
 
@@ -206,13 +254,15 @@ def ratio_lines(report: Report) -> list[str]:
 
 def table(report: Report) -> str:
     head = (f"{'config':<11}{'conc':>5}{'req/s':>10}{'items/s':>10}{'p50 ms':>9}{'p90 ms':>9}"
-            f"{'p99 ms':>9}{'errors':>8}{'batch':>7}{'cpu':>6}")
+            f"{'p99 ms':>9}{'errors':>8}{'batch':>7}{'cpu':>6}"
+            + (f"{'SM':>7}" if any(p.sm_util is not None for p in report.points) else ""))
     rows = [head, "-" * len(head),
             f"{'offline':<11}{'-':>5}{'-':>10}{report.offline_items_s:>10.0f}"]
     for p in report.points:
         rows.append(f"{p.config:<11}{p.concurrency:>5}{p.req_s:>10.0f}{p.items_s:>10.0f}"
                     f"{p.p50_ms:>9.2f}{p.p90_ms:>9.2f}{p.p99_ms:>9.2f}{p.errors:>8}"
-                    f"{p.mean_batch:>7.1f}{p.server_cpu:>6.2f}")
+                    f"{p.mean_batch:>7.1f}{p.server_cpu:>6.2f}"
+                    + (f"{p.sm_util:>6.0f}%" if p.sm_util is not None else ""))
     return "\n".join(rows + [""] + ratio_lines(report))
 
 
@@ -247,6 +297,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", choices=["linear", "mlp", "minilm"], default="mlp")
     parser.add_argument("--concurrency", default="1,8,64", help="comma list (default 1,8,64)")
     parser.add_argument("--seconds", type=float, default=10.0, help="per measured point")
+    parser.add_argument("--devices", default="cpu",
+                        help="the server's devices: cpu, cpu,cpu, cuda, cuda:0,cuda:1 (cpu)")
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--torch-threads", type=int, default=1)
@@ -285,12 +337,13 @@ def run(args: argparse.Namespace) -> int:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     settings = {"max_batch_size": args.max_batch_size, "max_wait_ms": args.max_wait_ms,
                 "torch_threads": args.torch_threads, "instances_per_request": args.instances,
-                "seconds_per_point": args.seconds}
+                "seconds_per_point": args.seconds, "devices": args.devices}
     print(f"[{args.workload}] offline: model in-process at batch {args.max_batch_size} ...",
           flush=True)
     report = Report(args.workload, settings,
                     offline_items_s(args.workload, args.max_batch_size, args.seconds,
-                                    args.instances),
+                                    args.instances,
+                                    torch.device(args.devices.split(",")[0].strip())),
                     machine={"cpus": os.cpu_count(), "torch": torch.__version__,
                              "python": sys.version.split()[0]})
     print(f"  {report.offline_items_s:.0f} items/s", flush=True)

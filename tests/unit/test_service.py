@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 from prometheus_client import generate_latest
 
 from app.errors import DeadlineExceeded, ModelError, Unavailable
@@ -180,3 +182,18 @@ async def test_stop_answers_everything_queued() -> None:
         handler.gate.set()
         await stopping
         assert sorted(float(r[0]) for r in await asyncio.gather(*tasks)) == [0, 2, 4, 6, 8]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+async def test_pipelined_cuda_worker_answers_every_request_in_order() -> None:
+    from app.models.builtin import mlp_handler
+
+    handler = mlp_handler()
+    async with running(handler, devices="cuda", max_batch_size=16, queue_capacity=256) as service:
+        instances = [[float(i)] * 512 for i in range(100)]
+        results = await asyncio.gather(*(call(service, [x]) for x in instances))
+    with torch.inference_mode():
+        want = handler.load(torch.device("cpu"))(torch.tensor(instances)).numpy()
+    got = np.stack([r[0] for r in results])
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)

@@ -1,0 +1,138 @@
+"""Running one model call on a device: copy in, forward, copy out, split.
+
+On the CPU everything happens inside ``launch``. On CUDA (in the spirit of SPDL's transfer stage)
+``launch`` only enqueues work and returns: the collated batch is copied from pinned host memory to
+the device on a copy-in stream, the forward runs on a compute stream once that copy's event
+fired, and the outputs are copied back into pinned host memory on a copy-out stream once the
+compute event fired. ``Launch.wait`` blocks on the last event and splits the outputs. So while
+batch N computes, the device thread collects batch N+1 and enqueues its copy-in, and batch N-1's
+copy-out and scatter overlap batch N's compute.
+
+Memory safety across streams: tensors made on one stream and used on another are marked with
+``record_stream`` so the caching allocator does not hand their memory out again before the other
+stream is done with it. Pinned host memory comes from PyTorch's caching host allocator
+(``pin_memory``), which reuses pinned blocks and keeps each one until the copies that use it have
+completed; the host outputs stay alive as long as the per-item results that view them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from app.models.base import ModelHandler, OutputCountMismatch, Replica, Tensors, map_tensors
+
+
+class Launch:
+    """One model call in progress. ``wait`` gives (per-item results, device seconds)."""
+
+    def __init__(
+        self,
+        handler: ModelHandler,
+        n: int,
+        outputs: Tensors,
+        done: torch.cuda.Event | None = None,
+        started: torch.cuda.Event | None = None,
+        computed: torch.cuda.Event | None = None,
+        cpu_seconds: float = 0.0,
+    ) -> None:
+        self._handler = handler
+        self._n = n
+        self._outputs = outputs
+        self._done = done
+        self._started = started
+        self._computed = computed
+        self._cpu_seconds = cpu_seconds
+
+    @property
+    def pending(self) -> bool:
+        """True while the device may still be working on it (never on the CPU)."""
+        return self._done is not None
+
+    def wait(self) -> tuple[list[Any], float]:
+        seconds = self._cpu_seconds
+        if self._done is not None:
+            self._done.synchronize()
+            if self._started is not None and self._computed is not None:
+                seconds = self._started.elapsed_time(self._computed) / 1000.0
+        results = self._handler.split(self._outputs, self._n)
+        if len(results) != self._n:
+            raise OutputCountMismatch(
+                f"handler returned {len(results)} results for {self._n} items"
+            )
+        return results, seconds
+
+
+class DeviceExecutor:
+    """Launches model calls on one device. Created and used on that device's thread only."""
+
+    def __init__(self, device: torch.device, handler: ModelHandler) -> None:
+        self.device = device
+        self.handler = handler
+        self.pipelined = device.type == "cuda"
+        if self.pipelined:
+            torch.cuda.set_device(device)
+            self._copy_in = _stream(device)
+            self._compute = _stream(device)
+            self._copy_out = _stream(device)
+
+    def launch(self, replica: Replica, data: list[Any]) -> Launch:
+        """Collate ``data`` and start the model call; raises what collate or forward raise
+        (an out-of-memory error among them) before anything is left running."""
+        with torch.inference_mode():
+            batch = self.handler.collate(data)
+            if not self.pipelined:
+                t0 = time.perf_counter()
+                outputs = replica(batch)
+                return Launch(self.handler, len(data), outputs,
+                              cpu_seconds=time.perf_counter() - t0)
+            return self._launch_cuda(replica, batch, len(data))
+
+    def _launch_cuda(self, replica: Replica, batch: Tensors, n: int) -> Launch:
+        device = self.device
+        pinned = map_tensors(lambda t: t if t.is_pinned() else t.pin_memory(), batch)
+        with torch.cuda.stream(self._copy_in):
+            on_device = map_tensors(lambda t: t.to(device, non_blocking=True), pinned)
+        copied = _event()
+        copied.record(self._copy_in)
+
+        self._compute.wait_event(copied)
+        started = _event(timing=True)
+        computed = _event(timing=True)
+        with torch.cuda.stream(self._compute):
+            map_tensors(lambda t: _recorded(t, self._compute), on_device)
+            started.record(self._compute)
+            outputs = replica(on_device)
+            computed.record(self._compute)
+
+        self._copy_out.wait_event(computed)
+        with torch.cuda.stream(self._copy_out):
+            map_tensors(lambda t: _recorded(t, self._copy_out), outputs)
+            host = map_tensors(_to_pinned_host, outputs)
+        done = _event()
+        done.record(self._copy_out)
+        return Launch(self.handler, n, host, done, started, computed)
+
+
+def _stream(device: torch.device) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+
+
+def _event(timing: bool = False) -> torch.cuda.Event:
+    return torch.cuda.Event(enable_timing=timing)  # type: ignore[no-untyped-call]
+
+
+def _recorded(tensor: torch.Tensor, stream: torch.cuda.Stream) -> torch.Tensor:
+    if tensor.is_cuda:
+        tensor.record_stream(stream)
+    return tensor
+
+
+def _to_pinned_host(tensor: torch.Tensor) -> torch.Tensor:
+    if not tensor.is_cuda:
+        return tensor
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    return host

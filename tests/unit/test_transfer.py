@@ -1,0 +1,53 @@
+"""app/transfer.py: the same results through the CPU path and, where there is a GPU, through the
+pipelined CUDA path (streams, events, pinned host memory)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from app.models.builtin import mlp_handler
+from app.models.tensor import TensorHandler
+from app.transfer import DeviceExecutor
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def rows(n: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return list(rng.standard_normal((n, 512)).astype(np.float32))
+
+
+def reference(handler: TensorHandler, data: list[np.ndarray]) -> np.ndarray:
+    with torch.inference_mode():
+        return handler.load(torch.device("cpu"))(torch.from_numpy(np.stack(data))).numpy()
+
+
+def test_cpu_launch_is_complete_at_once() -> None:
+    handler = mlp_handler()
+    executor = DeviceExecutor(torch.device("cpu"), handler)
+    replica = handler.load(torch.device("cpu"))
+    data = rows(5)
+    launch = executor.launch(replica, data)
+    assert not launch.pending
+    results, seconds = launch.wait()
+    assert seconds > 0
+    np.testing.assert_allclose(np.stack(results), reference(handler, data), rtol=1e-5)
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_launches_overlap_and_match_the_cpu() -> None:
+    handler = mlp_handler()
+    device = torch.device("cuda", 0)
+    executor = DeviceExecutor(device, handler)
+    replica = handler.load(device)
+    batches = [rows(64, seed) for seed in range(8)]
+    launches = [executor.launch(replica, data) for data in batches]  # all in flight at once
+    assert all(launch.pending for launch in launches)
+    for data, launch in zip(batches, launches, strict=True):
+        results, seconds = launch.wait()
+        assert seconds > 0
+        np.testing.assert_allclose(np.stack(results), reference(handler, data),
+                                   rtol=1e-3, atol=1e-4)
