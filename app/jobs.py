@@ -135,9 +135,17 @@ class JobWorker:
     # ---- reading and taking over -----------------------------------------------------------------
 
     async def _wait_for_room(self) -> int:
-        while not self._stopping and len(self.held) >= self.read_ahead:
-            self._room.clear()
-            await self._room.wait()
+        """Wait until this worker may take more jobs: fewer than ``read_ahead`` held, and room in
+        the device queue (which HTTP traffic in the same process may also fill)."""
+        service = self.service
+        while not self._stopping:
+            if len(self.held) >= self.read_ahead:
+                self._room.clear()
+                await self._room.wait()
+            elif service.queue_depth >= service.settings.queue_capacity:
+                await asyncio.sleep(BUSY_RETRY_S)
+            else:
+                break
         return self.read_ahead - len(self.held)
 
     async def _read_loop(self) -> None:

@@ -50,6 +50,21 @@ async def test_client_mistakes_get_422(body: bytes, contains: str) -> None:
         assert_error(r, 422, "invalid_input", contains)
 
 
+async def test_content_type_is_not_trusted() -> None:
+    """The body decides: JSON under another content type is read (curl -d sends form encoding);
+    a form or text body is refused as not JSON, never a 415 or a 500."""
+    async with app_client(make_settings()) as client:
+        r = await client.post("/predict", content=b'{"instances": [[1, 2, 3, 4]]}',
+                              headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert r.status_code == 200
+        r = await client.post("/predict", content=b"instances=1&b=2",
+                              headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert_error(r, 422, "invalid_input", "not valid JSON")
+        r = await client.post("/predict", content="[1, 2, 3, 4]".encode("utf-16"),
+                              headers={"Content-Type": "text/plain; charset=utf-16"})
+        assert_error(r, 422, "invalid_input", "not valid JSON")
+
+
 async def test_limits_get_413() -> None:
     async with app_client(make_settings(max_body_bytes=1000, max_instances=4)) as client:
         r = await client.post("/predict", json={"instances": [[1, 2, 3, 4]] * 5})

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import orjson
 import pytest
@@ -23,7 +24,7 @@ import torch
 from app.job_client import submit
 from app.jobs import RESULT_KEY, RESULTS_STREAM
 from app.models.builtin import linear_module
-from tests.conftest import ROOT, WAIT_S, wait_until_sync
+from tests.conftest import ROOT, WAIT_S, free_socket, metric, wait_until_sync
 
 pytestmark = [
     pytest.mark.slow,
@@ -92,16 +93,43 @@ def results_of(r: redis.Redis, ids: list[str]) -> dict[str, Any]:
     return {i: orjson.loads(b) for i, b in zip(ids, bodies, strict=True) if b is not None}
 
 
-def test_jobs_in_results_out(redis_url: str) -> None:
+def test_jobs_in_results_out_with_metrics_and_liveness(redis_url: str) -> None:
     jobs = [[[i, i + 1, i + 2, i + 3]] * (1 + i % 3) for i in range(20)]
-    with worker(redis_url, "--model", "linear"):
+    sock = free_socket()  # a free port for the worker's metrics server
+    port = sock.getsockname()[1]
+    sock.close()
+    r = redis.Redis.from_url(redis_url)
+    with worker(redis_url, "--model", "linear", "--worker-metrics-port", str(port)):
         results = submit(redis_url, jobs, timeout_s=WAIT_S)
+        wait_until_sync(lambda: r.keys("batchserve:worker:*"), "liveness key")
+        live = orjson.loads(r.get(r.keys("batchserve:worker:*")[0]))
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=WAIT_S).text
     for job, result in zip(jobs, results, strict=True):
         assert result["status"] == "ok"
         np.testing.assert_allclose(result["predictions"], expected(job), rtol=1e-6, atol=1e-6)
-    r = redis.Redis.from_url(redis_url)
     assert r.xlen(STREAM) == 0 and pending_count(r) == 0  # acknowledged and deleted
     assert r.xlen(RESULTS_STREAM) == 20
+    assert {"consumer", "held", "stream_lag"} <= set(live)
+    assert metric(text, "batchserve_jobs_done_total") == 20
+    assert metric(text, "batchserve_batch_size_sum") == sum(len(job) for job in jobs)
+    assert "batchserve_job_stream_lag" in text and "batchserve_job_lease_renewals_total" in text
+
+
+def test_submit_command_prints_one_result_per_job(redis_url: str, tmp_path: Path) -> None:
+    lines = tmp_path / "in.jsonl"
+    lines.write_text("[1, 2, 3, 4]\n[0, 0, 0, 1]\n\n[4, 3, 2, 1]\n")
+    with worker(redis_url, "--model", "linear"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "app", "submit", str(lines), "--redis-url", redis_url,
+             "--job-size", "2"],
+            cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S,
+        )
+    assert proc.returncode == 0, proc.stderr
+    results = [orjson.loads(line) for line in proc.stdout.splitlines()]
+    assert [len(res["predictions"]) for res in results] == [2, 1]
+    np.testing.assert_allclose(results[0]["predictions"], expected([[1, 2, 3, 4], [0, 0, 0, 1]]),
+                               rtol=1e-6, atol=1e-6)
+    assert "2/2" in proc.stderr  # the progress bar
 
 
 def test_malformed_jobs_get_error_results_or_the_dead_letter_stream(redis_url: str) -> None:
