@@ -8,14 +8,19 @@ to its own longest item.
 
 from __future__ import annotations
 
+import logging
+import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from app.errors import InvalidInput
-from app.models.base import ModelHandler, Replica, Tensors
+from app.models.base import ModelHandler, Replica, Tensors, map_tensors
+
+log = logging.getLogger("batchserve.models")
 
 MAX_SEQ_LENGTH = 256  # the model's sentence_bert_config.json
 
@@ -32,16 +37,42 @@ def model_dir() -> Path:
 
 
 class _MeanPooled(torch.nn.Module):
+    """Encoder -> mean pooling over real tokens -> L2 normalisation (two tensors in)."""
+
     def __init__(self, encoder: torch.nn.Module) -> None:
         super().__init__()
         self.encoder = encoder
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        mask = batch["attention_mask"]
-        hidden = self.encoder(input_ids=batch["input_ids"], attention_mask=mask).last_hidden_state
-        weights = mask.unsqueeze(-1).to(hidden.dtype)
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.encoder(
+            input_ids=input_ids, attention_mask=attention_mask, return_dict=False
+        )[0]
+        weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
         return torch.nn.functional.normalize(pooled, p=2, dim=1)
+
+
+def _traced(model: _MeanPooled, example: dict[str, torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """The model as a TorchScript trace, or the model itself if the trace is not exact.
+
+    A traced forward runs its ops without going back to Python (and the GIL) between them, so
+    the device thread no longer waits on the event loop for every op: offline it was about as
+    fast as eager, next to a busy Python thread ~35 % faster (docs/benchmarks.md). The example
+    is padded, so the trace keeps the attention mask; the trace must match eager within 1e-6.
+    """
+    args = (example["input_ids"], example["attention_mask"])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TracerWarnings, and torch.jit's deprecation
+            traced = torch.jit.trace(model, args, check_trace=False)  # type: ignore[no-untyped-call]
+        error = float((traced(*args) - model(*args)).abs().max())
+    except Exception as exc:  # noqa: BLE001 - the eager model always works
+        log.warning("minilm: tracing failed (%s); running eagerly", exc)
+        return model
+    if error > 1e-6:
+        log.warning("minilm: trace differs from eager by %.2e; running eagerly", error)
+        return model
+    return cast(Callable[..., torch.Tensor], traced)
 
 
 class MiniLMHandler(ModelHandler):
@@ -85,7 +116,15 @@ class MiniLMHandler(ModelHandler):
         hf_logging.enable_propagation()
 
         encoder = AutoModel.from_pretrained(str(self._path), local_files_only=True)
-        return _MeanPooled(encoder).to(device).eval()
+        model = _MeanPooled(encoder).to(device).eval()
+        example = map_tensors(lambda t: t.to(device), self.collate(self.decode(self.examples())))
+        with torch.inference_mode():
+            forward = _traced(model, example)
+
+        def replica(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+            return forward(batch["input_ids"], batch["attention_mask"])
+
+        return replica
 
     def collate(self, items: list[Any]) -> Tensors:
         longest = max(len(ids) for ids in items)

@@ -189,3 +189,22 @@ def test_minilm_refuses_non_strings() -> None:
 
     with pytest.raises(InvalidInput, match=r"instances\[1\]: expected a string, got int"):
         MiniLMHandler().decode(["ok", 3])
+
+
+@pytest.mark.slow
+def test_minilm_runs_traced_and_equals_eager(caplog: pytest.LogCaptureFixture) -> None:
+    from app.models.minilm import MiniLMHandler, _MeanPooled
+
+    handler = MiniLMHandler()
+    replica = handler.load(torch.device("cpu"))
+    assert "running eagerly" not in caplog.text  # the trace was exact at load
+    from transformers import AutoModel
+
+    eager = _MeanPooled(AutoModel.from_pretrained(str(handler._path))).eval()
+    words = "one two three four five six seven eight nine ten".split()
+    texts = [" ".join(words[: i % 10]) * (1 + i % 7) for i in range(64)]
+    with torch.inference_mode():
+        for batch in (texts, texts[:1], texts[5:6] * 3, ["long " * 300] + texts[:3]):
+            b = handler.collate(handler.decode(batch))
+            want = eager(b["input_ids"], b["attention_mask"])
+            assert (replica(b) - want).abs().max().item() < 1e-6
