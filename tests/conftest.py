@@ -78,7 +78,7 @@ def free_socket() -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
+    sock.listen(2048)  # uvicorn's own default backlog
     return sock
 
 

@@ -201,7 +201,7 @@ def test_minilm_runs_traced_and_equals_eager(caplog: pytest.LogCaptureFixture) -
     from transformers import AutoModel
 
     eager = _MeanPooled(AutoModel.from_pretrained(str(handler._path))).eval()
-    words = "one two three four five six seven eight nine ten".split()
+    words = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
     texts = [" ".join(words[: i % 10]) * (1 + i % 7) for i in range(64)]
     with torch.inference_mode():
         for batch in (texts, texts[:1], texts[5:6] * 3, ["long " * 300] + texts[:3]):
