@@ -205,3 +205,19 @@ class SleepModule(torch.nn.Module):
 
 def sleep_module() -> torch.nn.Module:
     return SleepModule()
+
+
+class PoisonModule(torch.nn.Module):
+    """For worker processes: the whole process dies (as from a segfault or the OOM killer) on an
+    instance containing 666; anything else is doubled."""
+
+    input_shape = (2,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x == 666).any():
+            os._exit(3)
+        return x * 2
+
+
+def poison_module() -> torch.nn.Module:
+    return PoisonModule()

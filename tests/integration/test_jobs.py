@@ -214,6 +214,28 @@ def test_poison_jobs_are_dead_lettered_after_max_deliveries(redis_url: str) -> N
     assert r.xlen(STREAM) == 0 and pending_count(r) == 0
 
 
+def test_a_job_that_kills_every_worker_is_dead_lettered(redis_url: str) -> None:
+    """Real crashes: each worker that takes the poison job dies; the next takes it over after
+    the lease; once it was delivered max_deliveries times it is given up, and the worker that
+    gave it up goes on serving."""
+    r = redis.Redis.from_url(redis_url)
+    r.xadd(STREAM, {"job": orjson.dumps({"id": "poison", "instances": [[666, 1]]})})
+    args = ("--model", "tests.fakes:poison_module", "--job-lease-s", "0.5",
+            "--job-max-deliveries", "2")
+    for delivery in (1, 2):
+        with worker(redis_url, *args) as proc:
+            assert proc.wait(WAIT_S) == 3, f"delivery {delivery} should kill the worker"
+    with worker(redis_url, *args) as survivor:
+        wait_until_sync(lambda: r.exists(RESULT_KEY + "poison"), "poison given up")
+        fine = submit(redis_url, [[[1, 2]]], timeout_s=WAIT_S)
+        assert survivor.poll() is None
+    result = results_of(r, ["poison"])["poison"]
+    assert result["status"] == "error" and result["error"]["type"] == "gave_up"
+    assert [f[b"reason"] for _, f in r.xrange(STREAM + ":dead")] == [b"max_deliveries"]
+    assert fine[0]["predictions"] == [[2.0, 4.0]]
+    assert r.xlen(STREAM) == 0 and pending_count(r) == 0
+
+
 def test_sigterm_finishes_what_is_held_then_exits_0(redis_url: str) -> None:
     r = redis.Redis.from_url(redis_url)
     ids = [f"job-{i}" for i in range(20)]
