@@ -42,9 +42,11 @@ def parse_request(body: bytes, header_length: str | None, max_rows: int) -> Infe
     """Parse an infer request (JSON, or JSON header + binary tensors). Raises InvalidInput."""
     json_part, binary = body, b""
     if header_length is not None:
-        if not header_length.isdigit() or int(header_length) > len(body):
+        digits = header_length.isascii() and header_length.isdigit()  # not "²" or "٣"
+        json_size = int(header_length) if digits else -1
+        if not 0 <= json_size <= len(body):
             raise InvalidInput("Inference-Header-Content-Length is not a valid length")
-        json_part, binary = body[: int(header_length)], body[int(header_length):]
+        json_part, binary = body[:json_size], body[json_size:]
     try:
         payload = orjson.loads(json_part)
     except orjson.JSONDecodeError as exc:

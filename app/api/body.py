@@ -13,7 +13,7 @@ from app.errors import InvalidInput, PayloadTooLarge
 async def read_body(request: Request, limit: int) -> bytes:
     """The body, or PayloadTooLarge as soon as it is known to exceed ``limit`` bytes."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body is larger than the limit of {limit} bytes")
     chunks: list[bytes] = []
     size = 0
