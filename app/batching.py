@@ -133,11 +133,7 @@ def collect_batch(
     effective = BatchPolicy(min(limit, policy.max_batch_size), policy.max_wait_s)
     while True:
         # Take what is already queued without waiting (a loaded server needs no timer at all).
-        while len(batch) < effective.max_batch_size:
-            try:
-                item = q.get(block=False)
-            except queue.Empty:
-                break
+        for item in take_queued(q, effective.max_batch_size - len(batch)):
             batch.append(item)
             requests.add(id(item.request))
             rate.observe(item.request)

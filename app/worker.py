@@ -213,8 +213,7 @@ class DeviceWorker:
             self._launch_group(executor, replica, items[half:], flight)
             return
         except Exception:
-            log.exception("device %s: model failed on a batch of %d", self.device, len(items))
-            report.results.extend((i, ModelError()) for i in items)
+            self._model_failed(items, report)
             return
         flight.groups.append((items, launch))
 
@@ -225,15 +224,18 @@ class DeviceWorker:
             try:
                 outputs, seconds = launch.wait()
             except Exception:
-                log.exception("device %s: model failed on a batch of %d", self.device, len(items))
-                report.results.extend((i, ModelError()) for i in items)
+                self._model_failed(items, report)
                 continue
             self.busy_s += seconds
             report.sizes.append(len(items))
             report.compute_s.append(seconds)
             report.results.extend(zip(items, outputs, strict=True))
-        flight.groups = []
         self._send(report)
+
+    def _model_failed(self, items: list[PendingItem], report: BatchReport) -> None:
+        """The model raised on these items (at launch or while waiting): log it, fail them."""
+        log.exception("device %s: model failed on a batch of %d", self.device, len(items))
+        report.results.extend((i, ModelError()) for i in items)
 
     def _send(self, report: BatchReport) -> None:
         self._loop.call_soon_threadsafe(self._deliver, report)
