@@ -10,30 +10,32 @@ import asyncio
 import queue
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 
 
-@dataclass(eq=False)
 class PendingRequest:
     """One admitted request: its future resolves to the list of per-item results, in order.
 
     Created and resolved on the event loop. Device threads only read ``deadline`` and call
-    ``future.done()`` (a plain attribute read) to skip work nobody waits for.
+    ``future.done()`` (a plain attribute read) to skip work nobody waits for. (A plain class with
+    slots: one is built per request on the event loop's hot path.)
     """
 
-    future: asyncio.Future[list[Any]]
-    size: int
-    deadline: float
-    enqueued_at: float
-    results: list[Any] = field(default_factory=list)
-    remaining: int = 0
+    __slots__ = ("future", "size", "deadline", "enqueued_at", "results", "remaining", "timer")
 
-    def __post_init__(self) -> None:
-        self.results = [None] * self.size
-        self.remaining = self.size
+    def __init__(
+        self, future: asyncio.Future[list[Any]], size: int, deadline: float, enqueued_at: float
+    ) -> None:
+        self.future = future
+        self.size = size
+        self.deadline = deadline
+        self.enqueued_at = enqueued_at
+        self.results: list[Any] = [None] * size
+        self.remaining = size
+        self.timer: asyncio.TimerHandle | None = None  # the deadline's (event loop only)
 
     def abandoned(self, now: float) -> bool:
         return self.future.done() or now >= self.deadline

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -26,6 +27,15 @@ class Metrics:
     dropped: Counter
     device_busy: Gauge
     batch_limit: Gauge
+    _by_status: dict[int, Any] = field(default_factory=dict)
+
+    def answered(self, status: int, seconds: float) -> None:
+        """Count one answered request (label lookups are cached: this runs per request)."""
+        child = self._by_status.get(status)
+        if child is None:
+            child = self._by_status[status] = self.requests.labels(status=str(status))
+        child.inc()
+        self.request_duration.observe(seconds)
 
     @classmethod
     def create(cls) -> Metrics:

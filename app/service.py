@@ -211,10 +211,15 @@ class InferenceService:
         return await self._loop.run_in_executor(self._pool, self.handler.decode, instances)
 
     def enqueue(self, items: list[Any], deadline: float) -> PendingRequest:
-        """Admit a request whole or refuse it whole (Unavailable). Never waits."""
+        """Admit a request whole or refuse it whole (Unavailable). Never waits.
+
+        From here the request's future resolves exactly once: to its results, to an error, or to
+        DeadlineExceeded when its deadline passes first (one timer, cancelled in ``result``).
+        """
         self.check_admissible(len(items))
         assert self._queue is not None and self._loop is not None
-        request = PendingRequest(self._loop.create_future(), len(items), deadline, time.monotonic())
+        now = time.monotonic()
+        request = PendingRequest(self._loop.create_future(), len(items), deadline, now)
         key = self.handler.key
         put = self._queue.async_q.put_nowait
         # Only this thread puts, and workers only take, so the capacity check above guarantees
@@ -222,17 +227,17 @@ class InferenceService:
         for index, data in enumerate(items):
             put(PendingItem(request, index, data, key(data)))
         self.in_flight += 1
+        request.timer = self._loop.call_later(deadline - now, _expire, request.future)
         return request
 
     async def result(self, request: PendingRequest) -> list[Any]:
-        """Wait for a request's results until its deadline (DeadlineExceeded after it)."""
+        """Wait for a request's results (DeadlineExceeded once its deadline passes)."""
         try:
-            async with asyncio.timeout(request.deadline - time.monotonic()):
-                return await request.future
-        except TimeoutError:
-            raise DeadlineExceeded("the request's deadline passed before it was answered") from None
+            return await request.future
         finally:
             self.in_flight -= 1
+            if request.timer is not None:
+                request.timer.cancel()
             if not request.future.done():
                 request.future.cancel()  # drop its queued items before they reach the device
 
@@ -259,6 +264,13 @@ class InferenceService:
             m.dropped.labels(reason="expired").inc(report.expired)
         if report.cancelled:
             m.dropped.labels(reason="cancelled").inc(report.cancelled)
+
+
+def _expire(future: asyncio.Future[list[Any]]) -> None:
+    if not future.done():
+        future.set_exception(
+            DeadlineExceeded("the request's deadline passed before it was answered")
+        )
 
 
 def _freeze_startup_objects() -> None:

@@ -181,11 +181,11 @@ class DeviceWorker:
         flight = InFlight(BatchReport(str(self.device), [], started))
         report = flight.report
         for item in dead:
-            if item.request.future.done():
-                report.cancelled += 1
-            else:
+            if item.request.deadline <= started:  # its future may already hold the timeout
                 report.expired += 1
                 report.results.append((item, DeadlineExceeded("deadline passed while queued")))
+            else:
+                report.cancelled += 1
         for group in group_by(live, lambda i: i.key):
             self._launch_group(executor, replica, group, flight)
         return flight

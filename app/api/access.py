@@ -12,7 +12,6 @@ import logging
 import os
 import re
 import time
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -57,8 +56,7 @@ class AccessLog:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                headers: list[Any] = list(message.get("headers", []))
-                headers.append((REQUEST_ID_HEADER, rid.encode()))
+                headers = [*message.get("headers", ()), (REQUEST_ID_HEADER, rid.encode())]
                 message = {**message, "headers": headers}
             await send(message)
 

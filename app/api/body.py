@@ -5,24 +5,38 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from starlette.requests import Request
+from starlette.types import Receive
 
 from app.errors import InvalidInput, PayloadTooLarge
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, or PayloadTooLarge as soon as it is known to exceed ``limit`` bytes."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def read_body(receive: Receive, limit: int, declared: bytes | None = None) -> bytes:
+    """The body, or PayloadTooLarge as soon as it is known to exceed ``limit`` bytes.
+
+    ``declared`` is the Content-Length header, if any. ClientGone if the client disconnects.
+    """
+    if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body is larger than the limit of {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ClientGone
+        chunk: bytes = message.get("body", b"")
+        more = message.get("more_body", False)
+        if not chunks and not more and len(chunk) <= limit:
+            return chunk  # the usual case: the whole body in one message
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"request body is larger than the limit of {limit} bytes")
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not more:
+            return b"".join(chunks)
 
 
 def parse_json(body: bytes) -> Any:

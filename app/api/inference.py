@@ -2,6 +2,10 @@
 
 auth -> deadline -> size-limited body -> parse (protocol-specific) -> admit whole or refuse ->
 decode -> enqueue -> await the results (dropping them if the client disconnects) -> render.
+
+It works on the raw ASGI scope and ``receive``: this is the server's hottest path, and
+Starlette's request object, a task per request and ``asyncio.timeout`` together cost as much
+event-loop time as the rest of it (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -12,10 +16,10 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope
 
-from app.api.body import read_body
+from app.api.body import ClientGone, read_body
 from app.batching import PendingRequest
 from app.config import Settings
 from app.errors import InvalidInput, ServeError, Unauthorized
@@ -24,26 +28,26 @@ from app.service import InferenceService
 
 TIMEOUT_HEADER = "x-request-timeout"
 CLIENT_CLOSED = 499  # nginx's convention; never reaches the (gone) client, only metrics
+WATCH_AFTER_S = 0.02  # a request still unanswered after this starts watching for a disconnect
 
 Parsed = TypeVar("Parsed")
 
 
-def check_auth(request: Request, api_key: str | None) -> None:
-    """Constant-time bearer-token check; a no-op when no key is configured."""
+def check_auth(header: bytes | None, api_key: str | None) -> None:
+    """Constant-time bearer-token check of an Authorization header; a no-op without a key."""
     if api_key is None:
         return
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    ok = hmac.compare_digest(token.strip().encode(), api_key.encode())
+    scheme, _, token = (header or b"").decode("latin-1").partition(" ")
+    ok = hmac.compare_digest(token.strip().encode("latin-1"), api_key.encode())
     if scheme.lower() != "bearer" or not ok:
         raise Unauthorized("missing or invalid bearer token")
 
 
-def request_timeout_s(request: Request, settings: Settings) -> float:
+def request_timeout_s(header: bytes | None, settings: Settings) -> float:
     """The server's timeout, shortened by an ``X-Request-Timeout`` header (seconds) if given."""
-    raw = request.headers.get(TIMEOUT_HEADER)
-    if raw is None:
+    if header is None:
         return settings.request_timeout_s
+    raw = header.decode("latin-1")
     try:
         value = float(raw)
     except ValueError:
@@ -53,16 +57,42 @@ def request_timeout_s(request: Request, settings: Settings) -> float:
     return min(value, settings.request_timeout_s)
 
 
-async def _cancel_on_disconnect(request: Request, pending: PendingRequest) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            pending.future.cancel()
-            return
+class DisconnectWatch:
+    """Cancels a waiting request's future when its client disconnects, so its queued items are
+    dropped instead of computed. Watching takes a task, so it starts only once the request has
+    waited ``WATCH_AFTER_S``: answers faster than that (most, unless the server is queueing)
+    never pay for it."""
+
+    def __init__(self, receive: Receive, pending: PendingRequest) -> None:
+        self._receive = receive
+        self._future = pending.future
+        self._task: asyncio.Task[None] | None = None
+        self._timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, self._start)
+
+    def _start(self) -> None:
+        if not self._future.done():
+            self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        self._future.cancel()
+
+    @property
+    def noticed(self) -> bool:
+        """The client disconnected (and the request's future was cancelled for it)."""
+        task = self._task
+        return task is not None and task.done() and not task.cancelled()
+
+    def close(self) -> None:
+        self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
 
 
 async def run_inference(
-    request: Request,
+    scope: Scope,
+    receive: Receive,
     service: InferenceService,
     settings: Settings,
     metrics: Metrics,
@@ -73,33 +103,35 @@ async def run_inference(
     arrived = time.monotonic()
     status = 500
     try:
-        check_auth(request, settings.api_key)
-        deadline = arrived + request_timeout_s(request, settings)
-        body = await read_body(request, settings.max_body_bytes)
+        headers = dict(scope["headers"])
+        check_auth(headers.get(b"authorization"), settings.api_key)
+        deadline = arrived + request_timeout_s(headers.get(b"x-request-timeout"), settings)
+        body = await read_body(receive, settings.max_body_bytes, headers.get(b"content-length"))
         instances, context = parse(body)
         service.check_admissible(len(instances))  # refuse before paying for decoding
         items = await service.decode(instances)
         pending = service.enqueue(items, deadline)
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, pending))
+        watch = DisconnectWatch(receive, pending)
         try:
             results = await service.result(pending)
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if watcher.done() and task is not None and not task.cancelling():
-                status = CLIENT_CLOSED
-                metrics.rejected.labels(reason="disconnected").inc()
-                return Response(status_code=CLIENT_CLOSED)
+            if watch.noticed and task is not None and not task.cancelling():
+                raise ClientGone from None
             raise
         finally:
-            watcher.cancel()
+            watch.close()
         response = render(results, context)
         status = response.status_code
         return response
+    except ClientGone:
+        status = CLIENT_CLOSED
+        metrics.rejected.labels(reason="disconnected").inc()
+        return Response(status_code=CLIENT_CLOSED)
     except ServeError as exc:
         status = exc.status
         if status != 500:
             metrics.rejected.labels(reason=exc.type).inc()
         raise
     finally:
-        metrics.requests.labels(status=str(status)).inc()
-        metrics.request_duration.observe(time.monotonic() - arrived)
+        metrics.answered(status, time.monotonic() - arrived)

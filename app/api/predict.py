@@ -40,8 +40,7 @@ async def predict_asgi(scope: Scope, receive: Receive, send: Send) -> None:
     The same flow and error conversion as the documented route below (which serves the OpenAPI
     schema and stays the reference), at about half the event-loop time per request.
     """
-    request = Request(scope, receive)
-    state = request.app.state
+    state = scope["app"].state
     service, settings, metrics = state.service, state.settings, state.metrics
     try:
         if service is None:
@@ -50,7 +49,7 @@ async def predict_asgi(scope: Scope, receive: Receive, send: Send) -> None:
         def parse(body: bytes) -> tuple[list[Any], None]:
             return instances_of(parse_json(body), settings.max_instances), None
 
-        response = await run_inference(request, service, settings, metrics, parse, _render)
+        response = await run_inference(scope, receive, service, settings, metrics, parse, _render)
     except ServeError as exc:
         response = serve_error_response(exc, scope["path"])
     except Exception:
@@ -82,6 +81,8 @@ def router(instance_schema: dict[str, Any]) -> APIRouter:
         def parse(body: bytes) -> tuple[list[Any], None]:
             return instances_of(parse_json(body), settings.max_instances), None
 
-        return await run_inference(request, service, settings, metrics, parse, _render)
+        return await run_inference(
+            request.scope, request.receive, service, settings, metrics, parse, _render
+        )
 
     return api

@@ -148,4 +148,6 @@ async def infer(
         return Response(content, media_type="application/octet-stream",
                         headers={"Inference-Header-Content-Length": str(json_length)})
 
-    return await run_inference(request, service, settings, metrics, parse, render)
+    return await run_inference(
+        request.scope, request.receive, service, settings, metrics, parse, render
+    )

@@ -13,6 +13,7 @@ from app.errors import InvalidInput
 from app.models.base import ModelHandler, Replica, Tensors
 
 Shape = tuple[int, ...]
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _number_array_schema(shape: Shape | None) -> dict[str, Any]:
@@ -88,13 +89,14 @@ class TensorHandler(ModelHandler):
             arr = np.asarray(instances)
         except (ValueError, TypeError, OverflowError, RecursionError):
             return None
-        if arr.dtype.kind not in "iuf" or arr.shape[1:] != self.input_shape:
+        kind = arr.dtype.kind
+        if kind not in "iuf" or arr.shape[1:] != self.input_shape:
             return None
-        with np.errstate(over="ignore"):
-            arr = arr.astype(np.float32, copy=False)
-        if not np.isfinite(arr).all():
+        # Integers always fit float32's range; floats must be finite and within it (NaN fails
+        # the comparison). A bad value sends the request item by item, which names it.
+        if kind == "f" and arr.size and not np.abs(arr).max() <= _F32_MAX:
             return None
-        return list(arr)
+        return list(arr.astype(np.float32, copy=False))
 
     def _decode_one(self, index: int, instance: Any) -> np.ndarray:
         expected = (

@@ -101,7 +101,7 @@ async def test_expired_items_are_dropped_not_computed() -> None:
         await first
         await call(service, [8])  # FIFO: by now the expired item has been taken and dropped
     assert 7.0 not in handler.seen and handler.seen == [0.0, 8.0]
-    dropped = service.metrics.dropped.labels(reason="cancelled")._value.get()
+    dropped = service.metrics.dropped.labels(reason="expired")._value.get()
     assert dropped == 1
 
 
