@@ -102,6 +102,33 @@ async def test_oversized_stream_is_refused_before_it_is_read_whole() -> None:
             assert read <= limit // len(chunk) + 1
 
 
+async def test_client_gone_mid_body_is_counted_not_an_error() -> None:
+    """A client that disconnects while sending its body: counted as disconnected, no 500."""
+    messages = [{"type": "http.request", "body": b'{"instances": [[1, ', "more_body": True},
+                {"type": "http.disconnect"}]
+
+    async def receive() -> dict:
+        return messages.pop(0)
+
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async with app_client(make_settings()) as client:
+        app = client.app  # type: ignore[attr-defined]
+        scope = {"type": "http", "method": "POST", "path": "/predict", "raw_path": b"/predict",
+                 "query_string": b"", "headers": [(b"content-type", b"application/json")],
+                 "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80), "scheme": "http",
+                 "http_version": "1.1", "root_path": "", "app": app}
+        await app(scope, receive, send)
+        metrics = app.state.metrics
+        assert sent[0]["status"] == 499
+        assert metrics.rejected.labels(reason="disconnected")._value.get() == 1
+        assert metrics.requests.labels(status="500")._value.get() == 0
+        assert app.state.service.in_flight == 0
+
+
 async def test_timeout_header() -> None:
     async with app_client(make_settings()) as client:
         r = await client.post("/predict", json={"instances": [[1, 2, 3, 4]]},
