@@ -97,9 +97,10 @@ def test_tensor_decode_gives_finite_float32_rows_or_422(
         assert exc.message.startswith("instances[")
         return
     assert len(items) == len(instances)
-    for item in items:
+    for item, instance in zip(items, instances, strict=True):
         assert item.dtype == np.float32 and item.shape == (4,)
         assert np.isfinite(item).all()
+        assert np.array_equal(item, np.asarray(instance, dtype=np.float32))
 
 
 @SETTINGS
