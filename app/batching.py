@@ -15,6 +15,8 @@ from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 
+MIN_NAP_S = 0.0001  # shortest nap while a batch fills (below this, waking costs more than it saves)
+
 
 class PendingRequest:
     """One admitted request: its future resolves to the list of per-item results, in order.
@@ -120,12 +122,18 @@ def collect_batch(
     rate: ArrivalRate,
     in_flight: Callable[[], int] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> list[PendingItem]:
     """Block for a first item, then gather more until the policy says go. Device thread only.
 
     ``limit`` (<= policy.max_batch_size) is the current effective batch limit; ``in_flight``
     reports how many requests are admitted and unanswered. Raises whatever ``q.get`` raises when
     the queue is shut down and empty (janus.SyncQueueShutDown).
+
+    While the batch fills, the thread naps until the last arrival that can still join is due at
+    the recent arrival rate, then takes what came, instead of blocking on the queue: a
+    blocked getter is woken by every put, and each wake-up trades the GIL with the event loop
+    (about six futex calls per item, docs/benchmarks.md). Until a rate is known it blocks.
     """
     first = q.get()
     batch = [first]
@@ -143,6 +151,18 @@ def collect_batch(
         budget = effective.wait_budget(len(batch), first_at, clock(), rate.gap_s, others)
         if budget <= 0.0:
             return batch
+        gap = rate.gap_s
+        if gap is not None:
+            # Nap until the last arrival that can still join is due, at the recent rate. Those
+            # are at most the free places, the requests in flight elsewhere (a closed-loop
+            # client whose answer is on its way back comes again) and what fits in the budget.
+            arrivals = effective.max_batch_size - len(batch)
+            if others is not None:
+                arrivals = min(arrivals, others)
+            if gap > 0.0:
+                arrivals = min(arrivals, int(budget / gap))
+            sleep(min(budget, max(arrivals * gap, MIN_NAP_S)))
+            continue
         try:
             item = q.get(timeout=budget)
         except queue.Empty:
@@ -156,12 +176,15 @@ def collect_batch(
 
 def take_queued(q: SyncGetter, limit: int) -> list[PendingItem]:
     """Up to ``limit`` items already in the queue, without waiting (may be empty). Device thread
-    only; raises what ``q.get`` raises once the queue is shut down and empty."""
+    only. Once the queue is shut down and empty it returns what it took; the next blocking get
+    raises."""
     batch: list[PendingItem] = []
     while len(batch) < limit:
         try:
             batch.append(q.get(block=False))
         except queue.Empty:
+            break
+        except Exception:  # shut down and empty
             break
     return batch
 

@@ -27,6 +27,12 @@ class FakeClock:
     def __call__(self) -> float:
         return self.now
 
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+EPSILON_S = 1e-9  # the fake clock adds floats: an arrival due within a nanosecond is due
+
 
 @dataclass
 class FakeQueue:
@@ -34,16 +40,18 @@ class FakeQueue:
 
     clock: FakeClock
     arrivals: list[tuple[float, PendingItem]] = field(default_factory=list)
+    blocking_gets: int = 0  # gets that would have put the caller to sleep until a put
 
     def add(self, at: float, item: PendingItem) -> None:
         self.arrivals.append((at, item))
         self.arrivals.sort(key=lambda pair: pair[0])
 
     def get(self, block: bool = True, timeout: float | None = None) -> PendingItem:
-        if self.arrivals and self.arrivals[0][0] <= self.clock.now:
+        if self.arrivals and self.arrivals[0][0] <= self.clock.now + EPSILON_S:
             return self.arrivals.pop(0)[1]
         if not block:
             raise queue.Empty
+        self.blocking_gets += 1
         if not self.arrivals:
             if timeout is None:
                 raise AssertionError("would block forever")

@@ -48,21 +48,21 @@ def setup(arrivals: list[float], now: float = 100.0) -> tuple[FakeClock, FakeQue
 
 def test_full_batch_leaves_at_once() -> None:
     clock, q = setup([100.0] * 6)
-    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 6, clock)
+    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 6, clock, clock.sleep)
     assert len(batch) == 4
     assert clock.now == 100.0  # no waiting at all
 
 
 def test_partial_batch_leaves_at_the_wait_deadline() -> None:
-    clock, q = setup([100.0, 100.001])
-    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 10, clock)
+    clock, q = setup([100.0, 100.0001])  # arrivals that fast make waiting worth it to the end
+    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 10, clock, clock.sleep)
     assert len(batch) == 2
     assert clock.now == pytest.approx(100.005)  # first item + max_wait
 
 
 def test_items_arriving_within_the_budget_join() -> None:
     clock, q = setup([100.0, 100.001, 100.002, 100.003, 100.009])
-    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 10, clock)
+    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 10, clock, clock.sleep)
     assert [i.data for i in batch] == [100.0, 100.001, 100.002, 100.003]
     assert clock.now == pytest.approx(100.003)  # left as soon as it was full
 
@@ -70,21 +70,21 @@ def test_items_arriving_within_the_budget_join() -> None:
 def test_no_wait_when_the_next_arrival_is_predicted_too_late() -> None:
     # Requests every 2 ms; at 100.004 only 1 ms of budget is left, so it goes without waiting.
     clock, q = setup([100.0, 100.002, 100.004, 100.0045])
-    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 10, clock)
+    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 10, clock, clock.sleep)
     assert [i.data for i in batch] == [100.0, 100.002, 100.004]
     assert clock.now == pytest.approx(100.004)
 
 
 def test_lone_request_is_not_kept_waiting() -> None:
     clock, q = setup([100.0])
-    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 1, clock)
+    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 1, clock, clock.sleep)
     assert len(batch) == 1
     assert clock.now == 100.0
 
 
 def test_all_in_flight_requests_in_batch_means_go() -> None:
     clock, q = setup([100.0, 100.0, 100.0])
-    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 3, clock)
+    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 3, clock, clock.sleep)
     assert len(batch) == 3
     assert clock.now == 100.0
 
@@ -94,14 +94,36 @@ def test_sparse_arrivals_do_not_wait() -> None:
     for at in (90.0, 92.0, 94.0):  # one request every 2 s: far longer than the 5 ms budget
         rate.observe(request(at))
     clock, q = setup([100.0, 100.003])
-    batch = collect_batch(q, POLICY, 4, rate, lambda: 5, clock)
+    batch = collect_batch(q, POLICY, 4, rate, lambda: 5, clock, clock.sleep)
     assert len(batch) == 1
     assert clock.now == 100.0
 
 
+def test_a_known_rate_fills_the_batch_by_napping_not_by_a_wake_per_item() -> None:
+    rate = ArrivalRate()
+    for at in (99.997, 99.998, 99.999):  # one request per millisecond
+        rate.observe(request(at))
+    clock, q = setup([100.0, 100.001, 100.002, 100.003, 100.004])
+    batch = collect_batch(q, POLICY, 4, rate, lambda: 10, clock, clock.sleep)
+    assert [i.data for i in batch] == [100.0, 100.001, 100.002, 100.003]
+    assert clock.now == pytest.approx(100.003)  # one nap, until the fourth was due
+    assert q.blocking_gets == 0  # no get that a put would have had to wake
+
+
+def test_a_nap_expects_no_more_arrivals_than_requests_in_flight() -> None:
+    rate = ArrivalRate()
+    for at in (99.997, 99.998, 99.999):
+        rate.observe(request(at))
+    clock, q = setup([100.0, 100.0005])
+    # Two requests in flight, so one more can join: nap one gap, not three (the free places).
+    batch = collect_batch(q, POLICY, 4, rate, lambda: 2, clock, clock.sleep)
+    assert [i.data for i in batch] == [100.0, 100.0005]
+    assert clock.now == pytest.approx(100.001)
+
+
 def test_effective_limit_caps_the_batch() -> None:
     clock, q = setup([100.0] * 6)
-    assert len(collect_batch(q, POLICY, 2, ArrivalRate(), lambda: 6, clock)) == 2
+    assert len(collect_batch(q, POLICY, 2, ArrivalRate(), lambda: 6, clock, clock.sleep)) == 2
 
 
 def test_wait_budget_is_pure() -> None:
