@@ -7,7 +7,6 @@ thread and blocks on the sync side of the janus queue.
 from __future__ import annotations
 
 import asyncio
-import queue
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -135,18 +134,21 @@ def collect_batch(
     blocked getter is woken by every put, and each wake-up trades the GIL with the event loop
     (about six futex calls per item, docs/benchmarks.md). Until a rate is known it blocks.
     """
-    first = q.get()
-    batch = [first]
-    requests = {id(first.request)}
-    rate.observe(first.request)
-    first_at = min(first.request.enqueued_at, clock())
+    batch: list[PendingItem] = []
+    requests: set[int] = set()
+
+    def join(item: PendingItem) -> None:
+        batch.append(item)
+        requests.add(id(item.request))
+        rate.observe(item.request)
+
+    join(q.get())
+    first_at = min(batch[0].request.enqueued_at, clock())
     effective = BatchPolicy(min(limit, policy.max_batch_size), policy.max_wait_s)
     while True:
         # Take what is already queued without waiting (a loaded server needs no timer at all).
         for item in take_queued(q, effective.max_batch_size - len(batch)):
-            batch.append(item)
-            requests.add(id(item.request))
-            rate.observe(item.request)
+            join(item)
         others = None if in_flight is None else max(0, in_flight() - len(requests))
         budget = effective.wait_budget(len(batch), first_at, clock(), rate.gap_s, others)
         if budget <= 0.0:
@@ -164,14 +166,9 @@ def collect_batch(
             sleep(min(budget, max(arrivals * gap, MIN_NAP_S)))
             continue
         try:
-            item = q.get(timeout=budget)
-        except queue.Empty:
+            join(q.get(timeout=budget))
+        except Exception:  # queue.Empty, or shut down while waiting: run what we hold
             return batch
-        except Exception:
-            return batch  # shut down while waiting: run what we hold; the next get raises
-        batch.append(item)
-        requests.add(id(item.request))
-        rate.observe(item.request)
 
 
 def take_queued(q: SyncGetter, limit: int) -> list[PendingItem]:
@@ -182,9 +179,7 @@ def take_queued(q: SyncGetter, limit: int) -> list[PendingItem]:
     while len(batch) < limit:
         try:
             batch.append(q.get(block=False))
-        except queue.Empty:
-            break
-        except Exception:  # shut down and empty
+        except Exception:  # queue.Empty, or shut down and empty
             break
     return batch
 

@@ -18,6 +18,7 @@ completed; the host outputs stay alive as long as the per-item results that view
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,43 +26,36 @@ import torch
 from app.models.base import ModelHandler, OutputCountMismatch, Replica, Tensors, map_tensors
 
 
+@dataclass(eq=False)
 class Launch:
-    """One model call in progress. ``wait`` gives (per-item results, device seconds)."""
+    """One model call in progress. ``wait`` gives (per-item results, device seconds).
 
-    def __init__(
-        self,
-        handler: ModelHandler,
-        n: int,
-        outputs: Tensors,
-        done: torch.cuda.Event | None = None,
-        started: torch.cuda.Event | None = None,
-        computed: torch.cuda.Event | None = None,
-        cpu_seconds: float = 0.0,
-    ) -> None:
-        self._handler = handler
-        self._n = n
-        self._outputs = outputs
-        self._done = done
-        self._started = started
-        self._computed = computed
-        self._cpu_seconds = cpu_seconds
+    On CUDA ``done`` fires when the outputs are in host memory; ``started`` and ``computed`` time
+    the forward. On the CPU the call is finished and ``cpu_seconds`` holds its time.
+    """
+
+    handler: ModelHandler
+    n: int
+    outputs: Tensors
+    done: torch.cuda.Event | None = None
+    started: torch.cuda.Event | None = None
+    computed: torch.cuda.Event | None = None
+    cpu_seconds: float = 0.0
 
     @property
     def pending(self) -> bool:
         """True while the device may still be working on it (never on the CPU)."""
-        return self._done is not None
+        return self.done is not None
 
     def wait(self) -> tuple[list[Any], float]:
-        seconds = self._cpu_seconds
-        if self._done is not None:
-            self._done.synchronize()
-            if self._started is not None and self._computed is not None:
-                seconds = self._started.elapsed_time(self._computed) / 1000.0
-        results = self._handler.split(self._outputs, self._n)
-        if len(results) != self._n:
-            raise OutputCountMismatch(
-                f"handler returned {len(results)} results for {self._n} items"
-            )
+        seconds = self.cpu_seconds
+        if self.done is not None:
+            self.done.synchronize()
+            if self.started is not None and self.computed is not None:
+                seconds = self.started.elapsed_time(self.computed) / 1000.0
+        results = self.handler.split(self.outputs, self.n)
+        if len(results) != self.n:
+            raise OutputCountMismatch(f"handler returned {len(results)} results for {self.n} items")
         return results, seconds
 
 
