@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -16,12 +16,16 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from app.errors import ConfigError
+
 ENV_PREFIX = "BATCHSERVE_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
 
-
-class ConfigError(ValueError):
-    """Settings that cannot work together, or a config file that cannot be read."""
+DEFAULT_MAX_BATCH_SIZE = 32
+DEFAULT_MAX_WAIT_MS = 5.0
+DEFAULT_QUEUE_CAPACITY = 1024
+DEFAULT_REQUEST_TIMEOUT_S = 30.0
+DEFAULT_MAX_INSTANCES = 256
 
 
 class Settings(BaseSettings):
@@ -37,15 +41,25 @@ class Settings(BaseSettings):
         None, description="name under /v2/models/ and in metrics (default: derived from model)"
     )
     devices: str = Field("auto", description="comma list: cpu, cuda, cuda:0,cuda:1, or auto")
-    max_batch_size: int = Field(32, ge=1, le=65536, description="most items in one model call")
+    max_batch_size: int = Field(
+        DEFAULT_MAX_BATCH_SIZE, ge=1, le=65536, description="most items in one model call"
+    )
     max_wait_ms: float = Field(
-        5.0, ge=0, description="longest an item waits for its batch to fill (ceiling)"
+        DEFAULT_MAX_WAIT_MS, ge=0,
+        description="longest an item waits for its batch to fill (ceiling; default 5, at most "
+        "half of request_timeout_s)",
     )
-    queue_capacity: int = Field(1024, ge=1, description="items the bounded queue holds")
+    queue_capacity: int = Field(
+        DEFAULT_QUEUE_CAPACITY, ge=1, description="items the bounded queue holds"
+    )
     request_timeout_s: float = Field(
-        30.0, gt=0, description="default deadline of a request, arrival to answer"
+        DEFAULT_REQUEST_TIMEOUT_S, gt=0,
+        description="default deadline of a request, arrival to answer",
     )
-    max_instances: int = Field(256, ge=1, description="most instances in one request")
+    max_instances: int = Field(
+        DEFAULT_MAX_INSTANCES, ge=1,
+        description="most instances in one request (default: 256, at most queue_capacity)",
+    )
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1, description="largest request body")
     api_key: str | None = Field(
         None, description="when set, predict needs 'Authorization: Bearer <key>'"
@@ -57,7 +71,7 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535, description="port to bind (0: any free port)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     log_format: Literal["text", "json"] = Field("text", description="log line format")
-    # Job-queue mode (``batchserve worker``, app/jobs.py)
+    # Job-queue mode (``batchserve worker``, app/jobs/)
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="job mode: the Redis server")
     job_stream: str = Field("batchserve:jobs", description="job mode: stream of jobs")
     job_group: str = Field("batchserve", description="job mode: consumer group of the workers")
@@ -71,6 +85,22 @@ class Settings(BaseSettings):
     worker_metrics_port: int | None = Field(
         None, ge=0, le=65535, description="job mode: serve /metrics on host:port (default: off)"
     )
+
+    _explicit: frozenset[str] = PrivateAttr(default=frozenset())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _derive_defaults(cls, data: Any, handler: ModelWrapValidatorHandler[Settings]) -> Settings:
+        if not isinstance(data, dict):
+            return handler(data)
+        settings = handler(derive_defaults(data))
+        settings._explicit = frozenset(data)
+        return settings
+
+    @property
+    def explicit(self) -> frozenset[str]:
+        """Names of the settings the user set (flags, environment, file), not derived ones."""
+        return self._explicit
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
@@ -101,6 +131,32 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Only init kwargs and the environment; load_settings layers the TOML file below both.
         return (init_settings, env_settings)
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None  # not a number: the field's own validation reports it
+
+
+def derive_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
+    """``given`` (the values set explicitly) plus defaults adjusted so that they never contradict
+    a value the user set: ``queue_capacity=4`` alone lowers the default ``max_instances`` to 4,
+    ``request_timeout_s=0.004`` alone lowers the default ``max_wait_ms`` to 2, and the other
+    way round. Two explicit values that contradict each other are left for the checks."""
+    out = dict(given)
+    capacity, instances = _number(given.get("queue_capacity")), _number(given.get("max_instances"))
+    if "max_instances" not in given and capacity is not None:
+        out["max_instances"] = max(1, int(min(DEFAULT_MAX_INSTANCES, capacity)))
+    if "queue_capacity" not in given and instances is not None:
+        out["queue_capacity"] = int(max(DEFAULT_QUEUE_CAPACITY, instances))
+    timeout_s, wait_ms = _number(given.get("request_timeout_s")), _number(given.get("max_wait_ms"))
+    if "max_wait_ms" not in given and timeout_s is not None and timeout_s > 0:
+        out["max_wait_ms"] = min(DEFAULT_MAX_WAIT_MS, timeout_s * 1000.0 / 2)
+    if "request_timeout_s" not in given and wait_ms is not None:
+        out["request_timeout_s"] = max(DEFAULT_REQUEST_TIMEOUT_S, 2 * wait_ms / 1000.0)
+    return out
 
 
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -147,7 +203,7 @@ def load_settings(
         layered = _Layered(**given)
     except ValueError as exc:
         raise ConfigError(_describe(exc)) from exc
-    return Settings.model_construct(**layered.model_dump())
+    return Settings(**{name: getattr(layered, name) for name in layered.explicit})
 
 
 def _describe(exc: ValueError) -> str:

@@ -1,18 +1,35 @@
-"""Exceptions that carry their HTTP status and a message that is safe to show a client."""
+"""Everything batchserve raises on purpose derives from ``BatchServeError``.
+
+Start-up errors (``ConfigError``, ``ModelLoadError``) carry a one-line message that the command line
+prints as it is. Request errors (``ServeError`` and its subclasses) carry their HTTP status and a
+message that is safe to show a client.
+"""
 
 from __future__ import annotations
 
 
-class ServeError(Exception):
-    """Base class: ``status`` and ``type`` go to the client with ``message``; nothing else does."""
-
-    status: int = 500
-    type: str = "internal_error"
-    retry_after_s: int | None = None
+class BatchServeError(Exception):
+    """Base of every error batchserve raises on purpose; ``message`` is one readable line."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class ConfigError(BatchServeError):
+    """Settings that cannot work together, or a config file that cannot be read."""
+
+
+class ModelLoadError(BatchServeError):
+    """The model setting names something that cannot be served."""
+
+
+class ServeError(BatchServeError):
+    """A request's failure: ``status`` and ``type`` go to the client with ``message``."""
+
+    status: int = 500
+    type: str = "internal_error"
+    retry_after_s: int | None = None
 
 
 class InvalidInput(ServeError):

@@ -1,72 +1,68 @@
-"""``create_app(settings)``: the FastAPI app; its lifespan owns the InferenceService."""
+"""``create_app(settings)``: the FastAPI app around one InferenceService."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Receive, Scope, Send
+from fastapi.openapi.utils import get_openapi
 
-from app.api import errors, health, predict, v2
+import app as package
+from app.api import errors, health, predict
 from app.api.access import AccessLog
-from app.config import ConfigError, Settings, load_settings
-from app.metrics import Metrics
+from app.api.v2 import routes as v2
+from app.config import Settings, load_settings
 from app.models.base import ModelHandler
-from app.models.registry import load_handler
-from app.service import InferenceService, resolve_devices
-
-
-class BatchServeApp(FastAPI):
-    """FastAPI, plus a direct path for the hot route: ``POST /predict`` goes to the same handler
-    code without the framework's routing and middleware layers (docs/benchmarks.md: that stack
-    was ~60% of the event loop's time per request)."""
-
-    fast_predict: ASGIApp | None = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (self.fast_predict is not None and scope["type"] == "http"
-                and scope["path"] == "/predict" and scope["method"] == "POST"):
-            scope["app"] = self
-            await self.fast_predict(scope, receive, send)
-            return
-        await super().__call__(scope, receive, send)
+from app.service import build_service
 
 
 def create_app(settings: Settings | None = None, handler: ModelHandler | None = None) -> FastAPI:
-    """Build the app. With no settings they are read from the environment (uvicorn --factory)."""
+    """Build the app. With no settings they are read from the environment (uvicorn --factory).
+
+    The service exists from here on (health says ``loading`` until its models are warm); the
+    lifespan starts it and, on shutdown, drains and stops it. Raises ConfigError or
+    ModelLoadError."""
     settings = settings if settings is not None else load_settings()
-    try:
-        devices = resolve_devices(settings.devices)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    handler = handler if handler is not None else load_handler(settings.model, settings.model_name)
-    metrics = Metrics.create()
+    service = build_service(settings, handler)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        service = InferenceService(settings, handler, metrics, devices)
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await service.start()
-        app.state.service = service
         try:
             yield
         finally:
             await service.stop()
 
-    app = BatchServeApp(
+    app = FastAPI(
         title="batchserve",
-        summary=f"Dynamic-batching inference server for model {handler.name!r}",
-        version="0.1.0",
+        summary=f"Dynamic-batching inference server for model {service.handler.name!r}",
+        version=package.__version__,
         lifespan=lifespan,
     )
-    app.state.settings = settings
-    app.state.metrics = metrics
-    app.state.handler = handler
-    app.state.service = None
+    app.state.service = service
     errors.install(app)
-    app.include_router(predict.router(handler.input_schema))
+    # The hot route first: the router tries routes in order.
+    app.router.routes.insert(0, predict.route(service.handler.input_schema))
     app.include_router(health.router)
     app.include_router(v2.router)
     app.add_middleware(AccessLog)
-    app.fast_predict = AccessLog(predict.predict_asgi)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema of its own routes, plus the raw ASGI routes' operations."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, summary=app.summary,
+                             routes=app.routes)
+        for route in app.routes:
+            if isinstance(route, predict.RawRoute):
+                schema["paths"].setdefault(route.path, {}).update(route.operation)
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(
+            predict.openapi_components()
+        )
+        app.openapi_schema = schema
+    return app.openapi_schema
+

@@ -84,7 +84,7 @@ class Metrics:
 
 @dataclass(frozen=True)
 class JobMetrics:
-    """Job-queue mode (app/jobs.py), in the same registry as the serving metrics."""
+    """Job-queue mode (app/jobs/), in the same registry as the serving metrics."""
 
     done: Counter
     failed: Counter

@@ -7,10 +7,8 @@ they schedule with ``call_soon_threadsafe``.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -20,20 +18,33 @@ import torch
 
 from app.batching import BatchPolicy, PendingItem, PendingRequest
 from app.config import Settings
-from app.errors import DeadlineExceeded, ServeError, Unavailable, busy
+from app.errors import ConfigError, DeadlineExceeded, ServeError, Unavailable, busy
 from app.metrics import Metrics
 from app.models.base import ModelHandler
+from app.models.registry import load_handler
+from app.models.signature import INPUT_NAME, OUTPUT_NAME, TensorSpec
 from app.worker import BatchReport, DeviceWorker, WorkerState
 
 log = logging.getLogger("batchserve.service")
 
 RESTART_DELAY_S = 1.0
-GIL_SWITCH_INTERVAL_S = 0.0001
 INLINE_DECODE_MAX_ITEMS = 64  # light decodes of small requests stay on the loop
 
 
+def build_service(settings: Settings, handler: ModelHandler | None = None) -> InferenceService:
+    """The service for ``settings``: every entry point builds it here. Nothing starts yet.
+
+    Raises ConfigError (devices) or ModelLoadError (the model setting)."""
+    devices = resolve_devices(settings.devices)
+    if handler is None:
+        handler = load_handler(settings.model, settings.model_name)
+    return InferenceService(settings, handler, Metrics.create(), devices)
+
+
 def resolve_devices(spec: str) -> list[torch.device]:
-    """``cpu``, ``cuda``, ``cuda:0,cuda:1``, ``cpu,cpu`` or ``auto`` (every GPU, else the CPU)."""
+    """``cpu``, ``cuda``, ``cuda:0,cuda:1``, ``cpu,cpu`` or ``auto`` (every GPU, else the CPU).
+
+    Raises ConfigError naming a device that is not there."""
     names = [s.strip() for s in spec.split(",") if s.strip()]
     if names == ["auto"]:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -43,17 +54,19 @@ def resolve_devices(spec: str) -> list[torch.device]:
         try:
             device = torch.device(name)
         except RuntimeError as exc:
-            raise ValueError(f"devices: {name!r} is not a device name") from exc
+            raise ConfigError(f"devices: {name!r} is not a device name") from exc
         if device.type == "cuda":
             index = 0 if device.index is None else device.index
             if not torch.cuda.is_available() or index >= torch.cuda.device_count():
-                raise ValueError(f"devices: {name} requested but no such CUDA device is available")
+                raise ConfigError(
+                    f"devices: {name} requested but no such CUDA device is available"
+                )
             device = torch.device("cuda", index)
         elif device.type != "cpu":
-            raise ValueError(f"devices: {name} is not supported (cpu or cuda)")
+            raise ConfigError(f"devices: {name} is not supported (cpu or cuda)")
         devices.append(device)
     if not devices:
-        raise ValueError("devices: the list is empty")
+        raise ConfigError("devices: the list is empty")
     return devices
 
 
@@ -71,7 +84,7 @@ class InferenceService:
         self.handler = handler
         self.metrics = metrics
         self.devices = devices
-        self.policy = BatchPolicy(settings.max_batch_size, settings.max_wait_s)
+        self.policy = BatchPolicy(self.batch_limit, settings.max_wait_s)
         self.in_flight = 0
         self.workers: list[DeviceWorker] = []
         self._draining = False
@@ -86,11 +99,6 @@ class InferenceService:
         self._loop = asyncio.get_running_loop()
         if self.settings.torch_threads:
             torch.set_num_threads(self.settings.torch_threads)
-        # Device threads release the GIL inside every torch op and must win it back from the
-        # event loop afterwards, waiting up to one switch interval per op. Next to a busy Python
-        # thread an eager 5-op MLP ran 365 items/s at CPython's default 5 ms, 853 at 1 ms and
-        # 1043 at 0.1 ms (1060 alone); the busy thread lost nothing (bench/gil_switch.py).
-        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         self._queue = janus.Queue(maxsize=self.settings.queue_capacity)
         self._pool = ThreadPoolExecutor(
             max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="decode"
@@ -115,13 +123,9 @@ class InferenceService:
         return worker
 
     def _worker_changed(self, worker: DeviceWorker) -> None:
-        if worker.state is WorkerState.READY:
-            if all(w.state is WorkerState.READY for w in self.workers):
-                _freeze_startup_objects()
-            return
         if self._draining or worker.state is not WorkerState.FAILED:
             return
-        if worker.error and worker.error.startswith("load:"):
+        if worker.load_failed:
             return  # a model that cannot load will not load on retry; health stays unhealthy
         log.error("restarting the device thread for %s in %.0fs", worker.device, RESTART_DELAY_S)
         assert self._loop is not None
@@ -170,7 +174,36 @@ class InferenceService:
     @property
     def load_failed(self) -> bool:
         """A device thread could not load the model (it is not retried)."""
-        return any(w.error is not None and w.error.startswith("load:") for w in self.workers)
+        return any(w.load_failed for w in self.workers)
+
+    @property
+    def load_error(self) -> str | None:
+        """Why the model failed to load, if it did."""
+        return next((w.error for w in self.workers if w.load_failed), None)
+
+    @property
+    def batch_limit(self) -> int:
+        """The most items in one model call: the setting, or less where the model says so."""
+        limit = self.settings.max_batch_size
+        if self.handler.max_batch_size is not None:
+            limit = min(limit, self.handler.max_batch_size)
+        return limit
+
+    @property
+    def input_spec(self) -> TensorSpec:
+        handler = self.handler
+        return TensorSpec(INPUT_NAME, handler.input_datatype, handler.input_shape)
+
+    @property
+    def outputs(self) -> list[TensorSpec] | None:
+        """The model's outputs as its warm-up produced them; before that (or without examples)
+        the one output the handler declares, or None when nothing is known."""
+        for worker in self.workers:
+            if worker.outputs:
+                return worker.outputs
+        if self.handler.output_shape is None:
+            return None
+        return [TensorSpec(OUTPUT_NAME, "FP32", self.handler.output_shape)]
 
     @property
     def queue_depth(self) -> int:
@@ -272,14 +305,6 @@ def _expire(future: asyncio.Future[list[Any]]) -> None:
         future.set_exception(
             DeadlineExceeded("the request's deadline passed before it was answered")
         )
-
-
-def _freeze_startup_objects() -> None:
-    """Move everything alive after start-up (torch, the model, modules: ~200k objects) out of the
-    collector's reach. Full collections then scan only request garbage: they cost 70-100 ms each
-    before, stalling the event loop (docs/benchmarks.md)."""
-    gc.collect()
-    gc.freeze()
 
 
 def _busy_ratio(worker: DeviceWorker) -> Any:

@@ -25,6 +25,7 @@ from app.batching import (
 )
 from app.errors import DeadlineExceeded, ModelError
 from app.models.base import ModelHandler, Replica
+from app.models.signature import TensorSpec, describe_outputs
 from app.transfer import DeviceExecutor, Launch
 
 log = logging.getLogger("batchserve.worker")
@@ -96,12 +97,11 @@ class DeviceWorker:
         self._deliver = deliver
         self._in_flight = in_flight
         self._on_state = on_state
-        limit = policy.max_batch_size
-        if handler.max_batch_size is not None:
-            limit = min(limit, handler.max_batch_size)
-        self.batch_limit = limit
+        self.batch_limit = policy.max_batch_size  # lowered after an out-of-memory
         self.state = WorkerState.LOADING
-        self.error: str | None = None
+        self.error: str | None = None  # why the thread died
+        self.load_failed = False  # it died loading the model: a retry would fail the same way
+        self.outputs: list[TensorSpec] | None = None  # learned from the warm-up results
         self.busy_s = 0.0
         self._thread = threading.Thread(target=self._main, name=f"device-{device}", daemon=True)
 
@@ -123,7 +123,8 @@ class DeviceWorker:
             executor = DeviceExecutor(self.device, self.handler)
             replica = self._load(executor)
         except BaseException as exc:  # noqa: BLE001
-            self._fail(f"load: {type(exc).__name__}: {exc}")
+            self.load_failed = True
+            self._fail(f"{type(exc).__name__}: {exc}", loading=True)
             return
         try:
             self.state = WorkerState.READY
@@ -157,20 +158,29 @@ class DeviceWorker:
                 self._send(BatchReport(str(self.device), [(i, ModelError()) for i in lost], 0.0))
             self._fail(f"{type(exc).__name__}: {exc}")
 
-    def _fail(self, error: str) -> None:
+    def _fail(self, error: str, loading: bool = False) -> None:
+        """Record why the thread dies and tell the service. A model that cannot load is one
+        line (its traceback at debug level); a crash while serving is a bug: full traceback."""
         self.state = WorkerState.FAILED
         self.error = error
-        log.critical("device thread %s died: %s", self.device, error, exc_info=True)
+        if loading:
+            log.error("device %s: the model failed to load: %s", self.device, error)
+            log.debug("model load traceback", exc_info=True)
+        else:
+            log.critical("device thread %s died: %s", self.device, error, exc_info=True)
         self._loop.call_soon_threadsafe(self._on_state, self)
 
     def _load(self, executor: DeviceExecutor) -> Replica:
+        """Load the replica and run the handler's examples through it (warm-up), recording
+        what its outputs look like."""
         with torch.inference_mode():
             replica = self.handler.load(self.device)
             examples = self.handler.examples()
             if examples:
-                items = self.handler.decode(examples)
-                for group in group_by(items, self.handler.key):
-                    executor.launch(replica, group).wait()
+                results: list[Any] = []
+                for group in group_by(self.handler.decode(examples), self.handler.key):
+                    results += executor.launch(replica, group).wait()[0]
+                self.outputs = describe_outputs(results)
         return replica
 
     def _launch(

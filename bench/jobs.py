@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 
-from app.job_client import submit
+from app.jobs.client import submit
 
 
 @contextmanager

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import uvicorn
 from asgi_lifespan import LifespanManager
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.config import Settings
 from app.main import create_app
@@ -37,25 +38,55 @@ def make_settings(**overrides: Any) -> Settings:
     return Settings(**base)
 
 
-@pytest.fixture
-def settings_factory() -> Callable[..., Settings]:
-    return make_settings
+POLL_S = 0.01
+
+
+def _timed_out(deadline: float, what: str) -> bool:
+    if time.monotonic() > deadline:
+        raise AssertionError(f"timed out waiting for {what}")
+    return False
 
 
 async def wait_until(predicate: Callable[[], Any], what: str) -> None:
+    """Poll ``predicate`` (a plain or async callable) from a test's event loop, which keeps
+    running meanwhile; fail after WAIT_S. Never a timing assertion."""
     deadline = time.monotonic() + WAIT_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
+    while True:
+        ok = predicate()
+        if inspect.isawaitable(ok):
+            ok = await ok
+        if ok or _timed_out(deadline, what):
+            return
+        await asyncio.sleep(POLL_S)
 
 
 def wait_until_sync(predicate: Callable[[], Any], what: str) -> None:
+    """The same from a thread with no event loop of its own."""
     deadline = time.monotonic() + WAIT_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+    while not predicate() and not _timed_out(deadline, what):
+        time.sleep(POLL_S)
+
+
+def sample(source: CollectorRegistry | str, name: str, **labels: str) -> float:
+    """One sample's value (0 when absent): from an in-process registry, or from the text of a
+    server's /metrics."""
+    if isinstance(source, str):
+        for family in text_string_to_metric_families(source):
+            for s in family.samples:
+                if s.name == name and s.labels == labels:
+                    return float(s.value)
+        return 0.0
+    return source.get_sample_value(name, labels) or 0.0
+
+
+def http_scope(path: str, app: Any, method: str = "POST",
+               headers: list[tuple[bytes, bytes]] | None = None) -> dict[str, Any]:
+    """An ASGI HTTP scope, for calling an app without a client."""
+    return {"type": "http", "asgi": {"version": "3.0"}, "method": method, "path": path,
+            "raw_path": path.encode(), "query_string": b"",
+            "headers": headers or [(b"content-type", b"application/json")],
+            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80), "scheme": "http",
+            "http_version": "1.1", "root_path": "", "app": app}
 
 
 @asynccontextmanager
@@ -101,10 +132,7 @@ def live_server(settings: Settings, handler: ModelHandler | None = None) -> Iter
     thread.start()
     try:
         wait_until_sync(lambda: server.started, "server started")
-        wait_until_sync(
-            lambda: app.state.service is not None and app.state.service.status == "ready",
-            "model ready",
-        )
+        wait_until_sync(lambda: app.state.service.status == "ready", "model ready")
         yield LiveServer(app, server, f"http://127.0.0.1:{port}")
     finally:
         server.should_exit = True
@@ -147,7 +175,3 @@ def wait_ready(url: str) -> None:
     wait_until_sync(ready, "server ready")
 
 
-def metric(text: str, name: str) -> float:
-    """The value of one sample in Prometheus text (0 when absent)."""
-    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0

@@ -229,3 +229,20 @@ class PoisonModule(torch.nn.Module):
 
 def poison_module() -> torch.nn.Module:
     return PoisonModule()
+
+
+class PairModule(torch.nn.Module):
+    """Declares its input but not its output: each item of 3 numbers gives a 2 x 3 array."""
+
+    input_shape = (3,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([x, 2 * x], dim=1)
+
+
+def pair_module() -> torch.nn.Module:
+    return PairModule()
+
+
+def raising_factory() -> torch.nn.Module:
+    raise RuntimeError("no weights here")

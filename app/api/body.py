@@ -1,13 +1,10 @@
-"""Reading and parsing request bodies: size limit first, orjson, then shape of the envelope."""
+"""Reading request bodies from ASGI, with the size limit enforced before the body is whole."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import orjson
 from starlette.types import Receive
 
-from app.errors import InvalidInput, PayloadTooLarge
+from app.errors import PayloadTooLarge
 
 
 class ClientGone(Exception):
@@ -37,30 +34,3 @@ async def read_body(receive: Receive, limit: int, declared: bytes | None = None)
         chunks.append(chunk)
         if not more:
             return b"".join(chunks)
-
-
-def parse_json(body: bytes) -> Any:
-    if not body:
-        raise InvalidInput("request body is empty; expected a JSON object")
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"request body is not valid JSON: {exc}") from None
-
-
-def instances_of(payload: Any, max_instances: int) -> list[Any]:
-    """``payload["instances"]``, checked: a non-empty list of at most ``max_instances``."""
-    if not isinstance(payload, dict):
-        raise InvalidInput('expected a JSON object {"instances": [...]}')
-    if "instances" not in payload:
-        raise InvalidInput('missing field "instances": expected {"instances": [...]}')
-    instances = payload["instances"]
-    if not isinstance(instances, list):
-        raise InvalidInput('"instances" must be a list')
-    if not instances:
-        raise InvalidInput('"instances" is empty; send at least one instance')
-    if len(instances) > max_instances:
-        raise PayloadTooLarge(
-            f"{len(instances)} instances is more than the limit of {max_instances} per request"
-        )
-    return instances

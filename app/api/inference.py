@@ -23,7 +23,6 @@ from app.api.body import ClientGone, read_body
 from app.batching import PendingRequest
 from app.config import Settings
 from app.errors import InvalidInput, ServeError, Unauthorized
-from app.metrics import Metrics
 from app.service import InferenceService
 
 TIMEOUT_HEADER = "x-request-timeout"
@@ -94,13 +93,14 @@ async def run_inference(
     scope: Scope,
     receive: Receive,
     service: InferenceService,
-    settings: Settings,
-    metrics: Metrics,
     parse: Callable[[bytes], tuple[list[Any], Parsed]],
     render: Callable[[list[Any], Parsed], Response],
 ) -> Response:
-    """Serve one inference request; ``parse`` gives (instances, context) for ``render``."""
+    """Serve one inference request; ``parse`` gives (instances, context) for ``render``.
+
+    Raises ServeError for the caller's error conversion (app/api/errors.py)."""
     arrived = time.monotonic()
+    settings, metrics = service.settings, service.metrics
     status = 500
     try:
         headers = dict(scope["headers"])

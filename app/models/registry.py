@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import importlib
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
+from app.errors import ModelLoadError
 from app.models.base import ModelHandler
 from app.models.builtin import linear_handler, mlp_handler
 from app.models.tensor import TensorHandler
-
-
-class ModelLoadError(RuntimeError):
-    """The model setting names something that cannot be served."""
 
 
 def _minilm() -> ModelHandler:
@@ -32,7 +30,9 @@ BUILTINS: dict[str, Callable[[], ModelHandler]] = {
 
 
 def load_handler(spec: str, name: str | None = None) -> ModelHandler:
-    """Build the handler for ``spec``; weights for a device are loaded later by ``load``."""
+    """Build the handler for ``spec``; weights for a device are loaded later by ``load``.
+
+    Raises ModelLoadError, with one line saying why, for anything that cannot be served."""
     if spec in BUILTINS:
         handler = BUILTINS[spec]()
     elif spec.endswith(".pt2"):
@@ -55,9 +55,12 @@ def _from_callable(spec: str) -> ModelHandler:
     module_name, _, attr = spec.partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ModelLoadError(f"cannot import {spec!r}: {exc}") from exc
-    obj = factory()
+    except Exception as exc:  # noqa: BLE001 - ImportError, AttributeError, or the module's own
+        raise ModelLoadError(f"cannot import {spec!r}: {type(exc).__name__}: {exc}") from exc
+    try:
+        obj = factory()
+    except Exception as exc:  # noqa: BLE001 - whatever the user's factory raises
+        raise ModelLoadError(f"{spec!r} raised {type(exc).__name__}: {exc}") from exc
     if isinstance(obj, ModelHandler):
         return obj
     if isinstance(obj, torch.nn.Module):
@@ -65,14 +68,25 @@ def _from_callable(spec: str) -> ModelHandler:
     raise ModelLoadError(f"{spec!r} returned {type(obj).__name__}, not an nn.Module or handler")
 
 
-def _require(path: Path) -> None:
+def _require(path: Path, kind: str) -> None:
+    """The file exists and is a zip archive, as TorchScript and torch.export files are."""
     if not path.is_file():
         raise ModelLoadError(f"model file {path} does not exist")
+    if not zipfile.is_zipfile(path):
+        raise ModelLoadError(f"{path} is not a {kind} (not a zip archive)")
+
+
+def _not_a_model(path: Path, kind: str, exc: Exception) -> ModelLoadError:
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ModelLoadError(f"{path} is not a {kind}: {first_line}")
 
 
 def _torchscript(path: Path) -> ModelHandler:
-    _require(path)
-    probe: Any = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
+    _require(path, "TorchScript file")
+    try:
+        probe: Any = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
+    except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, ValueError, ...
+        raise _not_a_model(path, "TorchScript file", exc) from exc
     shape = getattr(probe, "input_shape", None)
 
     def build(device: torch.device) -> torch.nn.Module:
@@ -84,8 +98,11 @@ def _torchscript(path: Path) -> ModelHandler:
 
 def _exported(path: Path) -> ModelHandler:
     """A ``torch.export`` program: its one input's shape gives the per-item shape."""
-    _require(path)
-    program = torch.export.load(str(path))
+    _require(path, "torch.export program")
+    try:
+        program = torch.export.load(str(path))
+    except Exception as exc:  # noqa: BLE001
+        raise _not_a_model(path, "torch.export program", exc) from exc
     user_inputs = set(program.graph_signature.user_inputs)
     shapes = [
         node.meta["val"].shape

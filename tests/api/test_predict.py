@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tests.conftest import app_client, make_settings, wait_until
+from tests.conftest import app_client, http_scope, make_settings, sample, wait_until
 from tests.fakes import FailingHandler, GatedHandler, SlowLoadHandler
 
 pytestmark = pytest.mark.asyncio
@@ -93,11 +93,8 @@ async def test_oversized_stream_is_refused_before_it_is_read_whole() -> None:
     async with app_client(make_settings(max_body_bytes=limit)) as client:
         for path in ("/predict", "/v2/models/linear/infer"):
             read, sent = 0, []
-            scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(),
-                     "query_string": b"", "headers": [(b"content-type", b"application/json")],
-                     "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80), "scheme": "http",
-                     "http_version": "1.1", "root_path": "", "app": client.app}
-            await client.app(scope, receive, send)  # type: ignore[attr-defined]
+            app = client.app  # type: ignore[attr-defined]
+            await app(http_scope(path, app), receive, send)
             assert sent[0]["status"] == 413
             assert read <= limit // len(chunk) + 1
 
@@ -117,15 +114,11 @@ async def test_client_gone_mid_body_is_counted_not_an_error() -> None:
 
     async with app_client(make_settings()) as client:
         app = client.app  # type: ignore[attr-defined]
-        scope = {"type": "http", "method": "POST", "path": "/predict", "raw_path": b"/predict",
-                 "query_string": b"", "headers": [(b"content-type", b"application/json")],
-                 "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80), "scheme": "http",
-                 "http_version": "1.1", "root_path": "", "app": app}
-        await app(scope, receive, send)
-        metrics = app.state.metrics
+        await app(http_scope("/predict", app), receive, send)
+        registry = app.state.service.metrics.registry
         assert sent[0]["status"] == 499
-        assert metrics.rejected.labels(reason="disconnected")._value.get() == 1
-        assert metrics.requests.labels(status="500")._value.get() == 0
+        assert sample(registry, "batchserve_rejected_total", reason="disconnected") == 1
+        assert sample(registry, "batchserve_requests_total", status="500") == 0
         assert app.state.service.in_flight == 0
 
 

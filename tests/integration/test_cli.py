@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import WAIT_S, metric, serve, wait_ready, wait_until_sync
+from tests.conftest import WAIT_S, sample, serve, wait_ready, wait_until_sync
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ def test_sigterm_answers_everything_in_flight_then_exits_0(tmp_path: Path) -> No
                 for i in range(6)
             ]
             wait_until_sync(
-                lambda: metric(httpx.get(url + "/metrics", timeout=5).text,
+                lambda: sample(httpx.get(url + "/metrics", timeout=5).text,
                                "batchserve_in_flight_requests") == 6,
                 "6 requests in flight",
             )
@@ -95,15 +95,53 @@ def test_bad_settings_exit_2_with_a_message() -> None:
     assert "max_wait_ms" in proc.stderr and "request_timeout_s" in proc.stderr
 
 
-def test_a_model_that_cannot_load_exits_non_zero() -> None:
-    with serve("--model", "tests.fakes:BrokenLoadHandler", "--devices", "cpu") as (proc, _url):
+def test_a_model_that_cannot_load_exits_1_without_a_traceback() -> None:
+    with serve("--model", "tests.fakes:BrokenLoadHandler", "--devices", "cpu",
+               stderr=subprocess.PIPE) as (proc, _url):
         assert proc.wait(WAIT_S) == 1
+        err = proc.stderr.read().decode()  # type: ignore[union-attr]
+    assert "failed to load" in err and "weights are corrupt" in err
+    assert "Traceback" not in err
 
 
-def test_check_model_prints_schema_and_timing() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "app", "check-model", "linear", "--devices", "cpu"],
-        cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S,
-    )
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "app", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=WAIT_S)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--model", "nosuch.module:build"], "cannot import 'nosuch.module:build'"),
+        (["--model", "tests.fakes:raising_factory"], "raised RuntimeError: no weights here"),
+        (["--model", "{txt}.pt"], "is not a TorchScript file"),
+        (["--model", "{txt}.pt2"], "is not a torch.export program"),
+        (["--model", "{txt}"], "unknown model"),
+        (["--model", "missing.pt"], "does not exist"),
+        (["--devices", "cuda:7"], "no such CUDA device"),
+        (["--devices", "tpu"], "devices"),
+        (["--config", "{txt}"], "is not valid TOML"),
+        (["--config", "missing.toml"], "cannot read config file"),
+    ],
+)
+def test_start_up_failures_are_one_line(tmp_path: Path, args: list[str], says: str) -> None:
+    """Whatever is wrong at start-up, the user reads one line naming it and gets exit code 2."""
+    txt = tmp_path / "notes"
+    for suffix in ("", ".pt", ".pt2"):
+        Path(f"{txt}{suffix}").write_text("not a model = [\n")
+    args = [a.format(txt=txt) for a in args]
+    model = "linear"
+    if args[0] == "--model":  # check-model takes the model as its argument
+        model, args = args[1], args[2:]
+    for command in (["serve", "--port", "0", "--model", model], ["check-model", model]):
+        proc = run_cli(*command, *args)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("batchserve: ") and says in lines[0], lines
+
+
+def test_check_model_prints_schema_timing_and_outputs() -> None:
+    proc = run_cli("check-model", "linear", "--devices", "cpu")
     assert proc.returncode == 0, proc.stderr
     assert '"minItems": 4' in proc.stdout and "batch: 1 items in" in proc.stdout
+    assert "output OUTPUT0: FP32 shape [2]" in proc.stdout

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import WAIT_S, free_socket, live_server, make_settings, wait_until
+from tests.conftest import WAIT_S, free_socket, live_server, make_settings, sample, wait_until
 from tests.fakes import EchoHandler, GatedHandler
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
@@ -82,7 +82,7 @@ async def test_busy_replica_gets_no_traffic(tmp_path: Path) -> None:
                     current.update(await states())
                     return current.get("replica1") == "DOWN" and current.get("replica2") == "UP"
 
-                await _until(a_down_b_up, "HAProxy marks A down")
+                await wait_until(a_down_b_up, "HAProxy marks A down")
                 a_busy_before = _busy(a)
 
                 async def one(i: int) -> httpx.Response:
@@ -101,19 +101,12 @@ async def test_busy_replica_gets_no_traffic(tmp_path: Path) -> None:
                 async def a_up() -> bool:
                     return (await states()).get("replica1") == "UP"
 
-                await _until(a_up, "HAProxy puts A back")
+                await wait_until(a_up, "HAProxy puts A back")
                 responses = await asyncio.gather(*(one(i) for i in range(200, 240)))
                 assert [r.status_code for r in responses] == [200] * 40
                 assert any(x >= 200 for x in busy_handler.seen)  # A gets traffic again
 
 
 def _busy(srv: object) -> float:
-    return srv.app.state.metrics.rejected.labels(reason="busy")._value.get()  # type: ignore[attr-defined]
-
-
-async def _until(check, what: str) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(int(WAIT_S / 0.05)):
-        if await check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    return sample(srv.app.state.service.metrics.registry,  # type: ignore[attr-defined]
+                  "batchserve_rejected_total", reason="busy")

@@ -21,10 +21,10 @@ import pytest
 import redis
 import torch
 
-from app.job_client import submit
-from app.jobs import RESULT_KEY, RESULTS_STREAM
+from app.jobs.client import submit
+from app.jobs.protocol import RESULT_KEY, RESULTS_STREAM
 from app.models.builtin import linear_module
-from tests.conftest import ROOT, WAIT_S, free_socket, metric, wait_until_sync
+from tests.conftest import ROOT, WAIT_S, free_socket, sample, wait_until_sync
 
 pytestmark = [
     pytest.mark.slow,
@@ -110,8 +110,8 @@ def test_jobs_in_results_out_with_metrics_and_liveness(redis_url: str) -> None:
     assert r.xlen(STREAM) == 0 and pending_count(r) == 0  # acknowledged and deleted
     assert r.xlen(RESULTS_STREAM) == 20
     assert {"consumer", "held", "stream_lag"} <= set(live)
-    assert metric(text, "batchserve_jobs_done_total") == 20
-    assert metric(text, "batchserve_batch_size_sum") == sum(len(job) for job in jobs)
+    assert sample(text, "batchserve_jobs_done_total") == 20
+    assert sample(text, "batchserve_batch_size_sum") == sum(len(job) for job in jobs)
     assert "batchserve_job_stream_lag" in text and "batchserve_job_lease_renewals_total" in text
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import WAIT_S, metric, serve, wait_ready
+from tests.conftest import WAIT_S, sample, serve, wait_ready, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
@@ -77,10 +77,10 @@ async def test_ten_times_capacity_is_answered_once_and_recovers() -> None:
 
             async def settled() -> bool:
                 text = (await client.get("/metrics")).text
-                return (metric(text, "batchserve_in_flight_requests") == 0
-                        and metric(text, "batchserve_queue_depth") == 0)
+                return (sample(text, "batchserve_in_flight_requests") == 0
+                        and sample(text, "batchserve_queue_depth") == 0)
 
-            await wait_until_async(settled, "queue drained")
+            await wait_until(settled, "queue drained")
             health = await client.get("/health_check")
             text = (await client.get("/metrics")).text
             after = await lone_latencies(client)
@@ -98,22 +98,14 @@ async def test_ten_times_capacity_is_answered_once_and_recovers() -> None:
         if response.status_code == 503:
             assert response.headers["retry-after"] == "1"
     # exactly once: the server counted one answer per request sent, no more, no fewer
-    answered = sum(metric(text, f'batchserve_requests_total{{status="{s}"}}')
+    answered = sum(sample(text, "batchserve_requests_total", status=str(s))
                    for s in (200, 503, 504))
     assert answered == sent + len(idle)
     assert max(seconds for _, seconds in answers) < TIMEOUT_S + 1.0
     # and as the server saw it: every answer within the bucket that holds TIMEOUT_S + 1 s
-    in_time = metric(text, 'batchserve_request_duration_seconds_bucket{le="2.5"}')
-    assert in_time == metric(text, "batchserve_request_duration_seconds_count") == answered
+    in_time = sample(text, "batchserve_request_duration_seconds_bucket", le="2.5")
+    assert in_time == sample(text, "batchserve_request_duration_seconds_count") == answered
     assert rss_after - rss_before < 64 * 2**20, (rss_before, rss_after)
     assert health.status_code == 200 and health.json()["status"] == "ready"
     # back to idle speed: a backlog would add whole SLEEP_S model calls to each lone request
     assert statistics.median(after) < 2 * statistics.median(idle) + SLEEP_S
-
-
-async def wait_until_async(predicate, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + WAIT_S
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)

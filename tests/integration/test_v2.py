@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import httpx
 import numpy as np
+import orjson
 import pytest
 import torch
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from app.models.builtin import linear_module
-from tests.conftest import live_server, make_settings
+from tests.conftest import live_server, make_settings, sample
 
 pytestmark = pytest.mark.slow
 
@@ -45,21 +46,92 @@ def test_infer_matches_the_model(server, binary_in: bool, binary_out: bool) -> N
 
 
 def test_no_outputs_named_means_all_in_binary(server) -> None:  # type: ignore[no-untyped-def]
-    x = np.ones((2, 4), dtype=np.float64)  # FP64 in: converted like JSON numbers
-    inp = triton.InferInput("INPUT0", [2, 4], "FP64")
+    x = np.ones((2, 4), dtype=np.float32)
+    inp = triton.InferInput("INPUT0", [2, 4], "FP32")
     inp.set_data_from_numpy(x)
     got = client_for(server.url).infer("linear", [inp]).as_numpy("OUTPUT0")
-    np.testing.assert_allclose(got, expected(x.astype(np.float32)), rtol=1e-6)
+    np.testing.assert_allclose(got, expected(x), rtol=1e-6)
 
 
 def test_health_and_metadata(server) -> None:  # type: ignore[no-untyped-def]
     client = client_for(server.url)
     assert client.is_server_live() and client.is_server_ready()
-    assert client.is_model_ready("linear")
+    assert client.is_model_ready("linear") and client.is_model_ready("linear", "1")
     meta = client.get_model_metadata("linear")
     assert meta["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 4]}]
     assert meta["outputs"] == [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 2]}]
-    assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
+    assert {"binary_tensor_data", "model_configuration"} <= set(
+        client.get_server_metadata()["extensions"]
+    )
+
+
+def test_config_is_tritons(server) -> None:  # type: ignore[no-untyped-def]
+    config = client_for(server.url).get_model_config("linear")
+    assert config["name"] == "linear" and config["max_batch_size"] == 32
+    assert config["input"][0] | {"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]} \
+        == config["input"][0]
+    assert [(o["name"], o["data_type"], o["dims"]) for o in config["output"]] \
+        == [("OUTPUT0", "TYPE_FP32", [2])]
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 5000
+    assert config["instance_group"][0]["kind"] == "KIND_CPU"
+    assert httpx.get(server.url + "/v2/models/linear/versions/1/config").json() == config
+    r = httpx.get(server.url + "/v2/models/linear/versions/7/config")
+    assert r.status_code == 404 and "no version '7'" in r.json()["error"]
+
+
+def test_undeclared_outputs_are_learned_at_warm_up() -> None:
+    """A module that declares no output shape: the warm-up's results give the real one."""
+    with live_server(make_settings(model="tests.fakes:pair_module")) as srv:
+        meta = client_for(srv.url).get_model_metadata("pair_module")
+        config = client_for(srv.url).get_model_config("pair_module")
+    assert meta["outputs"] == [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 2, 3]}]
+    assert config["output"][0]["dims"] == [2, 3]
+
+
+def infer_json(url: str, body: object, model: str = "linear") -> httpx.Response:
+    return httpx.post(f"{url}/v2/models/{model}/infer", json=body)
+
+
+def one_input(**fields: object) -> dict[str, object]:
+    tensor = {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
+    return {"inputs": [tensor | fields]}
+
+
+@pytest.mark.parametrize(
+    ("body", "contains"),
+    [
+        (one_input(name="X"), "unexpected inference input 'X' for model 'linear'"),
+        (one_input(datatype="FP64"), "data-type is 'FP64', but model 'linear' expects 'FP32'"),
+        (one_input(shape=[1, 3], data=[1, 2, 3]), "expected shape [4], got [3]"),
+        (one_input(shape=[1, 4294967296, 4294967296]), "got [4294967296, 4294967296] per row"),
+        (one_input(shape=[2, 4]), "4 values do not fill shape [2, 4]"),
+        (one_input(data=["a", "b", "c", "d"]), "not a list of FP32 numbers"),
+        ({"inputs": []}, "expected 1 input tensor"),
+        ({**one_input(), "outputs": [{"name": "X"}]}, "unexpected inference output 'X'"),
+    ],
+)
+def test_client_mistakes_get_400(server, body: object, contains: str) -> None:  # type: ignore[no-untyped-def]
+    r = infer_json(server.url, body)
+    assert r.status_code == 400, r.text
+    assert contains in r.json()["error"]
+
+
+def test_overflowing_binary_shape_is_400(server) -> None:  # type: ignore[no-untyped-def]
+    header = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4294967296, 4294967296],
+                                       "datatype": "FP32",
+                                       "parameters": {"binary_data_size": 16}}]})
+    r = httpx.post(server.url + "/v2/models/linear/infer", content=header + bytes(16),
+                   headers={"Inference-Header-Content-Length": str(len(header))})
+    assert r.status_code == 400 and "expected shape [4]" in r.json()["error"]
+
+
+def test_an_outputs_own_choice_wins_over_the_requests(server) -> None:  # type: ignore[no-untyped-def]
+    body = {**one_input(), "parameters": {"binary_data_output": True},
+            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": False}}]}
+    r = infer_json(server.url, body)
+    assert r.status_code == 200 and "inference-header-content-length" not in r.headers
+    assert r.json()["outputs"][0]["data"] == pytest.approx(expected(
+        np.array([[1, 2, 3, 4]], dtype=np.float32)).reshape(-1).tolist(), rel=1e-6)
 
 
 def test_errors_use_the_protocol_form(server) -> None:  # type: ignore[no-untyped-def]
@@ -71,26 +143,23 @@ def test_errors_use_the_protocol_form(server) -> None:  # type: ignore[no-untype
     with pytest.raises(InferenceServerException, match="unknown model"):
         client.get_model_metadata("nope")
     r = httpx.post(server.url + "/v2/models/linear/infer", content=b"{")
-    assert r.status_code == 422 and isinstance(r.json()["error"], str)
+    assert r.status_code == 400 and isinstance(r.json()["error"], str)
     r = httpx.post(server.url + "/v2/models/linear/infer",
                    json={"inputs": [{"name": "INPUT0", "shape": [9, 4], "datatype": "FP32",
                                      "data": [0.0] * 36}]})
     assert r.status_code == 413 and "limit of 8" in r.json()["error"]
     r = httpx.post(server.url + "/v2/models/nope/infer", json={})
     assert r.status_code == 404 and "unknown model" in r.json()["error"]
-    r = httpx.post(server.url + "/v2/models/linear/infer",
-                   json={"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32",
-                                     "data": [1, 2, 3, 4]}], "outputs": [{"name": "X"}]})
-    assert r.status_code == 422 and "unknown output" in r.json()["error"]
 
 
 def test_rows_join_the_same_batcher(server) -> None:  # type: ignore[no-untyped-def]
-    before = server.app.state.metrics.batch_size._sum.get()
+    registry = server.app.state.service.metrics.registry
+    before = sample(registry, "batchserve_batch_size_sum")
     x = np.zeros((5, 4), dtype=np.float32)
     inp = triton.InferInput("INPUT0", [5, 4], "FP32")
     inp.set_data_from_numpy(x, binary_data=False)
     client_for(server.url).infer("linear", [inp])
-    assert server.app.state.metrics.batch_size._sum.get() - before == 5
+    assert sample(registry, "batchserve_batch_size_sum") - before == 5
 
 
 @pytest.mark.parametrize("binary", [True, False])
@@ -99,6 +168,9 @@ def test_text_model_with_bytes(binary: bool) -> None:
 
     handler = MiniLMHandler()
     with live_server(make_settings(model="minilm"), handler) as srv:
+        config = client_for(srv.url).get_model_config("minilm")
+        assert config["input"][0]["data_type"] == "TYPE_STRING"
+        assert config["output"][0]["dims"] == [384]
         texts = np.array([b"Hello, world.", "Übung".encode()], dtype=object)
         inp = triton.InferInput("INPUT0", [2], "BYTES")
         inp.set_data_from_numpy(texts, binary_data=binary)

@@ -3,11 +3,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from app.cli import build_parser
 from app.config import ConfigError, Settings, load_settings
-from app.service import resolve_devices
 
 
 def test_defaults_match_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,6 +44,29 @@ def test_contradictions_are_refused_naming_both() -> None:
         load_settings(None, {"max_instances": 50, "queue_capacity": 10})
 
 
+@pytest.mark.parametrize(
+    ("given", "derived"),
+    [
+        ({"queue_capacity": 4}, {"max_instances": 4}),
+        ({"max_instances": 3000}, {"queue_capacity": 3000}),
+        ({"request_timeout_s": 0.004}, {"max_wait_ms": 2.0}),
+        ({"max_wait_ms": 40_000}, {"request_timeout_s": 80.0}),
+        ({"queue_capacity": 4, "max_instances": 2}, {"max_instances": 2}),
+    ],
+)
+def test_defaults_give_way_to_what_the_user_set(given: dict, derived: dict) -> None:
+    """A default never contradicts a value the user set; only explicit values can clash."""
+    s = load_settings(None, given)
+    assert {k: getattr(s, k) for k in derived} == derived
+    assert s.explicit == set(given)
+
+
+def test_the_environment_alone_gives_a_working_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHSERVE_QUEUE_CAPACITY", "4")
+    s = load_settings()
+    assert (s.queue_capacity, s.max_instances) == (4, 4) and s.explicit == {"queue_capacity"}
+
+
 def test_bad_values_and_unknown_keys(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="max_batch_size"):
         load_settings(None, {"max_batch_size": 0})
@@ -72,13 +93,3 @@ def test_every_setting_has_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
     text = capsys.readouterr().out
     for name in Settings.model_fields:
         assert "--" + name.replace("_", "-") in text
-
-
-def test_device_names() -> None:
-    assert resolve_devices("cpu,cpu") == [torch.device("cpu")] * 2
-    if not torch.cuda.is_available():
-        assert resolve_devices("auto") == [torch.device("cpu")]
-        with pytest.raises(ValueError, match="no such CUDA device"):
-            resolve_devices("cuda:0")
-    with pytest.raises(ValueError):
-        resolve_devices("tpu")

@@ -1,7 +1,7 @@
 """Property tests of every decoder a client's bytes reach: whatever comes in, the answer is a
 valid decoded value or a ServeError (422/413) with a message; never another exception.
 
-Covers app/api/body.py, the tensor and text handlers' ``decode`` and app/v2.py's parser.
+Covers app/payload.py, the tensor and text handlers' ``decode`` and app/api/v2/codec.py's parser.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from app.api.body import instances_of, parse_json
+from app.api.v2.codec import parse_request
 from app.errors import InvalidInput, PayloadTooLarge, ServeError
 from app.models.builtin import linear_handler
+from app.models.signature import DATATYPES, TensorSpec
 from app.models.tensor import TensorHandler
-from app.v2 import DATATYPES, parse_request
+from app.payload import instances_of, parse_json
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -162,25 +163,48 @@ v2_payloads = st.fixed_dictionaries(
 )
 
 
+# The model's one input as the parser is told it: undeclared shape (element counts come from the
+# request alone), a declared [4], a text input.
+v2_specs = st.sampled_from([
+    TensorSpec("INPUT0", "FP32", None), TensorSpec("INPUT0", "FP32", (4,)),
+    TensorSpec("INPUT0", "INT64", (-1, 2)), TensorSpec("INPUT0", "BYTES", (1,)),
+])
+v2_outputs = st.none() | st.just([TensorSpec("OUTPUT0", "FP32", (2,))])
+OVERFLOW = [1, 4294967296, 4294967296]  # 2**64 elements: np.prod wraps to 0
+
+
 @SETTINGS
-@given(payload=v2_payloads, binary=st.binary(max_size=64), header=st.booleans())
-@example(payload={"inputs": [{"name": "x", "shape": [1, 2**62, 4], "datatype": "FP32",
-                              "data": [1.0]}]}, binary=b"", header=False)
-@example(payload={"inputs": [{"name": "x", "shape": [2**64], "datatype": "FP32",
-                              "data": [1.0]}]}, binary=b"", header=False)
-@example(payload={"inputs": [{"name": "x", "shape": [1, 4], "datatype": "BYTES",
+@given(payload=v2_payloads, binary=st.binary(max_size=64), header=st.booleans(), spec=v2_specs,
+       outputs=v2_outputs)
+@example(payload={"inputs": [{"name": "INPUT0", "shape": [1, 2**62, 4], "datatype": "FP32",
+                              "data": [1.0]}]}, binary=b"", header=False,
+         spec=TensorSpec("INPUT0", "FP32", None), outputs=None)
+@example(payload={"inputs": [{"name": "INPUT0", "shape": OVERFLOW, "datatype": "FP32",
+                              "data": []}]}, binary=b"", header=False,
+         spec=TensorSpec("INPUT0", "FP32", None), outputs=None)
+@example(payload={"inputs": [{"name": "INPUT0", "shape": OVERFLOW, "datatype": "FP32",
+                              "parameters": {"binary_data_size": 0}}]}, binary=b"", header=True,
+         spec=TensorSpec("INPUT0", "FP32", None), outputs=None)
+@example(payload={"inputs": [{"name": "INPUT0", "shape": OVERFLOW, "datatype": "BYTES",
+                              "parameters": {"binary_data_size": 0}}]}, binary=b"", header=True,
+         spec=TensorSpec("INPUT0", "BYTES", (1,)), outputs=None)
+@example(payload={"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "BYTES",
                               "parameters": {"binary_data_size": 8}}]},
-         binary=b"\x04\x00\x00\x00\xff\xfe\xfd\xfc", header=True)
-def test_v2_parse_never_crashes(payload: dict[str, Any], binary: bytes, header: bool) -> None:
+         binary=b"\x04\x00\x00\x00\xff\xfe\xfd\xfc", header=True,
+         spec=TensorSpec("INPUT0", "BYTES", (1,)), outputs=None)
+def test_v2_parse_never_crashes(payload: dict[str, Any], binary: bytes, header: bool,
+                                spec: TensorSpec, outputs: list[TensorSpec] | None) -> None:
     json_part = dumps(payload)
     body = json_part + binary if header else json_part
     length = str(len(json_part)) if header else None
     try:
-        request = parse_request(body, length, max_rows=8)
+        request = parse_request(body, length, 8, "m", spec, outputs)
     except ServeError as exc:
         assert exc.status in (413, 422) and exc.message
         return
     assert 1 <= len(request.rows) <= 8
+    tensor = payload["inputs"][0]
+    assert tensor["name"] == spec.name and tensor["datatype"] == spec.datatype
 
 
 @SETTINGS
@@ -189,6 +213,6 @@ def test_v2_parse_never_crashes(payload: dict[str, Any], binary: bytes, header: 
 @example(body=b"{}", length="\u0663")  # Arabic-Indic three: int() takes it, we do not
 def test_v2_parse_raw_bytes(body: bytes, length: str | None) -> None:
     try:
-        parse_request(body, length, max_rows=8)
+        parse_request(body, length, 8, "m", TensorSpec("INPUT0", "FP32", None))
     except ServeError as exc:
         assert exc.status in (413, 422)

@@ -13,12 +13,12 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from app.errors import DeadlineExceeded, ModelError, Unavailable
+from app.errors import ConfigError, DeadlineExceeded, ModelError, Unavailable
 from app.metrics import Metrics
 from app.models.base import ModelHandler
 from app.service import InferenceService, resolve_devices
 from app.worker import WorkerState
-from tests.conftest import make_settings, wait_until
+from tests.conftest import make_settings, sample, wait_until
 from tests.fakes import (
     BrokenLoadHandler,
     CrashingHandler,
@@ -28,8 +28,6 @@ from tests.fakes import (
     OOMHandler,
     WrongLengthHandler,
 )
-
-pytestmark = pytest.mark.asyncio
 
 
 @asynccontextmanager
@@ -53,11 +51,13 @@ async def call(service: InferenceService, values: list[Any], timeout_s: float = 
     return await service.result(request)
 
 
+@pytest.mark.asyncio
 async def test_results_come_back_in_order() -> None:
     async with running(EchoHandler()) as service:
         assert [float(x) for x in await call(service, [1, 2, 3])] == [2.0, 4.0, 6.0]
 
 
+@pytest.mark.asyncio
 async def test_queued_requests_share_a_batch() -> None:
     handler = GatedHandler()
     async with running(handler) as service:
@@ -70,6 +70,7 @@ async def test_queued_requests_share_a_batch() -> None:
     assert handler.batches == [[0.0], [float(i) for i in range(1, 9)]]
 
 
+@pytest.mark.asyncio
 async def test_a_full_queue_refuses_whole_requests() -> None:
     handler = GatedHandler()
     async with running(handler, queue_capacity=4, max_instances=4) as service:
@@ -90,6 +91,7 @@ async def test_a_full_queue_refuses_whole_requests() -> None:
     assert 4.0 not in handler.seen and 5.0 not in handler.seen
 
 
+@pytest.mark.asyncio
 async def test_expired_items_are_dropped_not_computed() -> None:
     handler = GatedHandler()
     async with running(handler) as service:
@@ -101,10 +103,10 @@ async def test_expired_items_are_dropped_not_computed() -> None:
         await first
         await call(service, [8])  # FIFO: by now the expired item has been taken and dropped
     assert 7.0 not in handler.seen and handler.seen == [0.0, 8.0]
-    dropped = service.metrics.dropped.labels(reason="expired")._value.get()
-    assert dropped == 1
+    assert sample(service.metrics.registry, "batchserve_dropped_items_total", reason="expired") == 1
 
 
+@pytest.mark.asyncio
 async def test_a_failing_batch_fails_only_its_items() -> None:
     handler = FailingHandler()
     async with running(handler) as service:
@@ -114,6 +116,7 @@ async def test_a_failing_batch_fails_only_its_items() -> None:
         assert [float(x) for x in await call(service, [5])] == [10.0]
 
 
+@pytest.mark.asyncio
 async def test_wrong_output_count_fails_the_batch(caplog: pytest.LogCaptureFixture) -> None:
     async with running(WrongLengthHandler()) as service:
         with pytest.raises(ModelError):
@@ -121,6 +124,7 @@ async def test_wrong_output_count_fails_the_batch(caplog: pytest.LogCaptureFixtu
     assert "model returned 1 rows for a batch of 2" in caplog.text
 
 
+@pytest.mark.asyncio
 async def test_out_of_memory_splits_and_lowers_the_limit() -> None:
     handler = OOMHandler(fits=2)
     async with running(handler, max_batch_size=8) as service:
@@ -136,6 +140,7 @@ async def test_out_of_memory_splits_and_lowers_the_limit() -> None:
         assert [float(x) for x in await call(service, [1])] == [2.0]
 
 
+@pytest.mark.asyncio
 async def test_a_dead_device_thread_is_reported_and_restarted() -> None:
     handler = CrashingHandler()
     async with running(handler) as service:
@@ -149,6 +154,7 @@ async def test_a_dead_device_thread_is_reported_and_restarted() -> None:
         assert [float(x) for x in await call(service, [1])] == [2.0]
 
 
+@pytest.mark.asyncio
 async def test_a_model_that_cannot_load_is_not_ready() -> None:
     async with running(BrokenLoadHandler(), ready=False) as service:
         await wait_until(lambda: service.load_failed, "load failure seen")
@@ -158,6 +164,7 @@ async def test_a_model_that_cannot_load_is_not_ready() -> None:
         assert info.value.type == "unhealthy"
 
 
+@pytest.mark.asyncio
 async def test_two_cpu_replicas_share_the_queue() -> None:
     handler = GatedHandler()
     async with running(handler, devices="cpu,cpu", max_batch_size=1) as service:
@@ -170,6 +177,7 @@ async def test_two_cpu_replicas_share_the_queue() -> None:
     assert sorted(handler.seen) == [0.0, 1.0]
 
 
+@pytest.mark.asyncio
 async def test_stop_answers_everything_queued() -> None:
     handler = GatedHandler()
     async with running(handler) as service:
@@ -184,6 +192,7 @@ async def test_stop_answers_everything_queued() -> None:
         assert sorted(float(r[0]) for r in await asyncio.gather(*tasks)) == [0, 2, 4, 6, 8]
 
 
+@pytest.mark.asyncio
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 async def test_pipelined_cuda_worker_answers_every_request_in_order() -> None:
@@ -197,3 +206,13 @@ async def test_pipelined_cuda_worker_answers_every_request_in_order() -> None:
         want = handler.load(torch.device("cpu"))(torch.tensor(instances)).numpy()
     got = np.stack([r[0] for r in results])
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+
+
+def test_device_names() -> None:
+    assert resolve_devices("cpu,cpu") == [torch.device("cpu")] * 2
+    if not torch.cuda.is_available():
+        assert resolve_devices("auto") == [torch.device("cpu")]
+        with pytest.raises(ConfigError, match="no such CUDA device"):
+            resolve_devices("cuda:0")
+    with pytest.raises(ConfigError):
+        resolve_devices("tpu")

@@ -1,45 +1,45 @@
 """Open Inference Protocol v2 (KServe v2 / Triton HTTP) tensors, JSON and binary extension.
 
 Pure functions: bytes in, numpy out and back. A request carries one input tensor whose first
-dimension is the batch; each row becomes one item for the same batcher as /predict.
+dimension is the batch; each row becomes one item for the same batcher as /predict. Every client
+mistake raises InvalidInput (a 400 on the v2 routes) naming what is wrong, as Triton words it.
 """
 
 from __future__ import annotations
 
+import math
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import orjson
 
 from app.errors import InvalidInput, PayloadTooLarge
+from app.models.signature import DATATYPES, TensorSpec, datatype_of, output_columns
 
 HEADER_LENGTH = "inference-header-content-length"
-
-DATATYPES: dict[str, np.dtype[Any]] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"),
-    "INT8": np.dtype("<i1"), "INT16": np.dtype("<i2"),
-    "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
-}
-_NAMES = {dtype: name for name, dtype in DATATYPES.items()}
 
 
 @dataclass
 class InferRequest:
     id: str | None
-    input_name: str
     rows: list[Any]  # one per batch row: a numpy array, or a str for BYTES
     outputs: list[str] | None  # names asked for (None: all)
-    binary: set[str] = field(default_factory=set)  # outputs to send as binary data
-    binary_all: bool = False
+    binary: dict[str, bool]  # an output's own binary_data choice, where it made one
+    binary_all: bool = False  # the request's binary_data_output
+
+    def wants_binary(self, name: str) -> bool:
+        """An output's own ``binary_data`` wins over the request's ``binary_data_output``."""
+        return self.binary.get(name, self.binary_all)
 
 
-def parse_request(body: bytes, header_length: str | None, max_rows: int) -> InferRequest:
-    """Parse an infer request (JSON, or JSON header + binary tensors). Raises InvalidInput."""
+def parse_request(
+    body: bytes, header_length: str | None, max_rows: int, model: str, expected: TensorSpec,
+    outputs: list[TensorSpec] | None = None,
+) -> InferRequest:
+    """Parse an infer request (JSON, or JSON header + binary tensors) for a model whose one input
+    is ``expected``; ``outputs`` (if known) are the names a request may ask for."""
     json_part, binary = body, b""
     if header_length is not None:
         digits = header_length.isascii() and header_length.isdigit()  # not "²" or "٣"
@@ -55,20 +55,43 @@ def parse_request(body: bytes, header_length: str | None, max_rows: int) -> Infe
         raise InvalidInput("request must be a JSON object")
     inputs = payload.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
-        raise InvalidInput("request must have exactly one input tensor in 'inputs'")
-    tensor = inputs[0]
+        raise InvalidInput(
+            f"expected 1 input tensor in 'inputs' for model '{model}' ({expected.name})"
+        )
+    rows = _rows(inputs[0], binary, max_rows, model, expected)
+    names, binary_out = _requested_outputs(payload, model, outputs)
+    request_params = payload.get("parameters") or {}
+    binary_all = (
+        isinstance(request_params, dict) and request_params.get("binary_data_output") is True
+    )
+    request_id = payload.get("id")
+    return InferRequest(
+        request_id if isinstance(request_id, str) else None, rows, names, binary_out, binary_all
+    )
+
+
+def _rows(tensor: dict[str, Any], binary: bytes, max_rows: int, model: str,
+          expected: TensorSpec) -> list[Any]:
     name, shape, datatype = tensor.get("name"), tensor.get("shape"), tensor.get("datatype")
     if not isinstance(name, str):
         raise InvalidInput("input needs a string 'name'")
+    if name != expected.name:
+        raise InvalidInput(
+            f"unexpected inference input '{name}' for model '{model}'; it has '{expected.name}'"
+        )
     if (not isinstance(shape, list) or not shape
             or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
         raise InvalidInput(f"input '{name}': 'shape' must be a non-empty list of sizes")
+    if datatype != expected.datatype:
+        raise InvalidInput(
+            f"inference input '{name}' data-type is '{datatype}', but model '{model}' expects "
+            f"'{expected.datatype}'"
+        )
     if shape[0] == 0:
         raise InvalidInput(f"input '{name}': the batch dimension is 0; send at least one row")
     if shape[0] > max_rows:
         raise PayloadTooLarge(f"{shape[0]} rows is more than the limit of {max_rows} per request")
-    if datatype != "BYTES" and datatype not in DATATYPES:
-        raise InvalidInput(f"input '{name}': unsupported datatype {datatype!r}")
+    _check_item_shape(name, shape, expected)
     params = tensor.get("parameters") or {}
     size = params.get("binary_data_size") if isinstance(params, dict) else None
     if size is not None:
@@ -79,45 +102,62 @@ def parse_request(body: bytes, header_length: str | None, max_rows: int) -> Infe
         array = _from_json(tensor["data"], datatype, shape, name)
     else:
         raise InvalidInput(f"input '{name}': no 'data' and no binary_data_size")
-    rows: list[Any]
     if datatype == "BYTES":
-        if int(np.prod(shape[1:])) != 1:
+        return [_text(v, name, i) for i, v in enumerate(array.reshape(shape[0]))]
+    return list(array)
+
+
+def _check_item_shape(name: str, shape: list[int], expected: TensorSpec) -> None:
+    """A row's shape must be the model's (where it declares one); a text row is one string."""
+    if expected.datatype == "BYTES":
+        if math.prod(shape[1:]) != 1:
             raise InvalidInput(f"input '{name}': BYTES input must have one element per row")
-        rows = [_text(v, name, i) for i, v in enumerate(array.reshape(shape[0]))]
-    else:
-        rows = list(array)
-    outputs, binary_out = _requested_outputs(payload)
-    request_params = payload.get("parameters") or {}
-    binary_all = (
-        isinstance(request_params, dict) and request_params.get("binary_data_output") is True
-    )
-    request_id = payload.get("id")
-    return InferRequest(
-        request_id if isinstance(request_id, str) else None, name, rows, outputs, binary_out,
-        binary_all,
+        return
+    want = expected.shape
+    if want is None or len(want) == len(shape) - 1 and all(
+        w in (-1, d) for w, d in zip(want, shape[1:], strict=True)
+    ):
+        return
+    raise InvalidInput(
+        f"unexpected shape for input '{name}': expected shape {_dims(want)}, "
+        f"got {_dims(tuple(shape[1:]))} per row"
     )
 
 
-def _requested_outputs(payload: dict[str, Any]) -> tuple[list[str] | None, set[str]]:
+def _dims(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _requested_outputs(
+    payload: dict[str, Any], model: str, known: list[TensorSpec] | None
+) -> tuple[list[str] | None, dict[str, bool]]:
     outputs = payload.get("outputs")
     if outputs is None:
-        return None, set()
+        return None, {}
     if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
         raise InvalidInput("'outputs' must be a list of objects")
-    names, binary = [], set()
+    names, binary = [], {}
+    known_names = None if known is None else [spec.name for spec in known]
     for out in outputs:
         name = out.get("name")
         if not isinstance(name, str):
             raise InvalidInput("each requested output needs a string 'name'")
+        if known_names is not None and name not in known_names:
+            raise InvalidInput(unknown_output(name, model, known_names))
         names.append(name)
         params = out.get("parameters") or {}
-        if isinstance(params, dict) and params.get("binary_data") is True:
-            binary.add(name)
+        choice = params.get("binary_data") if isinstance(params, dict) else None
+        if isinstance(choice, bool):
+            binary[name] = choice
     return names, binary
 
 
+def unknown_output(name: str, model: str, known: list[str]) -> str:
+    return f"unexpected inference output '{name}' for model '{model}'; it has {sorted(known)}"
+
+
 def _from_json(data: Any, datatype: str, shape: list[int], name: str) -> np.ndarray:
-    count = int(np.prod(shape))
+    count = math.prod(shape)  # Python ints: a huge shape cannot wrap around
     if datatype == "BYTES":
         flat = np.asarray(data, dtype=object).reshape(-1) if isinstance(data, list) else None
         if flat is None or flat.size != count:
@@ -133,7 +173,7 @@ def _from_json(data: Any, datatype: str, shape: list[int], name: str) -> np.ndar
 
 
 def _from_binary(raw: bytes, datatype: str, shape: list[int], name: str) -> np.ndarray:
-    count = int(np.prod(shape))
+    count = math.prod(shape)
     if datatype == "BYTES":
         values, offset = [], 0
         while offset < len(raw):
@@ -167,43 +207,49 @@ def _text(value: Any, name: str, row: int) -> str:
     raise InvalidInput(f"input '{name}' row {row}: expected a string")
 
 
-def output_tensors(results: list[Any], default_name: str) -> dict[str, np.ndarray]:
-    """Stack per-item results into named output tensors (dict results give one per key)."""
-    if results and isinstance(results[0], dict):
-        return {k: np.stack([np.asarray(r[k]) for r in results]) for k in results[0]}
-    return {default_name: np.stack([np.asarray(r) for r in results])}
+def output_tensors(results: list[Any]) -> dict[str, np.ndarray]:
+    """Stack per-item results into named output tensors (app.models.signature names them)."""
+    columns = [output_columns(r) for r in results]
+    return {name: np.stack([np.asarray(c[name]) for c in columns]) for name in columns[0]}
 
 
-def datatype_of(array: np.ndarray) -> str:
-    dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
-    name = _NAMES.get(dtype)
-    if name is None:
-        raise ValueError(f"no v2 datatype for numpy {array.dtype}")
-    return name
+def _as_bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode("utf-8")
+
+
+def _to_binary(array: np.ndarray, datatype: str) -> bytes:
+    """Row-major raw data; BYTES elements each prefixed by their 4-byte little-endian length."""
+    if datatype == "BYTES":
+        parts = [_as_bytes(v) for v in array.reshape(-1)]
+        return b"".join(struct.pack("<I", len(p)) + p for p in parts)
+    return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
 def encode_response(
-    model_name: str, request: InferRequest, tensors: dict[str, np.ndarray]
+    model_name: str, version: str, request: InferRequest, tensors: dict[str, np.ndarray]
 ) -> tuple[bytes, int | None]:
     """(body, header length or None). Binary outputs follow the JSON header, in output order."""
     names = request.outputs if request.outputs is not None else list(tensors)
-    unknown = [n for n in names if n not in tensors]
-    if unknown:
-        raise InvalidInput(f"unknown output {unknown[0]!r}; this model has {sorted(tensors)}")
+    for name in names:
+        if name not in tensors:
+            raise InvalidInput(unknown_output(name, model_name, list(tensors)))
     entries, blobs = [], []
     for name in names:
         array = np.ascontiguousarray(tensors[name])
         entry: dict[str, Any] = {
             "name": name, "datatype": datatype_of(array), "shape": list(array.shape),
         }
-        if request.binary_all or name in request.binary:
-            raw = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        if request.wants_binary(name):
+            raw = _to_binary(array, entry["datatype"])
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
+        elif entry["datatype"] == "BYTES":
+            entry["data"] = [_as_bytes(v).decode("utf-8", "replace") for v in array.reshape(-1)]
         else:
             entry["data"] = array.reshape(-1)
         entries.append(entry)
-    header: dict[str, Any] = {"model_name": model_name, "model_version": "1", "outputs": entries}
+    header: dict[str, Any] = {"model_name": model_name, "model_version": version,
+                              "outputs": entries}
     if request.id is not None:
         header["id"] = request.id
     json_part = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -11,10 +11,10 @@ import socket
 import redis.asyncio as aioredis
 
 from app.config import Settings
-from app.jobs import JobWorker
-from app.metrics import JobMetrics, Metrics
-from app.models.registry import load_handler
-from app.service import InferenceService, resolve_devices
+from app.jobs.worker import JobWorker
+from app.metrics import JobMetrics
+from app.process import freeze_startup_objects, tune_for_serving
+from app.service import build_service
 
 log = logging.getLogger("batchserve.jobs")
 
@@ -27,10 +27,9 @@ def consumer_name() -> str:
 
 async def run_worker(settings: Settings) -> int:
     """Load the model, serve jobs until SIGTERM/SIGINT, finish what is held. Exit code."""
-    devices = resolve_devices(settings.devices)
-    handler = load_handler(settings.model, settings.model_name)
-    metrics = Metrics.create()
-    service = InferenceService(settings, handler, metrics, devices)
+    tune_for_serving()
+    service = build_service(settings)
+    metrics = service.metrics
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -38,10 +37,13 @@ async def run_worker(settings: Settings) -> int:
     await service.start()
     try:
         while service.status != "ready":
-            if service.load_failed or stop.is_set():
-                log.critical("the model failed to load" if service.load_failed else "stopped")
-                return 1 if service.load_failed else 0
+            if service.load_failed:
+                log.critical("the model failed to load (%s); exiting", service.load_error)
+                return 1
+            if stop.is_set():
+                return 0
             await asyncio.sleep(0.05)
+        freeze_startup_objects()
         if settings.worker_metrics_port is not None:
             from prometheus_client import start_http_server
 

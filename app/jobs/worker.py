@@ -1,8 +1,7 @@
-"""Job-queue mode: jobs from a Redis stream through the same bounded queue and device threads.
+"""JobWorker: jobs from a Redis stream through the same bounded queue and device threads.
 
-Contract (../shared/DESIGN.md, "Job-queue mode"): a job is a stream entry with one field ``job``,
-JSON ``{"id", "instances"}``. Its result goes to ``batchserve:result:<id>`` and is announced on
-``batchserve:results``; only then is the entry acknowledged and deleted. A worker holds a lease on
+A job's result goes to ``batchserve:result:<id>`` and is announced on ``batchserve:results``
+(app/jobs/protocol.py); only then is the entry acknowledged and deleted. A worker holds a lease on
 each job it reads (the group's pending entry), renews it while working, and takes over the jobs
 of lost workers once their lease has run out (XAUTOCLAIM). Everything in this module runs on the
 event loop of ``batchserve worker``.
@@ -13,61 +12,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from app.api.body import instances_of
 from app.config import Settings
 from app.errors import ServeError, Unavailable
+from app.jobs.protocol import (
+    RESULT_KEY,
+    RESULTS_MAXLEN,
+    RESULTS_STREAM,
+    Job,
+    dead_stream,
+    error_result,
+    parse_job,
+)
 from app.metrics import JobMetrics
 from app.service import InferenceService
 
 log = logging.getLogger("batchserve.jobs")
 
-RESULT_KEY = "batchserve:result:"
-RESULTS_STREAM = "batchserve:results"
-RESULTS_MAXLEN = 100_000  # announcements kept (approximately); results live under their keys
 BUSY_RETRY_S = 0.005
 READ_BLOCK_MS = 500  # how long one read waits for new jobs; bounds the reaction to SIGTERM
-
-
-def dead_stream(settings: Settings) -> str:
-    return settings.job_stream + ":dead"
-
-
-@dataclass(frozen=True)
-class Job:
-    """A parsed stream entry: ``id`` None means the entry has no usable id."""
-
-    entry: str
-    id: str | None
-    instances: list[Any] | None
-    error: ServeError | None
-    raw: bytes
-
-
-def parse_job(entry: str, fields: dict[bytes, bytes], max_instances: int) -> Job:
-    """Never raises: a malformed job comes back with ``id`` None or an ``error``."""
-    raw = fields.get(b"job", b"")
-    try:
-        payload = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return Job(entry, None, None, None, raw)
-    job_id = payload.get("id") if isinstance(payload, dict) else None
-    if not isinstance(job_id, str) or not job_id:
-        return Job(entry, None, None, None, raw)
-    try:
-        return Job(entry, job_id, instances_of(payload, max_instances), None, raw)
-    except ServeError as exc:
-        return Job(entry, job_id, None, exc, raw)
-
-
-def error_result(job_id: str, type_: str, message: str) -> dict[str, Any]:
-    return {"id": job_id, "status": "error", "error": {"type": type_, "message": message}}
 
 
 class JobWorker:
@@ -260,7 +228,8 @@ class JobWorker:
             pipe.xadd(RESULTS_STREAM, {"id": result["id"]}, maxlen=RESULTS_MAXLEN,
                       approximate=True)
         if dead_reason is not None:
-            pipe.xadd(dead_stream(s), {"job": job.raw, "reason": dead_reason, "entry": job.entry})
+            pipe.xadd(dead_stream(s.job_stream),
+                      {"job": job.raw, "reason": dead_reason, "entry": job.entry})
         pipe.xack(s.job_stream, s.job_group, job.entry)
         pipe.xdel(s.job_stream, job.entry)
         await pipe.execute()

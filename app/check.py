@@ -1,0 +1,51 @@
+"""``batchserve check-model``: load a model as the server would, run its examples, describe it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from app.config import Settings
+from app.errors import ModelLoadError
+from app.service import InferenceService, build_service
+
+POLL_S = 0.01
+
+
+async def wait_loaded(service: InferenceService) -> None:
+    """Until every device thread has loaded and warmed the model up; ModelLoadError if one
+    could not."""
+    while service.status == "loading":
+        await asyncio.sleep(POLL_S)
+    if service.load_failed:
+        raise ModelLoadError(f"the model failed to load: {service.load_error}")
+
+
+async def check_model(settings: Settings) -> list[str]:
+    """Report lines: the model's schema, load time, one batch of its examples, its outputs."""
+    service = build_service(settings)
+    handler = service.handler
+    lines = [
+        f"model: {handler.name} on {', '.join(str(d) for d in service.devices)}",
+        f"input schema (one instance): {json.dumps(handler.input_schema)}",
+    ]
+    started = time.perf_counter()
+    await service.start()
+    try:
+        await wait_loaded(service)
+        lines.append(f"load and warm-up: {(time.perf_counter() - started) * 1000:.0f} ms")
+        examples = handler.examples()
+        if not examples:
+            lines.append("no examples declared: nothing run")
+            return lines
+        started = time.perf_counter()
+        items = await service.decode(examples)
+        await service.result(service.enqueue(items, time.monotonic() + settings.request_timeout_s))
+        took_ms = (time.perf_counter() - started) * 1000
+        lines.append(f"batch: {len(items)} items in {took_ms:.1f} ms")
+        for spec in service.outputs or []:
+            lines.append(f"output {spec.name}: {spec.datatype} shape {list(spec.shape or [])}")
+        return lines
+    finally:
+        await service.stop()

@@ -1,0 +1,54 @@
+"""What a job and its result look like in Redis; shared by workers and clients (no torch here).
+
+A job is a stream entry with one field ``job``: JSON ``{"id", "instances"}``. Its result is stored
+at ``batchserve:result:<id>`` and announced on ``batchserve:results``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from app.errors import ServeError
+from app.payload import instances_of
+
+RESULT_KEY = "batchserve:result:"
+RESULTS_STREAM = "batchserve:results"
+RESULTS_MAXLEN = 100_000  # announcements kept (approximately); results live under their keys
+
+
+def dead_stream(job_stream: str) -> str:
+    return job_stream + ":dead"
+
+
+@dataclass(frozen=True)
+class Job:
+    """A parsed stream entry: ``id`` None means the entry has no usable id."""
+
+    entry: str
+    id: str | None
+    instances: list[Any] | None
+    error: ServeError | None
+    raw: bytes
+
+
+def parse_job(entry: str, fields: dict[bytes, bytes], max_instances: int) -> Job:
+    """Never raises: a malformed job comes back with ``id`` None or an ``error``."""
+    raw = fields.get(b"job", b"")
+    try:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return Job(entry, None, None, None, raw)
+    job_id = payload.get("id") if isinstance(payload, dict) else None
+    if not isinstance(job_id, str) or not job_id:
+        return Job(entry, None, None, None, raw)
+    try:
+        return Job(entry, job_id, instances_of(payload, max_instances), None, raw)
+    except ServeError as exc:
+        return Job(entry, job_id, None, exc, raw)
+
+
+def error_result(job_id: str, type_: str, message: str) -> dict[str, Any]:
+    return {"id": job_id, "status": "error", "error": {"type": type_, "message": message}}

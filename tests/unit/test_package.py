@@ -1,0 +1,50 @@
+"""The package's face (app/__init__.py): what it exports, and what importing pieces of it costs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import app
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_public_name_resolves() -> None:
+    for name in app.__all__:
+        assert getattr(app, name) is not None, name
+    assert issubclass(app.ServeError, app.BatchServeError)
+    assert issubclass(app.ConfigError, app.BatchServeError)
+    assert issubclass(app.ModelLoadError, app.BatchServeError)
+    with pytest.raises(AttributeError):
+        app.nothing_here  # noqa: B018
+
+
+def test_the_version_is_written_once() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "version" in project["dynamic"] and "version" not in project
+    grep = ["git", "grep", "-n", "-F", "--untracked", app.__version__, "--", "app",
+            "pyproject.toml"]
+    hits = subprocess.run(grep, cwd=ROOT, capture_output=True, text=True).stdout.splitlines()
+    assert [h.split(":")[0] for h in hits] == ["app/__init__.py"], hits
+
+
+@pytest.mark.parametrize("statement", [
+    "from app.jobs.client import submit",
+    "import app; app.submit",
+    "from app.config import load_settings",
+    "import app.cli",
+])
+def test_light_imports_do_not_load_torch(statement: str) -> None:
+    code = f"{statement}; import sys; print('torch' in sys.modules, 'fastapi' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_typed_marker_ships() -> None:
+    assert (ROOT / "app" / "py.typed").is_file()
