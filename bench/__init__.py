@@ -1,1 +1,1 @@
-"""Benchmarks run by hand (``batchserve bench``); results and commands in docs/benchmarks.md."""
+"""Benchmarks run by hand (``python -m bench``); results and commands in docs/benchmarks.md."""

@@ -1,7 +1,7 @@
 """The HTTP floor: what uvicorn (httptools, uvloop) alone does on this machine.
 
 A raw ASGI app that reads the body and returns a fixed answer, served by the same uvicorn as
-batchserve, driven by the same wrk script and body as ``batchserve bench --workload linear``.
+batchserve, driven by the same wrk script and body as ``python -m bench --workload linear``.
 No serving stack can beat this number, so it is the reference for the `linear` targets.
 
     python bench/floor.py

@@ -1,4 +1,4 @@
-"""``batchserve bench --jobs N``: job-queue mode throughput with one and with two workers.
+"""``python -m bench --jobs N``: job-queue mode throughput with one and with two workers.
 
 Starts redis-server on a free loopback port and ``batchserve worker`` processes (same settings as
 the HTTP sweep), enqueues N jobs of ``--instances`` instances each with the Python client, and

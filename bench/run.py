@@ -1,4 +1,4 @@
-"""``batchserve bench``: the server against its own ceiling and against itself unbatched.
+"""``python -m bench``: the server against its own ceiling and against itself unbatched.
 
 For a workload (linear, mlp, minilm) it measures, in one run:
 - ``offline``: the model called in-process in a loop at max_batch_size (collate, forward, split),
@@ -317,7 +317,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="batchserve bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return parser

@@ -1,4 +1,4 @@
-"""``batchserve bench --soak-minutes N``: a long run at a fixed share of measured capacity.
+"""``python -m bench --soak-minutes N``: a long run at a fixed share of measured capacity.
 
 1. Start the server (same settings as the sweep) and measure its capacity with wrk (closed loop,
    concurrency 64) in items/s.

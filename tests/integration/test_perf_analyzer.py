@@ -1,0 +1,84 @@
+"""Triton's own load generator, perf_analyzer, drives the server over HTTP.
+
+It reads the model's metadata and configuration, sends binary or JSON tensors from an
+``--input-data`` file and checks every answer against that file's ``validation_data``. The binary
+is fetched by ``make tools`` (.ci/perf-analyzer); without it these tests skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, WAIT_S, LiveServer, live_server, make_settings, sample
+
+PERF_ANALYZER = Path(os.environ.get("PERF_ANALYZER",
+                                    ROOT / ".tools" / "perf_analyzer" / "perf_analyzer"))
+
+
+def _runs() -> bool:
+    try:
+        return subprocess.run([str(PERF_ANALYZER), "--version"], capture_output=True,
+                              timeout=WAIT_S).returncode == 0
+    except OSError:
+        return False
+
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not _runs(), reason="perf_analyzer is not here (make tools fetches it)"),
+]
+
+# tests.fakes:pair_module gives [x, 2x] for each row x of 3: exact in any batch, so answers can be
+# compared bit for bit, and it declares no output shape: perf_analyzer learns [2, 3] from us.
+ROWS = [[float(i), 0.5, -2.0 * i - 1.0] for i in range(6)]  # no -0.0: compared bit for bit
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LiveServer]:
+    with live_server(make_settings(model="tests.fakes:pair_module", max_instances=8)) as srv:
+        yield srv
+
+
+def input_data(path: Path, wrong: bool = False) -> Path:
+    answers = [np.stack([np.array(x), 2 * np.array(x)]) + (1.0 if wrong else 0.0) for x in ROWS]
+    path.write_text(json.dumps({
+        "data": [{"INPUT0": x} for x in ROWS],
+        "validation_data": [{"OUTPUT0": a.reshape(-1).tolist()} for a in answers],
+    }))
+    return path
+
+
+def perf_analyzer(url: str, data: Path, fmt: str, concurrency: int
+                  ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(PERF_ANALYZER), "-m", "pair_module", "-u", url.removeprefix("http://"), "-i", "http",
+         "--input-data", str(data), "--input-tensor-format", fmt, "--output-tensor-format", fmt,
+         "--concurrency-range", str(concurrency), "--request-count", "120"],
+        capture_output=True, text=True, timeout=WAIT_S * 2,
+    )
+
+
+@pytest.mark.parametrize("fmt", ["binary", "json"])
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_perf_analyzer_drives_the_server(server: LiveServer, tmp_path: Path, fmt: str,
+                                         concurrency: int) -> None:
+    registry = server.app.state.service.metrics.registry
+    before = sample(registry, "batchserve_requests_total", status="200")
+    proc = perf_analyzer(server.url, input_data(tmp_path / "data.json"), fmt, concurrency)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"Request concurrency: {concurrency}" in proc.stdout and "p99 latency" in proc.stdout
+    assert sample(registry, "batchserve_requests_total", status="200") - before >= 120
+
+
+def test_wrong_answers_fail_its_validation(server: LiveServer, tmp_path: Path) -> None:
+    """The check above is real: answers that differ from validation_data fail the run."""
+    proc = perf_analyzer(server.url, input_data(tmp_path / "wrong.json", wrong=True), "json", 1)
+    assert proc.returncode != 0
+    assert "doesn't match expected output" in proc.stdout + proc.stderr
