@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import sys
 import time
@@ -9,6 +10,17 @@ import time
 import orjson
 
 _FIELDS = ("request_id", "method", "path", "status", "duration_ms", "client")
+
+# The id of the request being handled (set by app.api.access), for every log line written meanwhile.
+request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
+
+
+class RequestIdFilter(logging.Filter):
+    """Adds ``request_id`` to every record (None outside a request)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = request_id.get()
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -33,8 +45,6 @@ class JsonFormatter(logging.Formatter):
 
 def configure_logging(level: str, fmt: str) -> None:
     """Send every logger (ours and uvicorn's) to stderr as text or JSON lines."""
-    from app.api.access import RequestIdFilter
-
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(RequestIdFilter())
     if fmt == "json":

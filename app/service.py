@@ -18,7 +18,8 @@ import torch
 
 from app.batching import BatchPolicy, PendingItem, PendingRequest
 from app.config import Settings
-from app.errors import ConfigError, DeadlineExceeded, ServeError, Unavailable, busy
+from app.devices import resolve_devices
+from app.errors import DeadlineExceeded, ServeError, Unavailable, busy
 from app.metrics import Metrics
 from app.models.base import ModelHandler
 from app.models.registry import load_handler
@@ -39,35 +40,6 @@ def build_service(settings: Settings, handler: ModelHandler | None = None) -> In
     if handler is None:
         handler = load_handler(settings.model, settings.model_name)
     return InferenceService(settings, handler, Metrics.create(), devices)
-
-
-def resolve_devices(spec: str) -> list[torch.device]:
-    """``cpu``, ``cuda``, ``cuda:0,cuda:1``, ``cpu,cpu`` or ``auto`` (every GPU, else the CPU).
-
-    Raises ConfigError naming a device that is not there."""
-    names = [s.strip() for s in spec.split(",") if s.strip()]
-    if names == ["auto"]:
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        return [torch.device("cuda", i) for i in range(count)] or [torch.device("cpu")]
-    devices = []
-    for name in names:
-        try:
-            device = torch.device(name)
-        except RuntimeError as exc:
-            raise ConfigError(f"devices: {name!r} is not a device name") from exc
-        if device.type == "cuda":
-            index = 0 if device.index is None else device.index
-            if not torch.cuda.is_available() or index >= torch.cuda.device_count():
-                raise ConfigError(
-                    f"devices: {name} requested but no such CUDA device is available"
-                )
-            device = torch.device("cuda", index)
-        elif device.type != "cpu":
-            raise ConfigError(f"devices: {name} is not supported (cpu or cuda)")
-        devices.append(device)
-    if not devices:
-        raise ConfigError("devices: the list is empty")
-    return devices
 
 
 class InferenceService:

@@ -6,7 +6,6 @@ response and attached to every log line written while the request is handled.
 
 from __future__ import annotations
 
-import contextvars
 import itertools
 import logging
 import os
@@ -15,19 +14,12 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.logs import request_id
+
 REQUEST_ID_HEADER = b"x-request-id"
 _SANE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
-request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 log = logging.getLogger("batchserve.access")
-
-
-class RequestIdFilter(logging.Filter):
-    """Adds ``request_id`` to every record (None outside a request)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.request_id = request_id.get()
-        return True
 
 
 class AccessLog:

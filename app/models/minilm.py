@@ -56,8 +56,8 @@ def _traced(model: _MeanPooled, example: dict[str, torch.Tensor]) -> Callable[..
     """The model as a TorchScript trace, or the model itself if the trace is not exact.
 
     A traced forward runs its ops without going back to Python (and the GIL) between them, so
-    the device thread no longer waits on the event loop for every op: offline it was about as
-    fast as eager, next to a busy Python thread ~35 % faster (docs/benchmarks.md). The example
+    the device thread does not wait on the event loop for every op: offline as fast as eager,
+    next to a busy Python thread ~35 % faster (docs/benchmarks.md). The example
     is padded, so the trace keeps the attention mask; the trace must match eager within 1e-6.
     """
     args = (example["input_ids"], example["attention_mask"])

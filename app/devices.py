@@ -1,0 +1,36 @@
+"""Device names from the ``devices`` setting, resolved to the devices that are really there."""
+
+from __future__ import annotations
+
+import torch
+
+from app.errors import ConfigError
+
+
+def resolve_devices(spec: str) -> list[torch.device]:
+    """``cpu``, ``cuda``, ``cuda:0,cuda:1``, ``cpu,cpu`` or ``auto`` (every GPU, else the CPU).
+
+    Raises ConfigError naming a device that is not there."""
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    if names == ["auto"]:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return [torch.device("cuda", i) for i in range(count)] or [torch.device("cpu")]
+    devices = []
+    for name in names:
+        try:
+            device = torch.device(name)
+        except RuntimeError as exc:
+            raise ConfigError(f"devices: {name!r} is not a device name") from exc
+        if device.type == "cuda":
+            index = 0 if device.index is None else device.index
+            if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+                raise ConfigError(
+                    f"devices: {name} requested but no such CUDA device is available"
+                )
+            device = torch.device("cuda", index)
+        elif device.type != "cpu":
+            raise ConfigError(f"devices: {name} is not supported (cpu or cuda)")
+        devices.append(device)
+    if not devices:
+        raise ConfigError("devices: the list is empty")
+    return devices

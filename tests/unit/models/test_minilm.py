@@ -1,0 +1,67 @@
+"""all-MiniLM-L6-v2: equal to sentence-transformers, strings only, traced equals eager."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from app.errors import InvalidInput
+
+
+@pytest.mark.slow
+def test_minilm_matches_sentence_transformers() -> None:
+    from sentence_transformers import SentenceTransformer
+
+    from app.models.minilm import MiniLMHandler, model_dir
+
+    texts = [
+        "Hello, world.",
+        "The quick brown fox jumps over the lazy dog.",
+        "",
+        "Dynamic batching pads each batch only to its own longest item. " * 40,  # > 256 tokens
+        "Ünïcödé and emoji 🚀 survive tokenisation",
+    ]
+    handler = MiniLMHandler()
+    replica = handler.load(torch.device("cpu"))
+    items = handler.decode(texts)
+    assert max(len(i) for i in items) == 256  # truncated like sentence-transformers
+    with torch.inference_mode():
+        ours = torch.stack([torch.from_numpy(r) for r in handler.split(
+            replica(handler.collate(items)), len(items))])
+        alone = replica(handler.collate(items[:1]))  # padding does not change an item's result
+    reference = SentenceTransformer(str(model_dir()), device="cpu").encode(
+        texts, convert_to_tensor=True
+    )
+    assert ours.shape == (5, 384)
+    assert (ours - reference).abs().max().item() < 1e-5
+    assert (alone[0] - ours[0]).abs().max().item() < 1e-5
+    assert torch.allclose(ours.norm(dim=1), torch.ones(5), atol=1e-5)
+    assert not math.isnan(ours.sum().item())
+
+
+def test_minilm_refuses_non_strings() -> None:
+    from app.models.minilm import MiniLMHandler
+
+    with pytest.raises(InvalidInput, match=r"instances\[1\]: expected a string, got int"):
+        MiniLMHandler().decode(["ok", 3])
+
+
+@pytest.mark.slow
+def test_minilm_runs_traced_and_equals_eager(caplog: pytest.LogCaptureFixture) -> None:
+    from app.models.minilm import MiniLMHandler, _MeanPooled
+
+    handler = MiniLMHandler()
+    replica = handler.load(torch.device("cpu"))
+    assert "running eagerly" not in caplog.text  # the trace was exact at load
+    from transformers import AutoModel
+
+    eager = _MeanPooled(AutoModel.from_pretrained(str(handler._path))).eval()
+    words = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+    texts = [" ".join(words[: i % 10]) * (1 + i % 7) for i in range(64)]
+    with torch.inference_mode():
+        for batch in (texts, texts[:1], texts[5:6] * 3, ["long " * 300] + texts[:3]):
+            b = handler.collate(handler.decode(batch))
+            want = eager(b["input_ids"], b["attention_mask"])
+            assert (replica(b) - want).abs().max().item() < 1e-6

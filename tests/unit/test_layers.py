@@ -1,0 +1,65 @@
+"""Imports point one way: entry points -> api / jobs -> service -> worker -> transfer -> models.
+
+A module may import modules of its own layer or below, never above; api and jobs never import
+each other. Lazy imports inside functions count too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+APP = Path(__file__).resolve().parents[2] / "app"
+
+LAYERS = [
+    # shared, imported from anywhere
+    ["app.errors", "app.config", "app.payload", "app.logs", "app.process", "app.metrics",
+     "app.schemas"],
+    ["app.models", "app.devices", "app.batching"],
+    ["app.transfer"],
+    ["app.worker"],
+    ["app.service"],
+    ["app.api", "app.jobs"],
+    ["app.main", "app.check"],
+    ["app.server", "app.cli", "app.__main__", "app"],
+]
+
+
+def layer(module: str) -> int:
+    """The layer of the longest prefix that names ``module`` (app.api.x: app.api's)."""
+    matches = [(len(prefix), index) for index, prefixes in enumerate(LAYERS)
+               for prefix in prefixes if module == prefix or module.startswith(prefix + ".")]
+    assert matches, f"{module} belongs to no layer"
+    return max(matches)[1]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(APP.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name == "app" or name.startswith("app.")}
+
+
+def test_imports_point_down() -> None:
+    upward = []
+    for path in sorted(APP.rglob("*.py")):
+        module = module_name(path)
+        if module == "app":
+            continue  # the package's face re-exports lazily from every layer
+        for imported in imports(path):
+            if imported == "app":
+                continue  # the version string
+            if layer(imported) > layer(module):
+                upward.append(f"{module} imports {imported}")
+            pair = {module.split(".")[1], imported.split(".")[1]}
+            if pair == {"api", "jobs"}:
+                upward.append(f"{module} imports {imported}")
+    assert not upward, upward
