@@ -12,6 +12,7 @@ from fastapi.openapi.utils import get_openapi
 import app as package
 from app.api import errors, health, predict
 from app.api.access import AccessLog
+from app.api.routing import BatchServeApp, RawRoute
 from app.api.v2 import routes as v2
 from app.config import Settings, load_settings
 from app.models.base import ModelHandler
@@ -35,7 +36,7 @@ def create_app(settings: Settings | None = None, handler: ModelHandler | None = 
         finally:
             await service.stop()
 
-    app = FastAPI(
+    app = BatchServeApp(
         title="batchserve",
         summary=f"Dynamic-batching inference server for model {service.handler.name!r}",
         version=package.__version__,
@@ -43,8 +44,7 @@ def create_app(settings: Settings | None = None, handler: ModelHandler | None = 
     )
     app.state.service = service
     errors.install(app)
-    # The hot route first: the router tries routes in order.
-    app.router.routes.insert(0, predict.route(service.handler.input_schema))
+    app.add_raw_route(predict.route(service))
     app.include_router(health.router)
     app.include_router(v2.router)
     app.add_middleware(AccessLog)
@@ -58,7 +58,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         schema = get_openapi(title=app.title, version=app.version, summary=app.summary,
                              routes=app.routes)
         for route in app.routes:
-            if isinstance(route, predict.RawRoute):
+            if isinstance(route, RawRoute):
                 schema["paths"].setdefault(route.path, {}).update(route.operation)
         schema.setdefault("components", {}).setdefault("schemas", {}).update(
             predict.openapi_components()

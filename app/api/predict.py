@@ -1,9 +1,7 @@
 """POST /predict: ``{"instances": [...]}`` in, ``{"predictions": [...]}`` out.
 
-The route is a raw ASGI endpoint (Starlette serves a callable that is not a function as one):
-no request object, no dependency injection, about half the event-loop time per request of a
-FastAPI route (docs/benchmarks.md). Its errors go to the app's one error conversion like any
-other route's; its OpenAPI entry comes from ``openapi_operation``.
+A raw ASGI route (app/api/routing.py): the server's hottest path. Its OpenAPI entry comes from
+``openapi_operation``.
 """
 
 from __future__ import annotations
@@ -12,10 +10,10 @@ from typing import Any
 
 import orjson
 from starlette.responses import Response
-from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from app.api.inference import run_inference
+from app.api.routing import RawRoute
 from app.payload import instances_of, parse_json
 from app.schemas import ErrorResponse, PredictRequest, PredictResponse
 from app.service import InferenceService
@@ -30,14 +28,6 @@ _ERRORS = {
 }
 
 
-class RawRoute(Route):
-    """A route whose endpoint is a raw ASGI callable, with its OpenAPI operation beside it."""
-
-    def __init__(self, path: str, endpoint: Any, method: str, operation: dict[str, Any]) -> None:
-        super().__init__(path, endpoint, methods=[method])
-        self.operation = {method.lower(): operation}
-
-
 def _render(results: list[Any], _: None) -> Response:
     content = orjson.dumps({"predictions": results}, option=orjson.OPT_SERIALIZE_NUMPY)
     return Response(content, media_type="application/json")
@@ -46,19 +36,21 @@ def _render(results: list[Any], _: None) -> Response:
 class Predict:
     """The endpoint: an instance, not a function, so Starlette mounts it as raw ASGI."""
 
+    def __init__(self, service: InferenceService) -> None:
+        self.service = service
+        self.max_instances = service.settings.max_instances
+
+    def parse(self, body: bytes) -> tuple[list[Any], None]:
+        return instances_of(parse_json(body), self.max_instances), None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        service: InferenceService = scope["app"].state.service
-        max_instances = service.settings.max_instances
-
-        def parse(body: bytes) -> tuple[list[Any], None]:
-            return instances_of(parse_json(body), max_instances), None
-
-        response = await run_inference(scope, receive, service, parse, _render)
+        response = await run_inference(scope, receive, self.service, self.parse, _render)
         await response(scope, receive, send)
 
 
-def route(instance_schema: dict[str, Any]) -> RawRoute:
-    return RawRoute("/predict", Predict(), "POST", openapi_operation(instance_schema))
+def route(service: InferenceService) -> RawRoute:
+    operation = openapi_operation(service.handler.input_schema)
+    return RawRoute("/predict", Predict(service), "POST", operation)
 
 
 def openapi_operation(instance_schema: dict[str, Any]) -> dict[str, Any]:

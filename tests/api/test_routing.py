@@ -1,0 +1,61 @@
+"""Raw routes (app/api/routing.py): one implementation, reached directly or through FastAPI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from fastapi import FastAPI
+
+from app.api.routing import RawRoute
+from tests.conftest import app_client, http_scope, make_settings
+
+pytestmark = pytest.mark.asyncio
+
+
+async def call(app: Any, path: str, body: bytes, through_fastapi: bool) -> tuple[int, Any]:
+    """One request straight to ``app``, or to FastAPI's own stack (middleware and router)."""
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    handler = FastAPI.__call__ if through_fastapi else type(app).__call__
+    await handler(app, http_scope(path, app), receive, send)
+    body_out = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return sent[0]["status"], orjson.loads(body_out)
+
+
+@pytest.mark.parametrize("body", [b'{"instances": [[1, 2, 3, 4]]}', b'{"instances": [[1]]}',
+                                  b"not json"])
+async def test_a_raw_route_answers_the_same_on_either_path(body: bytes) -> None:
+    async with app_client(make_settings()) as client:
+        app = client.app  # type: ignore[attr-defined]
+        direct = await call(app, "/predict", body, through_fastapi=False)
+        framework = await call(app, "/predict", body, through_fastapi=True)
+    assert direct == framework
+    assert direct[0] in (200, 422)
+
+
+async def test_the_openapi_entry_is_the_routes_own() -> None:
+    async with app_client(make_settings()) as client:
+        app = client.app  # type: ignore[attr-defined]
+        routes = [r for r in app.routes if isinstance(r, RawRoute) and r.path == "/predict"]
+        schema = (await client.get("/openapi.json")).json()
+    assert len(routes) == 1
+    operation = schema["paths"]["/predict"]["post"]
+    assert operation == routes[0].operation["post"]
+    items = operation["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    assert items["instances"]["items"]["minItems"] == 4  # linear's per-instance schema
+    assert "PredictResponse" in schema["components"]["schemas"]
+
+
+async def test_other_methods_reach_the_framework() -> None:
+    async with app_client(make_settings()) as client:
+        r = await client.get("/predict")
+    assert r.status_code == 405 and r.json()["error"]["type"] == "method_not_allowed"
