@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# A/B two builds side by side: both servers up at once (core 0), alternating 3 s wrk runs
+# (core 1), then the per-pair ratios of requests/s and their median.
+#   bench/ab.sh OLD_CHECKOUT NEW_CHECKOUT   (e.g. a `git worktree add /tmp/old <commit>`)
+# Env: C (concurrency, 64), N (pairs, 6), W (workload, linear), BODY (the request body).
+set -euo pipefail
+old=$(realpath "$1"); new=$(realpath "$2")
+C=${C:-64}; N=${N:-6}; W=${W:-linear}
+BODY=${BODY:-'{"instances": [[1.0, 2.0, 3.0, 4.0]]}'}
+py="$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python"
+lua=$(realpath "$(dirname "$0")/post.lua")
+tmp=$(mktemp -d) && trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
+echo "$BODY" > "$tmp/body.json"
+export HF_HUB_OFFLINE=1 BENCH_BODY_FILE="$tmp/body.json"
+for side in old new; do
+  dir=${!side}; port=$([ $side = old ] && echo 8101 || echo 8102)
+  (cd "$dir" && exec taskset -c 0 "$py" -m app serve --model "$W" --devices cpu --port $port \
+     --log-level warning --torch-threads 1) > "$tmp/$side.log" 2>&1 &
+done
+for port in 8101 8102; do
+  until curl -sf "localhost:$port/health_check" >/dev/null; do sleep 0.5; done
+done
+for i in $(seq "$N"); do
+  for port in 8101 8102; do
+    echo "$port $(taskset -c 1 wrk -t1 -c"$C" -d3s -s "$lua" "http://127.0.0.1:$port/predict" \
+      | grep BENCH_JSON)"
+  done
+done | "$py" -c "
+import json, statistics as st, sys
+runs = {}
+for line in sys.stdin:
+    port, rest = line.split(' ', 1)
+    j = json.loads(rest.split('BENCH_JSON ')[1])
+    runs.setdefault(port, []).append((j['requests'] / j['duration_us'] * 1e6, j['p50_us'], j['non200']))
+old, new = runs['8101'], runs['8102']
+ratios = [b[0] / a[0] for a, b in zip(old, new)]
+print('old req/s', [round(x[0]) for x in old]); print('new req/s', [round(x[0]) for x in new])
+print('ratios', [round(r, 3) for r in ratios], 'median', round(st.median(ratios), 3))
+print('p50 us old/new', st.median(x[1] for x in old), st.median(x[1] for x in new),
+      'non-200', sum(x[2] for x in old), sum(x[2] for x in new))
+"
