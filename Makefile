@@ -12,7 +12,7 @@ export TRANSFORMERS_OFFLINE := 1
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
-	  echo "batchserve needs Python 3.11 or newer; '$(PYTHON)' is not (make PYTHON=python3.12 ...)" >&2; \
+	  echo "batchserve needs Python 3.11 or newer; '$(PYTHON)' is not one, or does not run (make PYTHON=... picks another)" >&2; \
 	  exit 1; }
 	$(PYTHON) -m venv $(VENV)
 

@@ -86,6 +86,24 @@ def test_json_logs_carry_the_request_id() -> None:
     assert access and access[0]["request_id"] == "trace-42" and access[0]["status"] == 200
 
 
+def test_a_small_queue_alone_gives_a_working_server() -> None:
+    """BATCHSERVE_QUEUE_CAPACITY=4 and nothing else: max_instances follows it down to 4."""
+    with serve("--model", "linear", "--devices", "cpu",
+               env={"BATCHSERVE_QUEUE_CAPACITY": "4"}) as (proc, url):
+        wait_ready(url)
+        r = httpx.post(url + "/predict", json={"instances": [[1, 2, 3, 4]] * 4}, timeout=60)
+        assert r.status_code == 200 and len(r.json()["predictions"]) == 4
+        r = httpx.post(url + "/predict", json={"instances": [[1, 2, 3, 4]] * 5}, timeout=60)
+        assert r.status_code == 413 and "limit of 4" in r.json()["error"]["message"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT_S) == 0
+
+
+def test_bench_is_not_a_command_of_the_package() -> None:
+    proc = run_cli("bench")
+    assert proc.returncode == 2 and "invalid choice: 'bench'" in proc.stderr
+
+
 def test_bad_settings_exit_2_with_a_message() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "app", "serve", "--max-wait-ms", "5000", "--request-timeout-s", "1"],

@@ -6,9 +6,9 @@ Errors here use the protocol's ``{"error": "..."}`` body and 400 for client mist
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse, Response
 
 import app as package
@@ -39,7 +39,10 @@ def _checked(service: InferenceService, name: str, version: str | None = None) -
         raise NotFound(f"model '{name}' has no version '{version}'; it has '{VERSION}'")
 
 
-def _view(service: InferenceService) -> describe.ModelView:
+async def _model(service: ServiceDep, name: str, version: str | None = None
+                 ) -> describe.ModelView:
+    """The model a route's path names (404 if there is none)."""
+    _checked(service, name, version)
     return describe.ModelView(
         name=service.handler.name, version=VERSION, versions=[VERSION],
         input=service.input_spec, outputs=service.outputs,
@@ -47,6 +50,8 @@ def _view(service: InferenceService) -> describe.ModelView:
         devices=service.devices,
     )
 
+
+ModelDep = Annotated[describe.ModelView, Depends(_model)]
 
 _TENSOR = {
     "type": "object",
@@ -111,28 +116,23 @@ async def ready(service: ServiceDep) -> Response:
 
 @router.get("/models/{name}", summary="Model metadata", responses=_NOT_FOUND)
 @router.get("/models/{name}/versions/{version}", include_in_schema=False)
-async def model_metadata(service: ServiceDep, name: str, version: str | None = None
-                         ) -> dict[str, Any]:
-    _checked(service, name, version)
-    return describe.metadata(_view(service))
+async def model_metadata(model: ModelDep) -> dict[str, Any]:
+    return describe.metadata(model)
 
 
 @router.get("/models/{name}/config", summary="Model configuration (Triton's extension)",
             responses=_NOT_FOUND)
 @router.get("/models/{name}/versions/{version}/config", include_in_schema=False)
-async def model_config(service: ServiceDep, name: str, version: str | None = None
-                       ) -> dict[str, Any]:
-    _checked(service, name, version)
-    return describe.config(_view(service))
+async def model_config(model: ModelDep) -> dict[str, Any]:
+    return describe.config(model)
 
 
 @router.get("/models/{name}/ready", summary="200 when the model can serve, else 503",
             responses=_NOT_FOUND)
 @router.get("/models/{name}/versions/{version}/ready", include_in_schema=False)
-async def model_ready(service: ServiceDep, name: str, version: str | None = None) -> Response:
-    _checked(service, name, version)
+async def model_ready(model: ModelDep, service: ServiceDep) -> Response:
     ok = service.status == "ready"
-    return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
+    return JSONResponse({"name": model.name, "ready": ok}, status_code=200 if ok else 503)
 
 
 @router.post(
@@ -142,9 +142,8 @@ async def model_ready(service: ServiceDep, name: str, version: str | None = None
     responses=_INFER_ERRORS,
 )
 @router.post("/models/{name}/versions/{version}/infer", include_in_schema=False)
-async def infer(request: Request, service: ServiceDep, name: str, version: str | None = None
-                ) -> Response:
-    _checked(service, name, version)
+async def infer(request: Request, service: ServiceDep, model: ModelDep) -> Response:
+    name = model.name
     header_length = request.headers.get(HEADER_LENGTH)
     max_rows = service.settings.max_instances
 
