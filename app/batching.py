@@ -1,7 +1,7 @@
 """What travels through the queue, the batching policy, and the blocking batch collector.
 
 ``BatchPolicy`` is pure (it is handed the clock's readings); ``collect_batch`` runs on a device
-thread and blocks on the sync side of the janus queue.
+thread and takes items from a model's queue (app/queues.py) without blocking on it.
 """
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 
 MIN_NAP_S = 0.0001  # shortest nap while a batch fills (below this, waking costs more than it saves)
+UNKNOWN_RATE_NAP_S = 0.0005  # nap while a batch fills before any arrival rate is known
 
 
 class PendingRequest:
@@ -50,6 +51,19 @@ class PendingItem:
     index: int
     data: Any
     key: Any = None  # items of different keys (e.g. shapes) never share a model call
+
+
+@dataclass
+class BatchReport:
+    """What one batch did, handed from a device thread to the event loop with its results."""
+
+    device: str
+    results: list[tuple[PendingItem, Any]]  # a result, or a ServeError for that item
+    started_at: float
+    sizes: list[int] = field(default_factory=list)  # one per model call (key group)
+    compute_s: list[float] = field(default_factory=list)
+    expired: int = 0
+    cancelled: int = 0
 
 
 @dataclass(frozen=True)
@@ -110,12 +124,14 @@ class ArrivalRate:
         self.gap_s = gap if self.gap_s is None else self.gap_s + self.alpha * (gap - self.gap_s)
 
 
-class SyncGetter(Protocol):
-    def get(self, block: bool = True, timeout: float | None = None) -> PendingItem: ...
+class ItemSource(Protocol):
+    """Where a batch's items come from (a ModelQueue). ``take`` never waits."""
+
+    def take(self, limit: int) -> list[PendingItem]: ...
 
 
 def collect_batch(
-    q: SyncGetter,
+    source: ItemSource,
     policy: BatchPolicy,
     limit: int,
     rate: ArrivalRate,
@@ -123,65 +139,46 @@ def collect_batch(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> list[PendingItem]:
-    """Block for a first item, then gather more until the policy says go. Device thread only.
+    """Take what ``source`` holds, then gather more until the policy says go. Device thread only.
 
     ``limit`` (<= policy.max_batch_size) is the current effective batch limit; ``in_flight``
-    reports how many requests are admitted and unanswered. Raises whatever ``q.get`` raises when
-    the queue is shut down and empty (janus.SyncQueueShutDown).
+    reports how many requests are admitted and unanswered. Empty only if ``source`` was.
 
     While the batch fills, the thread naps until the last arrival that can still join is due at
-    the recent arrival rate, then takes what came, instead of blocking on the queue: a
-    blocked getter is woken by every put, and each wake-up trades the GIL with the event loop
-    (about six futex calls per item, docs/benchmarks.md). Until a rate is known it blocks.
+    the recent arrival rate, then takes what came: it is never woken by a put, and each wake-up
+    would trade the GIL with the event loop (about six futex calls per item, docs/benchmarks.md).
+    Until a rate is known it naps in short slices.
     """
     batch: list[PendingItem] = []
     requests: set[int] = set()
-
-    def join(item: PendingItem) -> None:
-        batch.append(item)
-        requests.add(id(item.request))
-        rate.observe(item.request)
-
-    join(q.get())
-    first_at = min(batch[0].request.enqueued_at, clock())
     effective = BatchPolicy(min(limit, policy.max_batch_size), policy.max_wait_s)
+    first_at = 0.0
     while True:
-        # Take what is already queued without waiting (a loaded server needs no timer at all).
-        for item in take_queued(q, effective.max_batch_size - len(batch)):
-            join(item)
+        for item in source.take(effective.max_batch_size - len(batch)):
+            if not batch:
+                first_at = min(item.request.enqueued_at, clock())
+            batch.append(item)
+            requests.add(id(item.request))
+            rate.observe(item.request)
+        if not batch:
+            return batch
         others = None if in_flight is None else max(0, in_flight() - len(requests))
         budget = effective.wait_budget(len(batch), first_at, clock(), rate.gap_s, others)
         if budget <= 0.0:
             return batch
         gap = rate.gap_s
-        if gap is not None:
-            # Nap until the last arrival that can still join is due, at the recent rate. Those
-            # are at most the free places, the requests in flight elsewhere (a closed-loop
-            # client whose answer is on its way back comes again) and what fits in the budget.
-            arrivals = effective.max_batch_size - len(batch)
-            if others is not None:
-                arrivals = min(arrivals, others)
-            if gap > 0.0:
-                arrivals = min(arrivals, int(budget / gap))
-            sleep(min(budget, max(arrivals * gap, MIN_NAP_S)))
+        if gap is None:
+            sleep(min(budget, UNKNOWN_RATE_NAP_S))
             continue
-        try:
-            join(q.get(timeout=budget))
-        except Exception:  # queue.Empty, or shut down while waiting: run what we hold
-            return batch
-
-
-def take_queued(q: SyncGetter, limit: int) -> list[PendingItem]:
-    """Up to ``limit`` items already in the queue, without waiting (may be empty). Device thread
-    only. Once the queue is shut down and empty it returns what it took; the next blocking get
-    raises."""
-    batch: list[PendingItem] = []
-    while len(batch) < limit:
-        try:
-            batch.append(q.get(block=False))
-        except Exception:  # queue.Empty, or shut down and empty
-            break
-    return batch
+        # Nap until the last arrival that can still join is due, at the recent rate. Those are
+        # at most the free places, the requests in flight elsewhere (a closed-loop client whose
+        # answer is on its way back comes again) and what fits in the budget.
+        arrivals = effective.max_batch_size - len(batch)
+        if others is not None:
+            arrivals = min(arrivals, others)
+        if gap > 0.0:
+            arrivals = min(arrivals, int(budget / gap))
+        sleep(min(budget, max(arrivals * gap, MIN_NAP_S)))
 
 
 def split_live(

@@ -25,26 +25,27 @@ async def wait_loaded(service: InferenceService) -> None:
 async def check_model(settings: Settings) -> list[str]:
     """Report lines: the model's schema, load time, one batch of its examples, its outputs."""
     service = build_service(settings)
-    handler = service.handler
-    lines = [
-        f"model: {handler.name} on {', '.join(str(d) for d in service.devices)}",
-        f"input schema (one instance): {json.dumps(handler.input_schema)}",
-    ]
     started = time.perf_counter()
     await service.start()
     try:
         await wait_loaded(service)
+        model = service.repository.get()
+        handler = model.handler
+        lines = [
+            f"model: {model.name} on {', '.join(str(d) for d in model.devices)}",
+            f"input schema (one instance): {json.dumps(handler.input_schema)}",
+        ]
         lines.append(f"load and warm-up: {(time.perf_counter() - started) * 1000:.0f} ms")
         examples = handler.examples()
         if not examples:
             lines.append("no examples declared: nothing run")
             return lines
         started = time.perf_counter()
-        items = await service.decode(examples)
-        await service.result(service.enqueue(items, time.monotonic() + settings.request_timeout_s))
+        items = await model.decode(examples)
+        await model.result(model.enqueue(items, time.monotonic() + settings.request_timeout_s))
         took_ms = (time.perf_counter() - started) * 1000
         lines.append(f"batch: {len(items)} items in {took_ms:.1f} ms")
-        for spec in service.outputs or []:
+        for spec in model.output_specs or []:
             lines.append(f"output {spec.name}: {spec.datatype} shape {list(spec.shape or [])}")
         return lines
     finally:

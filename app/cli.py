@@ -29,10 +29,15 @@ def add_setting_flags(parser: argparse.ArgumentParser, skip: frozenset[str] = fr
     for name, field in Settings.model_fields.items():
         if name in skip:
             continue
-        kind, choices = _flag_type(field.annotation)
         env = ENV_PREFIX + name.upper()
+        flag = "--" + name.replace("_", "-")
+        if typing.get_origin(field.annotation) is list:  # repeatable; env: a JSON list
+            parser.add_argument(flag, dest=name, action="append", default=None,
+                                help=f"{field.description} (env {env}, a JSON list)")
+            continue
+        kind, choices = _flag_type(field.annotation)
         parser.add_argument(
-            "--" + name.replace("_", "-"),
+            flag,
             dest=name,
             type=kind,
             choices=choices,

@@ -8,7 +8,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -28,17 +35,15 @@ DEFAULT_REQUEST_TIMEOUT_S = 30.0
 DEFAULT_MAX_INSTANCES = 256
 
 
-class Settings(BaseSettings):
-    """Every knob of the server. Build it once (``load_settings``) and pass it down."""
+class BatchSettings(BaseModel):
+    """What to serve and how to batch it: the settings a model of a repository may set for
+    itself (anything it leaves unset takes the server's)."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str = Field(
         "minilm",
-        description="builtin name (minilm, linear), module:callable, or a .pt / .pt2 file",
-    )
-    model_name: str | None = Field(
-        None, description="name under /v2/models/ and in metrics (default: derived from model)"
+        description="builtin name (minilm, linear, mlp), module:callable, or a .pt / .pt2 file",
     )
     devices: str = Field("auto", description="comma list: cpu, cuda, cuda:0,cuda:1, or auto")
     max_batch_size: int = Field(
@@ -60,9 +65,73 @@ class Settings(BaseSettings):
         DEFAULT_MAX_INSTANCES, ge=1,
         description="most instances in one request (default: 256, at most queue_capacity)",
     )
+
+    _explicit: frozenset[str] = PrivateAttr(default=frozenset())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _derive_defaults(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        if not isinstance(data, dict):
+            return handler(data)
+        settings = handler(derive_defaults(data))
+        settings._explicit = frozenset(data)
+        return settings
+
+    @property
+    def explicit(self) -> frozenset[str]:
+        """Names of the settings the user set (flags, environment, file), not derived ones."""
+        return self._explicit
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Any:
+        if self.max_wait_ms / 1000.0 >= self.request_timeout_s:
+            raise ValueError(
+                f"max_wait_ms ({self.max_wait_ms}) must be shorter than request_timeout_s "
+                f"({self.request_timeout_s}): every request would time out waiting for its batch"
+            )
+        if self.max_instances > self.queue_capacity:
+            raise ValueError(
+                f"max_instances ({self.max_instances}) exceeds queue_capacity "
+                f"({self.queue_capacity}): a request that large could never be admitted"
+            )
+        return self
+
+    @property
+    def max_wait_s(self) -> float:
+        return self.max_wait_ms / 1000.0
+
+
+class ModelSettings(BatchSettings):
+    """One model of a repository (its ``config.toml``, or a load request's ``config``)."""
+
+    versions: list[int] | None = Field(
+        None, description="version numbers to serve (default: the newest only)"
+    )
+
+
+class Settings(BaseSettings, BatchSettings):
+    """Every knob of the server. Build it once (``load_settings``) and pass it down."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
+
+    model_name: str | None = Field(
+        None, description="name under /v2/models/ and in metrics (default: derived from model)"
+    )
+    model_repository: str | None = Field(
+        None, description="a folder of models in Triton's layout: NAME/config.toml, NAME/1/..."
+    )
+    model_control_mode: Literal["none", "explicit"] = Field(
+        "none", description="none: load every model at start; explicit: --load-model and the API"
+    )
+    load_model: list[str] = Field(
+        [], description="explicit mode: a model to load at start (repeatable)"
+    )
+    default_model: str | None = Field(
+        None, description="the model POST /predict serves (default: the only one)"
+    )
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1, description="largest request body")
     api_key: str | None = Field(
-        None, description="when set, predict needs 'Authorization: Bearer <key>'"
+        None, description="when set, inference and model control need 'Authorization: Bearer'"
     )
     torch_threads: int | None = Field(
         None, ge=1, description="torch intra-op threads per process (default: torch's choice)"
@@ -86,39 +155,19 @@ class Settings(BaseSettings):
         None, ge=0, le=65535, description="job mode: serve /metrics on host:port (default: off)"
     )
 
-    _explicit: frozenset[str] = PrivateAttr(default=frozenset())
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _derive_defaults(cls, data: Any, handler: ModelWrapValidatorHandler[Settings]) -> Settings:
-        if not isinstance(data, dict):
-            return handler(data)
-        settings = handler(derive_defaults(data))
-        settings._explicit = frozenset(data)
-        return settings
-
-    @property
-    def explicit(self) -> frozenset[str]:
-        """Names of the settings the user set (flags, environment, file), not derived ones."""
-        return self._explicit
-
     @model_validator(mode="after")
-    def _consistent(self) -> Settings:
-        if self.max_wait_ms / 1000.0 >= self.request_timeout_s:
+    def _one_source_of_models(self) -> Settings:
+        if self.model_repository is not None and "model" in self.explicit:
             raise ValueError(
-                f"max_wait_ms ({self.max_wait_ms}) must be shorter than request_timeout_s "
-                f"({self.request_timeout_s}): every request would time out waiting for its batch"
+                f"model ({self.model}) and model_repository ({self.model_repository}) both say "
+                "what to serve: give one"
             )
-        if self.max_instances > self.queue_capacity:
+        if self.load_model and self.model_control_mode != "explicit":
             raise ValueError(
-                f"max_instances ({self.max_instances}) exceeds queue_capacity "
-                f"({self.queue_capacity}): a request that large could never be admitted"
+                f"load_model ({', '.join(self.load_model)}) needs model_control_mode explicit "
+                f"(it is {self.model_control_mode}: every model loads at start)"
             )
         return self
-
-    @property
-    def max_wait_s(self) -> float:
-        return self.max_wait_ms / 1000.0
 
     @classmethod
     def settings_customise_sources(
@@ -202,11 +251,12 @@ def load_settings(
     try:
         layered = _Layered(**given)
     except ValueError as exc:
-        raise ConfigError(_describe(exc)) from exc
+        raise ConfigError(describe_errors(exc)) from exc
     return Settings(**{name: getattr(layered, name) for name in layered.explicit})
 
 
-def _describe(exc: ValueError) -> str:
+def describe_errors(exc: ValueError) -> str:
+    """One line naming every invalid setting of a validation error."""
     errors = getattr(exc, "errors", None)
     if errors is None:
         return str(exc)

@@ -13,10 +13,11 @@ import app as package
 from app.api import errors, health, predict
 from app.api.access import AccessLog
 from app.api.routing import BatchServeApp, RawRoute
+from app.api.v2 import repository as v2_repository
 from app.api.v2 import routes as v2
 from app.config import Settings, load_settings
 from app.models.base import ModelHandler
-from app.service import build_service
+from app.service import InferenceService, build_service
 
 
 def create_app(settings: Settings | None = None, handler: ModelHandler | None = None) -> FastAPI:
@@ -38,18 +39,27 @@ def create_app(settings: Settings | None = None, handler: ModelHandler | None = 
 
     app = BatchServeApp(
         title="batchserve",
-        summary=f"Dynamic-batching inference server for model {service.handler.name!r}",
+        summary="Dynamic-batching inference server for PyTorch models",
         version=package.__version__,
         lifespan=lifespan,
     )
     app.state.service = service
     errors.install(app)
-    app.add_raw_route(predict.route(service))
+    for route in predict.routes(service, _default_schema(service)):
+        app.add_raw_route(route)
     app.include_router(health.router)
     app.include_router(v2.router)
+    app.include_router(v2_repository.router)
     app.add_middleware(AccessLog)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def _default_schema(service: InferenceService) -> dict[str, Any]:
+    """The per-instance schema of the model POST /predict serves, where it is known now."""
+    sources = service.repository.catalog.sources() if service.repository.catalog.single else {}
+    handlers = [s.handler for s in sources.values() if s.handler is not None]
+    return handlers[0].input_schema if handlers else {}
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +17,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 @dataclass(frozen=True)
 class Metrics:
+    """The server's metric families. Serving metrics carry ``model``; ``for_model`` binds them."""
+
     registry: CollectorRegistry
     requests: Counter
     request_duration: Histogram
@@ -27,15 +31,20 @@ class Metrics:
     dropped: Counter
     device_busy: Gauge
     batch_limit: Gauge
-    _by_status: dict[int, Any] = field(default_factory=dict)
+    model_state: Gauge
 
-    def answered(self, status: int, seconds: float) -> None:
-        """Count one answered request (label lookups are cached: this runs per request)."""
-        child = self._by_status.get(status)
-        if child is None:
-            child = self._by_status[status] = self.requests.labels(status=str(status))
-        child.inc()
-        self.request_duration.observe(seconds)
+    def for_model(self, model: str, version: str) -> ModelMetrics:
+        """The children of one model (version); ``model=""`` counts requests for no known model."""
+        return ModelMetrics(self, model, version, self.request_duration.labels(model=model),
+                            self.queue_wait.labels(model=model),
+                            self.batch_size.labels(model=model),
+                            self.batch_compute.labels(model=model))
+
+    def forget_model(self, model: str, version: str) -> None:
+        """Drop a model's gauges (they read a model that is gone); counters keep their totals."""
+        for gauge in (self.queue_depth, self.in_flight):
+            with contextlib.suppress(KeyError):
+                gauge.remove(model, version)
 
     @classmethod
     def create(cls) -> Metrics:
@@ -43,33 +52,40 @@ class Metrics:
         return cls(
             registry=r,
             requests=Counter(
-                "batchserve_requests", "Requests answered, by HTTP status", ["status"], registry=r
+                "batchserve_requests", "Requests answered, by HTTP status",
+                ["model", "version", "status"], registry=r,
             ),
             request_duration=Histogram(
-                "batchserve_request_duration_seconds", "Arrival to answer",
+                "batchserve_request_duration_seconds", "Arrival to answer", ["model"],
                 buckets=LATENCY_BUCKETS, registry=r,
             ),
-            queue_depth=Gauge("batchserve_queue_depth", "Items waiting in the queue", registry=r),
+            queue_depth=Gauge(
+                "batchserve_queue_depth", "Items waiting for a batch", ["model", "version"],
+                registry=r,
+            ),
             in_flight=Gauge(
-                "batchserve_in_flight_requests", "Admitted requests not yet answered", registry=r
+                "batchserve_in_flight_requests", "Admitted requests not yet answered",
+                ["model", "version"], registry=r,
             ),
             queue_wait=Histogram(
-                "batchserve_queue_wait_seconds", "Enqueue to batch start, per item",
+                "batchserve_queue_wait_seconds", "Enqueue to batch start, per item", ["model"],
                 buckets=LATENCY_BUCKETS, registry=r,
             ),
             batch_size=Histogram(
-                "batchserve_batch_size", "Items per model call", buckets=BATCH_BUCKETS, registry=r
+                "batchserve_batch_size", "Items per model call", ["model"],
+                buckets=BATCH_BUCKETS, registry=r,
             ),
             batch_compute=Histogram(
                 "batchserve_batch_compute_seconds", "Collate to results, per model call",
-                buckets=LATENCY_BUCKETS, registry=r,
+                ["model"], buckets=LATENCY_BUCKETS, registry=r,
             ),
             rejected=Counter(
-                "batchserve_rejected", "Requests refused before queueing", ["reason"], registry=r
+                "batchserve_rejected", "Requests refused before queueing", ["model", "reason"],
+                registry=r,
             ),
             dropped=Counter(
                 "batchserve_dropped_items", "Queued items dropped before computing",
-                ["reason"], registry=r,
+                ["model", "reason"], registry=r,
             ),
             device_busy=Gauge(
                 "batchserve_device_busy_ratio", "Share of time the device spent computing",
@@ -77,9 +93,61 @@ class Metrics:
             ),
             batch_limit=Gauge(
                 "batchserve_effective_batch_limit", "Current batch limit (lowered after OOM)",
-                ["device"], registry=r,
+                ["model", "device"], registry=r,
+            ),
+            model_state=Gauge(
+                "batchserve_model_state", "1 for the state a model version is in",
+                ["model", "version", "state"], registry=r,
             ),
         )
+
+
+@dataclass
+class ModelMetrics:
+    """One model version's metric children, bound once so that the hot path looks up no labels."""
+
+    metrics: Metrics
+    model: str
+    version: str
+    request_duration: Any
+    queue_wait: Any
+    batch_size: Any
+    batch_compute: Any
+    _by_status: dict[int, Any] = field(default_factory=dict)
+    _by_reason: dict[tuple[str, str], Any] = field(default_factory=dict)
+
+    def answered(self, status: int, seconds: float) -> None:
+        """Count one answered request (runs per request)."""
+        child = self._by_status.get(status)
+        if child is None:
+            child = self._by_status[status] = self.metrics.requests.labels(
+                model=self.model, version=self.version, status=str(status))
+        child.inc()
+        self.request_duration.observe(seconds)
+
+    def _counted(self, family: str, reason: str) -> Any:
+        child = self._by_reason.get((family, reason))
+        if child is None:
+            counter = self.metrics.rejected if family == "rejected" else self.metrics.dropped
+            child = self._by_reason[(family, reason)] = counter.labels(
+                model=self.model, reason=reason)
+        return child
+
+    def rejected(self, reason: str) -> None:
+        self._counted("rejected", reason).inc()
+
+    def dropped(self, reason: str, n: int) -> None:
+        self._counted("dropped", reason).inc(n)
+
+    def watch(self, depth: Callable[[], float], in_flight: Callable[[], float]) -> None:
+        """Queue depth and requests in flight, read at each scrape."""
+        self.metrics.queue_depth.labels(self.model, self.version).set_function(depth)
+        self.metrics.in_flight.labels(self.model, self.version).set_function(in_flight)
+
+    def state(self, state: str, states: tuple[str, ...]) -> None:
+        for name in states:
+            self.metrics.model_state.labels(self.model, self.version, name).set(
+                1 if name == state else 0)
 
 
 @dataclass(frozen=True)

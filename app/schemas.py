@@ -29,7 +29,19 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-class HealthResponse(BaseModel):
-    status: str = Field(..., description="ready, busy, loading, draining or unhealthy")
+class ModelHealth(BaseModel):
+    model: str
+    version: str
+    status: str = Field(..., description="ready, busy, loading, unloading, unavailable, "
+                                         "unhealthy or draining")
     queue_depth: int
     queue_capacity: int
+
+
+class HealthResponse(BaseModel):
+    status: str = Field(..., description="ready, busy, loading, draining or unhealthy")
+    queue_depth: int = Field(..., description="items waiting, every model together")
+    queue_capacity: int
+    models: list[ModelHealth] | None = Field(None, description="each model (not with ?model=)")
+    model: str | None = Field(None, description="with ?model=: the model answered for")
+    version: str | None = None

@@ -60,11 +60,11 @@ class Launch:
 
 
 class DeviceExecutor:
-    """Launches model calls on one device. Created and used on that device's thread only."""
+    """Launches model calls on one device, for any model. Created and used on one thread only
+    (the device's thread, or a loader warming a model up)."""
 
-    def __init__(self, device: torch.device, handler: ModelHandler) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.handler = handler
         self.pipelined = device.type == "cuda"
         if self.pipelined:
             torch.cuda.set_device(device)
@@ -72,19 +72,19 @@ class DeviceExecutor:
             self._compute = _stream(device)
             self._copy_out = _stream(device)
 
-    def launch(self, replica: Replica, data: list[Any]) -> Launch:
+    def launch(self, handler: ModelHandler, replica: Replica, data: list[Any]) -> Launch:
         """Collate ``data`` and start the model call; raises what collate or forward raise
         (an out-of-memory error among them) before anything is left running."""
         with torch.inference_mode():
-            batch = self.handler.collate(data)
+            batch = handler.collate(data)
             if not self.pipelined:
                 t0 = time.perf_counter()
                 outputs = replica(batch)
-                return Launch(self.handler, len(data), outputs,
-                              cpu_seconds=time.perf_counter() - t0)
-            return self._launch_cuda(replica, batch, len(data))
+                return Launch(handler, len(data), outputs, cpu_seconds=time.perf_counter() - t0)
+            return self._launch_cuda(handler, replica, batch, len(data))
 
-    def _launch_cuda(self, replica: Replica, batch: Tensors, n: int) -> Launch:
+    def _launch_cuda(self, handler: ModelHandler, replica: Replica, batch: Tensors,
+                     n: int) -> Launch:
         device = self.device
         pinned = map_tensors(lambda t: t if t.is_pinned() else t.pin_memory(), batch)
         with torch.cuda.stream(self._copy_in):
@@ -107,7 +107,7 @@ class DeviceExecutor:
             host = map_tensors(_to_pinned_host, outputs)
         done = _event()
         done.record(self._copy_out)
-        return Launch(self.handler, n, host, done, started, computed)
+        return Launch(handler, n, host, done, started, computed)
 
 
 def _stream(device: torch.device) -> torch.cuda.Stream:

@@ -1,63 +1,82 @@
-"""DeviceWorker: one thread, one device, one model replica, draining the shared queue."""
+"""DeviceWorker: one thread per device, serving every model placed on it (docs/models.md).
+
+It chooses whose batch runs next (app/scheduling.py), collects that batch from the model's queue,
+launches it, and hands the results to the model on the event loop. On CUDA one batch stays in
+flight while the next is collected and launched (app/transfer.py), whichever models they are of.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-import janus
 import torch
 
 from app.batching import (
     ArrivalRate,
-    BatchPolicy,
+    BatchReport,
     PendingItem,
-    SyncGetter,
     collect_batch,
     group_by,
     split_live,
-    take_queued,
 )
 from app.errors import DeadlineExceeded, ModelError
 from app.models.base import ModelHandler, Replica
 from app.models.signature import TensorSpec, describe_outputs
+from app.scheduling import Fairness
+from app.served import ServedModel
 from app.transfer import DeviceExecutor, Launch
 
 log = logging.getLogger("batchserve.worker")
 
+DOZE_S = 1.0  # longest sleep with no work; any put, command or stop rings the bell sooner
+
 
 class WorkerState(Enum):
-    LOADING = "loading"
+    STARTING = "starting"
     READY = "ready"
     FAILED = "failed"
     STOPPED = "stopped"
 
 
-@dataclass
-class BatchReport:
-    """What one pass of the loop did, handed to the event loop with the results."""
+def warm_replica(handler: ModelHandler, device: torch.device
+                 ) -> tuple[Replica, list[TensorSpec] | None]:
+    """Load ``handler``'s replica for ``device`` and run its examples through it (warm-up);
+    what the outputs looked like, if it has examples. Runs on a loader thread, so that a device
+    thread keeps serving its other models meanwhile."""
+    with torch.inference_mode():
+        replica = handler.load(device)
+        examples = handler.examples()
+        if not examples:
+            return replica, None
+        executor = DeviceExecutor(device)
+        results: list[Any] = []
+        for group in group_by(handler.decode(examples), handler.key):
+            results += executor.launch(handler, replica, group).wait()[0]
+    return replica, describe_outputs(results)
 
-    device: str
-    results: list[tuple[PendingItem, Any]]  # a result, or a ServeError for that item
-    started_at: float
-    sizes: list[int] = field(default_factory=list)
-    compute_s: list[float] = field(default_factory=list)
-    expired: int = 0
-    cancelled: int = 0
 
+@dataclass(eq=False)
+class Slot:
+    """A model placed on this device: its replica, and this device's batching state for it."""
 
-Deliver = Callable[[BatchReport], None]
+    model: ServedModel
+    replica: Replica
+    batch_limit: int  # lowered after an out-of-memory
+    rate: ArrivalRate = field(default_factory=ArrivalRate)
 
 
 @dataclass
 class InFlight:
     """A batch whose model calls were launched: one (items, launch) per key group."""
 
+    slot: Slot
     report: BatchReport
     groups: list[tuple[list[PendingItem], Launch]] = field(default_factory=list)
 
@@ -70,40 +89,32 @@ class InFlight:
 
 
 class DeviceWorker:
-    """Runs the model for one device on its own thread.
+    """Runs the models placed on one device, on its own thread.
 
-    ``start``/``join`` are called from the event loop's thread; everything else in this class runs
-    on the worker thread. Results go back through ``deliver``, which the worker schedules on the
-    loop with one ``call_soon_threadsafe`` per batch. ``on_state`` is scheduled the same way when
-    the thread ends for any reason other than the queue shutting down.
+    ``start``, ``join``, ``attach``, ``detach``, ``wake``, ``stop`` and ``holds`` may be called
+    from any thread; everything else runs on the worker thread. Each batch's results go to its
+    model's ``deliver`` with one ``call_soon_threadsafe``; ``on_state`` is scheduled the same way
+    when the thread is ready and when it dies.
     """
 
-    def __init__(
-        self,
-        device: torch.device,
-        handler: ModelHandler,
-        queue: SyncGetter,
-        policy: BatchPolicy,
-        loop: Any,
-        deliver: Deliver,
-        in_flight: Callable[[], int],
-        on_state: Callable[[DeviceWorker], None],
-    ) -> None:
+    def __init__(self, device: torch.device, label: str, loop: Any,
+                 on_state: Callable[[DeviceWorker], None]) -> None:
         self.device = device
-        self.handler = handler
-        self._queue = queue
-        self._policy = policy
+        self.label = label  # its name in metrics and logs (cpu, cuda:0, cpu#2)
         self._loop = loop
-        self._deliver = deliver
-        self._in_flight = in_flight
         self._on_state = on_state
-        self.batch_limit = policy.max_batch_size  # lowered after an out-of-memory
-        self.state = WorkerState.LOADING
+        self.state = WorkerState.STARTING
         self.error: str | None = None  # why the thread died
-        self.load_failed = False  # it died loading the model: a retry would fail the same way
-        self.outputs: list[TensorSpec] | None = None  # learned from the warm-up results
         self.busy_s = 0.0
-        self._thread = threading.Thread(target=self._main, name=f"device-{device}", daemon=True)
+        self._slots: dict[ServedModel, Slot] = {}
+        self._commands: deque[Callable[[], None]] = deque()
+        self._bell = threading.Event()
+        self._sleeping = False
+        self._stopping = False
+        self._fairness: Fairness[ServedModel] = Fairness()
+        self._thread = threading.Thread(target=self._main, name=f"device-{label}", daemon=True)
+
+    # ---- any thread ------------------------------------------------------------------------------
 
     def start(self) -> None:
         self._thread.start()
@@ -112,83 +123,126 @@ class DeviceWorker:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    # ---- worker thread -------------------------------------------------------------------------
+    def attach(self, model: ServedModel, replica: Replica, done: Callable[[], None]) -> None:
+        """Serve ``model`` with ``replica`` from the next batch on; ``done`` runs on the loop."""
+        def run() -> None:
+            self._slots[model] = Slot(model, replica, model.batch_limit)
+            self._loop.call_soon_threadsafe(done)
+
+        self._command(run)
+
+    def detach(self, model: ServedModel, done: Callable[[], None]) -> None:
+        """Stop serving ``model`` and release its replica; ``done`` runs on the loop."""
+        def run() -> None:
+            self._slots.pop(model, None)
+            self._fairness.forget(model)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # the replica's blocks go back to the driver
+            self._loop.call_soon_threadsafe(done)
+
+        self._command(run)
+
+    def holds(self, model: ServedModel) -> bool:
+        return model in self._slots
+
+    def batch_limit(self, model: ServedModel) -> int:
+        slot = self._slots.get(model)
+        return slot.batch_limit if slot is not None else model.batch_limit
+
+    def wake(self) -> None:
+        """Work arrived: ring the bell if the thread sleeps (a busy thread pays nothing)."""
+        if self._sleeping:
+            self._bell.set()
+
+    def stop(self) -> None:
+        """Finish every queued item and every batch in flight, then end the thread."""
+        self._stopping = True
+        self._bell.set()
+
+    def _command(self, run: Callable[[], None]) -> None:
+        self._commands.append(run)
+        self._bell.set()
+
+    # ---- worker thread ---------------------------------------------------------------------------
 
     def _main(self) -> None:
-        """Collect, launch, complete. On CUDA one batch stays in flight while the next is
-        collected and launched (app/transfer.py); on the CPU each batch completes at once."""
         flights: list[InFlight] = []  # launched, not yet completed: at most one left pending
         in_hand: list[PendingItem] = []
+        slot: Slot | None = None
         try:
-            executor = DeviceExecutor(self.device, self.handler)
-            replica = self._load(executor)
-        except BaseException as exc:  # noqa: BLE001
-            self.load_failed = True
-            self._fail(f"{type(exc).__name__}: {exc}", loading=True)
+            executor = DeviceExecutor(self.device)
+        except BaseException as exc:  # noqa: BLE001 - a device that cannot be used
+            self._fail(f"{type(exc).__name__}: {exc}")
             return
+        self.state = WorkerState.READY
+        self._loop.call_soon_threadsafe(self._on_state, self)
         try:
-            self.state = WorkerState.READY
-            log.info("device %s ready (batch limit %d)", self.device, self.batch_limit)
-            self._loop.call_soon_threadsafe(self._on_state, self)
-            rate = ArrivalRate()
             while True:
-                if not flights:
-                    in_hand = collect_batch(
-                        self._queue, self._policy, self.batch_limit, rate, self._in_flight
-                    )
-                else:  # the device is busy: take what is queued, or finish the batch in flight
-                    in_hand = take_queued(self._queue, self.batch_limit)
-                    if not in_hand:
-                        self._complete(flights[0])
-                        flights.pop(0)
-                        continue
-                flights.append(self._launch(executor, replica, in_hand))
+                while self._commands:
+                    self._commands.popleft()()
+                slot = self._choose()
+                if slot is None:
+                    if flights:
+                        self._complete(flights.pop(0))
+                    elif self._stopping:
+                        break
+                    else:
+                        self._doze()
+                    continue
+                queue = slot.model.queue
+                if flights:  # the device is busy: take what is queued, no waiting
+                    in_hand = queue.take(slot.batch_limit)
+                else:
+                    in_hand = collect_batch(queue, slot.model.policy, slot.batch_limit,
+                                            slot.rate, slot.model.in_flight_now)
+                if not in_hand:
+                    continue
+                flights.append(self._launch(executor, slot, in_hand))
                 in_hand = []
                 while flights and (len(flights) > 1 or not flights[0].pending):
-                    self._complete(flights[0])
-                    flights.pop(0)
-        except janus.SyncQueueShutDown:
-            for flight in flights:
-                self._complete(flight)
+                    self._complete(flights.pop(0))
             self.state = WorkerState.STOPPED
-            return
         except BaseException as exc:  # noqa: BLE001 - a dying thread must never be silent
-            lost = in_hand + [item for flight in flights for item in flight.items()]
-            if lost:
-                self._send(BatchReport(str(self.device), [(i, ModelError()) for i in lost], 0.0))
+            lost = [(flight.slot, flight.items()) for flight in flights]
+            if slot is not None and in_hand:
+                lost.append((slot, in_hand))
+            for held, items in lost:  # every item held gets its answer
+                report = BatchReport(self.label, [(item, ModelError()) for item in items], 0.0)
+                self._loop.call_soon_threadsafe(held.model.deliver, report)
             self._fail(f"{type(exc).__name__}: {exc}")
 
-    def _fail(self, error: str, loading: bool = False) -> None:
-        """Record why the thread dies and tell the service. A model that cannot load is one
-        line (its traceback at debug level); a crash while serving is a bug: full traceback."""
+    def _choose(self) -> Slot | None:
+        """The model whose batch runs next, or None when no model has anything waiting."""
+        candidates = []
+        for model, slot in self._slots.items():
+            head = slot.model.queue.head()
+            if head is not None:
+                candidates.append((model, head.request.deadline))
+        return self._slots[self._fairness.pick(candidates)] if candidates else None
+
+    def _doze(self) -> None:
+        """Sleep until work, a command or a stop arrives (the bell), checking once more after
+        saying so: a put that came before ``_sleeping`` was set is seen here."""
+        self._bell.clear()
+        self._sleeping = True
+        try:
+            waiting = any(s.model.queue.head() is not None for s in self._slots.values())
+            if not (waiting or self._commands or self._stopping):
+                self._bell.wait(DOZE_S)
+        finally:
+            self._sleeping = False
+
+    def _fail(self, error: str) -> None:
         self.state = WorkerState.FAILED
         self.error = error
-        if loading:
-            log.error("device %s: the model failed to load: %s", self.device, error)
-            log.debug("model load traceback", exc_info=True)
-        else:
-            log.critical("device thread %s died: %s", self.device, error, exc_info=True)
+        log.critical("device thread %s died: %s", self.label, error, exc_info=True)
         self._loop.call_soon_threadsafe(self._on_state, self)
 
-    def _load(self, executor: DeviceExecutor) -> Replica:
-        """Load the replica and run the handler's examples through it (warm-up), recording
-        what its outputs look like."""
-        with torch.inference_mode():
-            replica = self.handler.load(self.device)
-            examples = self.handler.examples()
-            if examples:
-                results: list[Any] = []
-                for group in group_by(self.handler.decode(examples), self.handler.key):
-                    results += executor.launch(replica, group).wait()[0]
-                self.outputs = describe_outputs(results)
-        return replica
-
-    def _launch(
-        self, executor: DeviceExecutor, replica: Replica, batch: list[PendingItem]
-    ) -> InFlight:
+    def _launch(self, executor: DeviceExecutor, slot: Slot, batch: list[PendingItem]
+                ) -> InFlight:
         started = time.monotonic()
         live, dead = split_live(batch, started)
-        flight = InFlight(BatchReport(str(self.device), [], started))
+        flight = InFlight(slot, BatchReport(self.label, [], started))
         report = flight.report
         for item in dead:
             if item.request.deadline <= started:  # its future may already hold the timeout
@@ -197,33 +251,32 @@ class DeviceWorker:
             else:
                 report.cancelled += 1
         for group in group_by(live, lambda i: i.key):
-            self._launch_group(executor, replica, group, flight)
+            self._launch_group(executor, slot, group, flight)
         return flight
 
-    def _launch_group(
-        self, executor: DeviceExecutor, replica: Replica, items: list[PendingItem],
-        flight: InFlight,
-    ) -> None:
+    def _launch_group(self, executor: DeviceExecutor, slot: Slot, items: list[PendingItem],
+                      flight: InFlight) -> None:
         report = flight.report
         try:
-            launch = executor.launch(replica, [i.data for i in items])
+            launch = executor.launch(slot.model.handler, slot.replica, [i.data for i in items])
         except torch.OutOfMemoryError:
             if len(items) == 1:
-                log.error("device %s: out of memory on a single item", self.device)
+                log.error("device %s: out of memory on a single item of %s", self.label,
+                          slot.model.name)
                 report.results.append((items[0], ModelError(
                     "the model ran out of device memory on this item alone"
                 )))
                 return
             half = len(items) // 2
-            if half < self.batch_limit:
-                self.batch_limit = half
-                log.warning("device %s: out of memory at batch %d; batch limit lowered to %d",
-                            self.device, len(items), half)
-            self._launch_group(executor, replica, items[:half], flight)
-            self._launch_group(executor, replica, items[half:], flight)
+            if half < slot.batch_limit:
+                slot.batch_limit = half
+                log.warning("device %s: out of memory at batch %d of %s; batch limit lowered "
+                            "to %d", self.label, len(items), slot.model.name, half)
+            self._launch_group(executor, slot, items[:half], flight)
+            self._launch_group(executor, slot, items[half:], flight)
             return
         except Exception:
-            self._model_failed(items, report)
+            self._model_failed(slot, items, report)
             return
         flight.groups.append((items, launch))
 
@@ -234,18 +287,18 @@ class DeviceWorker:
             try:
                 outputs, seconds = launch.wait()
             except Exception:
-                self._model_failed(items, report)
+                self._model_failed(flight.slot, items, report)
                 continue
             self.busy_s += seconds
+            self._fairness.charge(flight.slot.model, seconds)
             report.sizes.append(len(items))
             report.compute_s.append(seconds)
             report.results.extend(zip(items, outputs, strict=True))
-        self._send(report)
+        self._loop.call_soon_threadsafe(flight.slot.model.deliver, report)
 
-    def _model_failed(self, items: list[PendingItem], report: BatchReport) -> None:
+    def _model_failed(self, slot: Slot, items: list[PendingItem], report: BatchReport) -> None:
         """The model raised on these items (at launch or while waiting): log it, fail them."""
-        log.exception("device %s: model failed on a batch of %d", self.device, len(items))
+        log.exception("device %s: %s failed on a batch of %d", self.label, slot.model.name,
+                      len(items))
         report.results.extend((i, ModelError()) for i in items)
 
-    def _send(self, report: BatchReport) -> None:
-        self._loop.call_soon_threadsafe(self._deliver, report)

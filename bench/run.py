@@ -84,16 +84,16 @@ def offline_items_s(workload: str, batch: int, seconds: float, distinct: int,
     from app.transfer import DeviceExecutor
 
     handler = load_handler(workload)
-    executor = DeviceExecutor(device, handler)
+    executor = DeviceExecutor(device)
     replica = handler.load(device)
     items = handler.decode([instance_for(workload, i % distinct) for i in range(batch)])
     runs: list[float] = []
     deadline = time.perf_counter() + seconds
     for _ in range(3):
-        executor.launch(replica, items).wait()  # warm-up
+        executor.launch(handler, replica, items).wait()  # warm-up
     while time.perf_counter() < deadline or len(runs) < 5:
         t0 = time.perf_counter()
-        executor.launch(replica, items).wait()
+        executor.launch(handler, replica, items).wait()
         runs.append(time.perf_counter() - t0)
     return batch / statistics.median(runs)
 

@@ -68,15 +68,18 @@ def wait_until_sync(predicate: Callable[[], Any], what: str) -> None:
 
 
 def sample(source: CollectorRegistry | str, name: str, **labels: str) -> float:
-    """One sample's value (0 when absent): from an in-process registry, or from the text of a
-    server's /metrics."""
-    if isinstance(source, str):
-        for family in text_string_to_metric_families(source):
-            for s in family.samples:
-                if s.name == name and s.labels == labels:
-                    return float(s.value)
-        return 0.0
-    return source.get_sample_value(name, labels) or 0.0
+    """The sum of the samples called ``name`` whose labels include ``labels`` (0 when none):
+    from an in-process registry, or from the text of a server's /metrics."""
+    families = (text_string_to_metric_families(source) if isinstance(source, str)
+                else source.collect())
+    return sum(float(s.value) for family in families for s in family.samples
+               if s.name == name and labels.items() <= s.labels.items())
+
+
+def queued(holder: Any) -> int:
+    """Items waiting in the default model's queue of an in-process client's app or a live
+    server."""
+    return int(holder.app.state.service.repository.get().queue.depth)
 
 
 def http_scope(path: str, app: Any, method: str = "POST",

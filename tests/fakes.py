@@ -6,7 +6,6 @@ The handlers take numbers as instances and return ``2 * x``. Each records every 
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,12 +22,14 @@ from app.models.base import ModelHandler, Replica, Tensors
 @dataclass
 class FakeClock:
     now: float = 100.0
+    naps: int = 0
 
     def __call__(self) -> float:
         return self.now
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds
+        self.naps += 1
 
 
 EPSILON_S = 1e-9  # the fake clock adds floats: an arrival due within a nanosecond is due
@@ -36,33 +37,21 @@ EPSILON_S = 1e-9  # the fake clock adds floats: an arrival due within a nanoseco
 
 @dataclass
 class FakeQueue:
-    """Items become visible at their arrival time; blocking gets advance the fake clock."""
+    """An ItemSource whose items become visible at their arrival time on the fake clock."""
 
     clock: FakeClock
     arrivals: list[tuple[float, PendingItem]] = field(default_factory=list)
-    blocking_gets: int = 0  # gets that would have put the caller to sleep until a put
 
     def add(self, at: float, item: PendingItem) -> None:
         self.arrivals.append((at, item))
         self.arrivals.sort(key=lambda pair: pair[0])
 
-    def get(self, block: bool = True, timeout: float | None = None) -> PendingItem:
-        if self.arrivals and self.arrivals[0][0] <= self.clock.now + EPSILON_S:
-            return self.arrivals.pop(0)[1]
-        if not block:
-            raise queue.Empty
-        self.blocking_gets += 1
-        if not self.arrivals:
-            if timeout is None:
-                raise AssertionError("would block forever")
-            self.clock.now += timeout
-            raise queue.Empty
-        at = self.arrivals[0][0]
-        if timeout is not None and at > self.clock.now + timeout:
-            self.clock.now += timeout
-            raise queue.Empty
-        self.clock.now = at
-        return self.arrivals.pop(0)[1]
+    def take(self, limit: int) -> list[PendingItem]:
+        taken = []
+        while (len(taken) < limit and self.arrivals
+               and self.arrivals[0][0] <= self.clock.now + EPSILON_S):
+            taken.append(self.arrivals.pop(0)[1])
+        return taken
 
 
 class EchoHandler(ModelHandler):

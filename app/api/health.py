@@ -8,28 +8,41 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 from app.api.deps import ServiceDep
-from app.schemas import HealthResponse
+from app.schemas import ErrorResponse, HealthResponse
 
 router = APIRouter()
 
 
-@router.get(
-    "/health_check",
-    response_model=HealthResponse,
-    responses={503: {"model": HealthResponse, "description": "busy, loading, draining, unhealthy"}},
-    summary="ready (200), or busy / loading / draining / unhealthy (503)",
-)
-async def health_check(service: ServiceDep) -> Response:
-    status = service.status
-    body = {"status": status, "queue_depth": service.queue_depth,
-            "queue_capacity": service.settings.queue_capacity}
-    ready = status == "ready"
+def _answer(body: dict[str, object]) -> Response:
+    ready = body["status"] == "ready"
     return Response(
         orjson.dumps(body),
         status_code=200 if ready else 503,
         media_type="application/json",
         headers=None if ready else {"Retry-After": "1"},
     )
+
+
+@router.get(
+    "/health_check",
+    response_model=HealthResponse,
+    responses={503: {"model": HealthResponse,
+                     "description": "busy, loading, draining, unhealthy (or for ?model=: "
+                                    "unloading, unavailable)"},
+               404: {"model": ErrorResponse, "description": "?model= names no model"}},
+    summary="ready (200), or busy / loading / draining / unhealthy (503); ?model=NAME: that one",
+)
+async def health_check(service: ServiceDep, model: str | None = None) -> Response:
+    if model is not None:
+        served = service.repository.get(model)
+        return _answer({"status": served.health, "model": served.name,
+                        "version": served.version, "queue_depth": served.queue.depth,
+                        "queue_capacity": served.settings.queue_capacity})
+    models = service.model_health()
+    return _answer({"status": service.status,
+                    "queue_depth": sum(int(str(m["queue_depth"])) for m in models),
+                    "queue_capacity": sum(int(str(m["queue_capacity"])) for m in models),
+                    "models": models})
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_model=None)

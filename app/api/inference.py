@@ -21,8 +21,8 @@ from starlette.types import Receive, Scope
 
 from app.api.body import ClientGone, read_body
 from app.batching import PendingRequest
-from app.config import Settings
-from app.errors import InvalidInput, ServeError, Unauthorized
+from app.errors import InvalidInput, NotFound, ServeError, Unauthorized
+from app.served import ServedModel
 from app.service import InferenceService
 
 TIMEOUT_HEADER = "x-request-timeout"
@@ -42,10 +42,10 @@ def check_auth(header: bytes | None, api_key: str | None) -> None:
         raise Unauthorized("missing or invalid bearer token")
 
 
-def request_timeout_s(header: bytes | None, settings: Settings) -> float:
-    """The server's timeout, shortened by an ``X-Request-Timeout`` header (seconds) if given."""
+def request_timeout_s(header: bytes | None, limit_s: float) -> float:
+    """The model's timeout, shortened by an ``X-Request-Timeout`` header (seconds) if given."""
     if header is None:
-        return settings.request_timeout_s
+        return limit_s
     raw = header.decode("latin-1")
     try:
         value = float(raw)
@@ -53,7 +53,7 @@ def request_timeout_s(header: bytes | None, settings: Settings) -> float:
         value = float("nan")
     if not value > 0:
         raise InvalidInput(f"{TIMEOUT_HEADER} must be a positive number of seconds, got {raw!r}")
-    return min(value, settings.request_timeout_s)
+    return min(value, limit_s)
 
 
 class DisconnectWatch:
@@ -93,27 +93,40 @@ async def run_inference(
     scope: Scope,
     receive: Receive,
     service: InferenceService,
-    parse: Callable[[bytes], tuple[list[Any], Parsed]],
-    render: Callable[[list[Any], Parsed], Response],
+    name: str | None,
+    version: str | None,
+    parse: Callable[[ServedModel, bytes], tuple[list[Any], Parsed]],
+    render: Callable[[ServedModel, list[Any], Parsed], Response],
 ) -> Response:
-    """Serve one inference request; ``parse`` gives (instances, context) for ``render``.
+    """Serve one inference request for model ``name`` (None: the default) at ``version`` (None:
+    the one taking its default traffic); ``parse`` gives (instances, context) for ``render``.
 
     Raises ServeError for the caller's error conversion (app/api/errors.py)."""
     arrived = time.monotonic()
-    settings, metrics = service.settings, service.metrics
+    settings = service.settings
+    try:
+        model: ServedModel | None = service.repository.get(name, version)
+        missing = None
+    except NotFound as exc:  # answered after the auth check, so unknown names leak nothing
+        model, missing = None, exc
+    metrics = model.metrics if model is not None else service.unknown
     status = 500
     try:
         headers = dict(scope["headers"])
         check_auth(headers.get(b"authorization"), settings.api_key)
-        deadline = arrived + request_timeout_s(headers.get(b"x-request-timeout"), settings)
+        if model is None:
+            assert missing is not None
+            raise missing
+        deadline = arrived + request_timeout_s(headers.get(b"x-request-timeout"),
+                                               model.settings.request_timeout_s)
         body = await read_body(receive, settings.max_body_bytes, headers.get(b"content-length"))
-        instances, context = parse(body)
-        service.check_admissible(len(instances))  # refuse before paying for decoding
-        items = await service.decode(instances)
-        pending = service.enqueue(items, deadline)
+        instances, context = parse(model, body)
+        model.check_admissible(len(instances))  # refuse before paying for decoding
+        items = await model.decode(instances)
+        pending = model.enqueue(items, deadline)
         watch = DisconnectWatch(receive, pending)
         try:
-            results = await service.result(pending)
+            results = await model.result(pending)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if watch.noticed and task is not None and not task.cancelling():
@@ -121,17 +134,17 @@ async def run_inference(
             raise
         finally:
             watch.close()
-        response = render(results, context)
+        response = render(model, results, context)
         status = response.status_code
         return response
     except ClientGone:
         status = CLIENT_CLOSED
-        metrics.rejected.labels(reason="disconnected").inc()
+        metrics.rejected("disconnected")
         return Response(status_code=CLIENT_CLOSED)
     except ServeError as exc:
         status = exc.status
         if status != 500:
-            metrics.rejected.labels(reason=exc.type).inc()
+            metrics.rejected(exc.type)
         raise
     finally:
         metrics.answered(status, time.monotonic() - arrived)

@@ -16,45 +16,62 @@ from app.api.inference import run_inference
 from app.api.routing import RawRoute
 from app.payload import instances_of, parse_json
 from app.schemas import ErrorResponse, PredictRequest, PredictResponse
+from app.served import ServedModel
 from app.service import InferenceService
 
 _ERRORS = {
     401: "missing or wrong bearer token",
+    404: "unknown model or version",
     413: "body or instance count over the limit",
     422: "malformed body or instance",
     500: "the model failed on this request's batch",
-    503: "busy, loading or draining; see Retry-After",
+    503: "busy, loading, unloading or draining; see Retry-After",
     504: "deadline passed before the answer",
 }
 
 
-def _render(results: list[Any], _: None) -> Response:
+def _parse(model: ServedModel, body: bytes) -> tuple[list[Any], None]:
+    return instances_of(parse_json(body), model.settings.max_instances), None
+
+
+def _render(_: ServedModel, results: list[Any], __: None) -> Response:
     content = orjson.dumps({"predictions": results}, option=orjson.OPT_SERIALIZE_NUMPY)
     return Response(content, media_type="application/json")
 
 
 class Predict:
-    """The endpoint: an instance, not a function, so Starlette mounts it as raw ASGI."""
+    """The endpoint: an instance, not a function, so Starlette mounts it as raw ASGI. The model
+    comes from the path (``name``, ``version``), or is the server's default one."""
 
     def __init__(self, service: InferenceService) -> None:
         self.service = service
-        self.max_instances = service.settings.max_instances
-
-    def parse(self, body: bytes) -> tuple[list[Any], None]:
-        return instances_of(parse_json(body), self.max_instances), None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = await run_inference(scope, receive, self.service, self.parse, _render)
+        params = scope.get("path_params") or {}
+        response = await run_inference(scope, receive, self.service, params.get("name"),
+                                       params.get("version"), _parse, _render)
         await response(scope, receive, send)
 
 
-def route(service: InferenceService) -> RawRoute:
-    operation = openapi_operation(service.handler.input_schema)
-    return RawRoute("/predict", Predict(service), "POST", operation)
+def routes(service: InferenceService, default_schema: dict[str, Any]) -> list[RawRoute]:
+    """``POST /predict`` (the default model, whose per-instance schema is ``default_schema``)
+    and ``POST /models/{name}[/versions/{version}]/predict``."""
+    endpoint = Predict(service)
+    by_name = openapi_operation({}, "predict_model")
+    by_name["parameters"] = [{"name": "name", "in": "path", "required": True,
+                              "schema": {"type": "string"}}]
+    by_version = {**by_name, "operationId": "predict_model_version", "parameters": [
+        *by_name["parameters"],
+        {"name": "version", "in": "path", "required": True, "schema": {"type": "string"}}]}
+    return [
+        RawRoute("/predict", endpoint, "POST", openapi_operation(default_schema, "predict")),
+        RawRoute("/models/{name}/predict", endpoint, "POST", by_name),
+        RawRoute("/models/{name}/versions/{version}/predict", endpoint, "POST", by_version),
+    ]
 
 
-def openapi_operation(instance_schema: dict[str, Any]) -> dict[str, Any]:
-    """The OpenAPI operation of POST /predict, with the model's per-instance schema."""
+def openapi_operation(instance_schema: dict[str, Any], operation_id: str) -> dict[str, Any]:
+    """The OpenAPI operation of a predict route, with the model's per-instance schema."""
     body = PredictRequest.model_json_schema()
     body["properties"]["instances"]["items"] = instance_schema
     ref = "#/components/schemas/"
@@ -69,7 +86,7 @@ def openapi_operation(instance_schema: dict[str, Any]) -> dict[str, Any]:
         }
     return {
         "summary": "Run the model on a list of instances",
-        "operationId": "predict",
+        "operationId": operation_id,
         "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
         "responses": responses,
     }

@@ -110,7 +110,7 @@ class JobWorker:
             if len(self.held) >= self.read_ahead:
                 self._room.clear()
                 await self._room.wait()
-            elif service.queue_depth >= service.settings.queue_capacity:
+            elif _full(service):
                 await asyncio.sleep(BUSY_RETRY_S)
             else:
                 break
@@ -199,19 +199,19 @@ class JobWorker:
             log.exception("job entry %s could not be finished; it will be retried", job.entry)
 
     async def _infer(self, job_id: str, instances: list[Any]) -> dict[str, Any]:
-        service = self.service
         deadline = time.monotonic() + self.settings.request_timeout_s
         try:
-            items = await service.decode(instances)
+            model = self.service.repository.get()
+            items = await model.decode(instances)
             while True:
                 try:
-                    pending = service.enqueue(items, deadline)
+                    pending = model.enqueue(items, deadline)
                     break
                 except Unavailable as exc:
                     if exc.type != "busy" or time.monotonic() > deadline:
                         raise
                     await asyncio.sleep(BUSY_RETRY_S)  # shared with HTTP traffic: wait for room
-            predictions = await service.result(pending)
+            predictions = await model.result(pending)
         except ServeError as exc:
             return error_result(job_id, exc.type, exc.message)
         return {"id": job_id, "status": "ok", "predictions": predictions}
@@ -277,3 +277,12 @@ class JobWorker:
                  "at": time.time()}
         await self.redis.set(f"batchserve:worker:{self.consumer}", orjson.dumps(state),
                              ex=max(1, int(s.job_lease_s)))
+
+
+def _full(service: InferenceService) -> bool:
+    """The default model's queue cannot take more (HTTP traffic may fill it too)."""
+    try:
+        model = service.repository.get()
+    except ServeError:
+        return False
+    return model.queue.depth >= model.settings.queue_capacity

@@ -1,8 +1,13 @@
+"""GET /health_check (whole server and ?model=) and GET /metrics, in-process."""
+
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
-from tests.conftest import app_client, make_settings
+from tests.conftest import app_client, make_settings, sample, wait_until
+from tests.fakes import GatedHandler
 
 pytestmark = pytest.mark.asyncio
 
@@ -11,7 +16,32 @@ async def test_ready_body() -> None:
     async with app_client(make_settings(queue_capacity=64)) as client:
         r = await client.get("/health_check")
         assert r.status_code == 200
-        assert r.json() == {"status": "ready", "queue_depth": 0, "queue_capacity": 64}
+        assert r.json() == {
+            "status": "ready", "queue_depth": 0, "queue_capacity": 64,
+            "models": [{"model": "linear", "version": "1", "status": "ready", "queue_depth": 0,
+                        "queue_capacity": 64}],
+        }
+        r = await client.get("/health_check", params={"model": "linear"})
+        assert r.status_code == 200 and r.json()["status"] == "ready"
+        assert r.json()["model"] == "linear" and r.json()["version"] == "1"
+        r = await client.get("/health_check", params={"model": "nope"})
+        assert r.status_code == 404 and "unknown model 'nope'" in r.json()["error"]["message"]
+
+
+async def test_a_full_queue_is_busy_for_the_model_and_the_server() -> None:
+    handler = GatedHandler()
+    async with app_client(make_settings(queue_capacity=2, max_instances=2), handler) as client:
+        first = asyncio.create_task(client.post("/predict", json={"instances": [1]}))
+        await wait_until(handler.entered.is_set, "device busy")
+        queued = asyncio.create_task(client.post("/predict", json={"instances": [2, 3]}))
+        service = client.app.state.service  # type: ignore[attr-defined]
+        await wait_until(lambda: service.repository.get().queue.depth == 2, "queue full")
+        for params in ({}, {"model": "echo"}):
+            r = await client.get("/health_check", params=params)
+            assert r.status_code == 503 and r.json()["status"] == "busy"
+            assert r.headers["retry-after"] == "1"
+        handler.gate.set()
+        assert [(await t).status_code for t in (first, queued)] == [200, 200]
 
 
 async def test_metrics_count_requests_and_batches() -> None:
@@ -19,11 +49,15 @@ async def test_metrics_count_requests_and_batches() -> None:
         for _ in range(3):
             await client.post("/predict", json={"instances": [[1, 2, 3, 4]] * 2})
         await client.post("/predict", json={"instances": []})
+        await client.post("/models/nope/predict", json={"instances": [[1, 2, 3, 4]]})
         text = (await client.get("/metrics")).text
-    assert 'batchserve_requests_total{status="200"} 3.0' in text
-    assert 'batchserve_requests_total{status="422"} 1.0' in text
-    assert 'batchserve_rejected_total{reason="invalid_input"} 1.0' in text
-    assert "batchserve_batch_size_sum 6.0" in text
+    labels = {"model": "linear", "version": "1"}
+    assert sample(text, "batchserve_requests_total", status="200", **labels) == 3
+    assert sample(text, "batchserve_requests_total", status="422", **labels) == 1
+    assert sample(text, "batchserve_requests_total", model="", version="", status="404") == 1
+    assert sample(text, "batchserve_rejected_total", model="linear", reason="invalid_input") == 1
+    assert sample(text, "batchserve_batch_size_sum", model="linear") == 6
+    assert sample(text, "batchserve_model_state", state="READY", **labels) == 1
     for name in ("batchserve_request_duration_seconds_bucket", "batchserve_queue_depth",
                  "batchserve_queue_wait_seconds_count", "batchserve_batch_compute_seconds_count",
                  'batchserve_device_busy_ratio{device="cpu"}'):

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tests.conftest import app_client, http_scope, make_settings, sample, wait_until
+from tests.conftest import app_client, http_scope, make_settings, queued, sample, wait_until
 from tests.fakes import FailingHandler, GatedHandler, SlowLoadHandler
 
 pytestmark = pytest.mark.asyncio
@@ -159,7 +159,7 @@ async def test_busy_gives_503_with_retry_after() -> None:
         first = asyncio.create_task(client.post("/predict", json={"instances": [1]}))
         await wait_until(handler.entered.is_set, "device busy")
         held = asyncio.create_task(client.post("/predict", json={"instances": [2, 3]}))
-        await wait_until(lambda: client.app.state.service.queue_depth == 2, "queue full")
+        await wait_until(lambda: queued(client) == 2, "queue full")
         r = await client.post("/predict", json={"instances": [4]})
         assert_error(r, 503, "busy", "queue is full")
         assert r.headers["retry-after"] == "1"

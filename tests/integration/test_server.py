@@ -8,7 +8,7 @@ import socket
 import httpx
 import pytest
 
-from tests.conftest import live_server, make_settings, sample, wait_until
+from tests.conftest import live_server, make_settings, queued, sample, wait_until
 from tests.fakes import FailingHandler, GatedHandler
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
@@ -22,7 +22,7 @@ async def test_concurrent_requests_share_batches() -> None:
             await wait_until(handler.entered.is_set, "device busy")
             rest = [asyncio.create_task(client.post("/predict", json={"instances": [i]}))
                     for i in range(1, 9)]
-            await wait_until(lambda: srv.app.state.service.queue_depth == 8, "8 queued")
+            await wait_until(lambda: queued(srv) == 8, "8 queued")
             handler.gate.set()
             responses = await asyncio.gather(first, *rest)
             assert [r.json()["predictions"] for r in responses] == [[2.0 * i] for i in range(9)]
@@ -39,7 +39,7 @@ async def test_full_queue_busy_and_recovery() -> None:
             first = asyncio.create_task(client.post("/predict", json={"instances": [0]}))
             await wait_until(handler.entered.is_set, "device busy")
             held = asyncio.create_task(client.post("/predict", json={"instances": [1, 2, 3]}))
-            await wait_until(lambda: srv.app.state.service.queue_depth == 3, "queue full")
+            await wait_until(lambda: queued(srv) == 3, "queue full")
             r = await client.post("/predict", json={"instances": [4]})
             assert r.status_code == 503 and r.json()["error"]["type"] == "busy"
             assert r.headers["retry-after"] == "1"
@@ -110,7 +110,7 @@ async def test_disconnected_client_items_are_not_computed() -> None:
             with socket.create_connection((host, int(port))) as raw:
                 raw.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
                             b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-                await wait_until(lambda: srv.app.state.service.queue_depth == 1, "queued")
+                await wait_until(lambda: queued(srv) == 1, "queued")
             # the socket is closed: the server notices and drops the queued item
             service = srv.app.state.service
 

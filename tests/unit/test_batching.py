@@ -107,7 +107,7 @@ def test_a_known_rate_fills_the_batch_by_napping_not_by_a_wake_per_item() -> Non
     batch = collect_batch(q, POLICY, 4, rate, lambda: 10, clock, clock.sleep)
     assert [i.data for i in batch] == [100.0, 100.001, 100.002, 100.003]
     assert clock.now == pytest.approx(100.003)  # one nap, until the fourth was due
-    assert q.blocking_gets == 0  # no get that a put would have had to wake
+    assert clock.naps == 1  # not one wake-up per item
 
 
 def test_a_nap_expects_no_more_arrivals_than_requests_in_flight() -> None:
@@ -119,6 +119,12 @@ def test_a_nap_expects_no_more_arrivals_than_requests_in_flight() -> None:
     batch = collect_batch(q, POLICY, 4, rate, lambda: 2, clock, clock.sleep)
     assert [i.data for i in batch] == [100.0, 100.0005]
     assert clock.now == pytest.approx(100.001)
+
+
+def test_an_empty_source_gives_an_empty_batch() -> None:
+    clock, q = setup([100.5])  # not arrived yet
+    assert collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 1, clock, clock.sleep) == []
+    assert clock.now == 100.0
 
 
 def test_effective_limit_caps_the_batch() -> None:

@@ -1,4 +1,5 @@
-"""Imports point one way: entry points -> api / jobs -> service -> worker -> transfer -> models.
+"""Imports point one way: entry points -> api / jobs -> service -> repository -> worker ->
+served model -> queues, transfer -> models.
 
 A module may import modules of its own layer or below, never above; api and jobs never import
 each other. Lazy imports inside functions count too.
@@ -15,9 +16,11 @@ LAYERS = [
     # shared, imported from anywhere
     ["app.errors", "app.config", "app.payload", "app.logs", "app.process", "app.metrics",
      "app.schemas"],
-    ["app.models", "app.devices", "app.batching"],
-    ["app.transfer"],
+    ["app.models", "app.devices", "app.batching", "app.scheduling"],
+    ["app.transfer", "app.queues"],
+    ["app.served"],
     ["app.worker"],
+    ["app.catalog", "app.repository"],
     ["app.service"],
     ["app.api", "app.jobs"],
     ["app.main", "app.check"],

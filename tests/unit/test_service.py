@@ -1,4 +1,7 @@
-"""InferenceService with real device threads and the janus queue, driven by gated fakes."""
+"""InferenceService with real device threads: one model, driven by gated fakes.
+
+Several models (a repository folder) are in tests/unit/test_repository.py.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.errors import DeadlineExceeded, ModelError, Unavailable
+from app.errors import DeadlineExceeded, ModelError, NotFound, Unavailable
 from app.models.base import ModelHandler
 from app.service import InferenceService, build_service
 from app.worker import WorkerState
@@ -40,10 +43,17 @@ async def running(handler: ModelHandler, ready: bool = True, **overrides: Any
         await service.stop(timeout_s=30)
 
 
-async def call(service: InferenceService, values: list[Any], timeout_s: float = 30.0) -> list[Any]:
-    items = await service.decode(values)
-    request = service.enqueue(items, time.monotonic() + timeout_s)
-    return await service.result(request)
+async def call(service: InferenceService, values: list[Any], timeout_s: float = 30.0,
+               name: str | None = None) -> list[Any]:
+    """One request through the model's own admission, as the API makes it."""
+    model = service.repository.get(name)
+    items = await model.decode(values)
+    request = model.enqueue(items, time.monotonic() + timeout_s)
+    return await model.result(request)
+
+
+def depth(service: InferenceService) -> int:
+    return service.repository.get().queue.depth
 
 
 @pytest.mark.asyncio
@@ -59,7 +69,7 @@ async def test_queued_requests_share_a_batch() -> None:
         first = asyncio.create_task(call(service, [0]))
         await wait_until(handler.entered.is_set, "first batch on the device")
         rest = [asyncio.create_task(call(service, [i])) for i in range(1, 9)]
-        await wait_until(lambda: service.queue_depth == 8, "8 queued")
+        await wait_until(lambda: depth(service) == 8, "8 queued")
         handler.gate.set()
         await asyncio.gather(first, *rest)
     assert handler.batches == [[0.0], [float(i) for i in range(1, 9)]]
@@ -72,13 +82,13 @@ async def test_a_full_queue_refuses_whole_requests() -> None:
         first = asyncio.create_task(call(service, [0]))
         await wait_until(handler.entered.is_set, "device busy")
         held = asyncio.create_task(call(service, [1, 2, 3]))
-        await wait_until(lambda: service.queue_depth == 3, "3 queued")
+        await wait_until(lambda: depth(service) == 3, "3 queued")
         with pytest.raises(Unavailable) as info:
             await call(service, [4, 5])  # 2 items do not fit in the 1 free slot: none is queued
         assert info.value.type == "busy" and info.value.retry_after_s
-        assert service.queue_depth == 3
+        assert depth(service) == 3
         last = asyncio.create_task(call(service, [6]))  # 1 item still fits
-        await wait_until(lambda: service.queue_depth == 4, "queue full")
+        await wait_until(lambda: depth(service) == 4, "queue full")
         assert service.status == "busy"
         handler.gate.set()
         await asyncio.gather(first, held, last)
@@ -98,17 +108,19 @@ async def test_expired_items_are_dropped_not_computed() -> None:
         await first
         await call(service, [8])  # FIFO: by now the expired item has been taken and dropped
     assert 7.0 not in handler.seen and handler.seen == [0.0, 8.0]
-    assert sample(service.metrics.registry, "batchserve_dropped_items_total", reason="expired") == 1
+    assert sample(service.metrics.registry, "batchserve_dropped_items_total",
+                  model="echo", reason="expired") == 1
 
 
 @pytest.mark.asyncio
 async def test_the_effective_batch_limit_is_exported() -> None:
     async with running(OOMHandler(fits=2), max_batch_size=8) as service:
         await call(service, [1, 2, 3, 4, 5, 6, 7])
-        limit = service.workers[0].batch_limit
+        limit = service.workers[0].batch_limit(service.repository.get())
         assert limit <= 2
         assert sample(service.metrics.registry, "batchserve_effective_batch_limit",
-                      device="cpu") == limit
+                      model="echo", device="cpu") == limit
+
 
 @pytest.mark.asyncio
 async def test_a_dead_device_thread_is_reported_and_restarted() -> None:
@@ -118,20 +130,26 @@ async def test_a_dead_device_thread_is_reported_and_restarted() -> None:
         with pytest.raises(ModelError):
             await call(service, [666])
         await wait_until(lambda: first.state is WorkerState.FAILED, "thread dead")
-        assert service.status in {"unhealthy", "loading"}
+        assert service.status == "unhealthy"
+        with pytest.raises(Unavailable) as info:
+            service.repository.get().check_admissible(1)
+        assert info.value.type == "unhealthy"
         await wait_until(lambda: service.status == "ready", "restarted")
         assert service.workers[0] is not first
         assert [float(x) for x in await call(service, [1])] == [2.0]
 
 
 @pytest.mark.asyncio
-async def test_a_model_that_cannot_load_is_not_ready() -> None:
+async def test_a_model_that_cannot_load_is_unavailable_with_the_reason() -> None:
     async with running(BrokenLoadHandler(), ready=False) as service:
         await wait_until(lambda: service.load_failed, "load failure seen")
         assert service.status == "unhealthy"
         with pytest.raises(Unavailable) as info:
-            service.check_admissible(1)
-        assert info.value.type == "unhealthy"
+            service.repository.get()
+        assert info.value.type == "unavailable" and "weights are corrupt" in info.value.message
+        assert service.repository.index() == [{"name": "echo", "version": "",
+                                               "state": "UNAVAILABLE",
+                                               "reason": "RuntimeError: weights are corrupt"}]
 
 
 @pytest.mark.asyncio
@@ -141,7 +159,7 @@ async def test_two_cpu_replicas_share_the_queue() -> None:
         assert len(service.workers) == 2
         tasks = [asyncio.create_task(call(service, [i])) for i in range(2)]
         # With a batch limit of 1 and the gate closed, an empty queue means each thread holds one.
-        await wait_until(lambda: service.queue_depth == 0, "both taken")
+        await wait_until(lambda: depth(service) == 0, "both taken")
         handler.gate.set()
         await asyncio.gather(*tasks)
     assert sorted(handler.seen) == [0.0, 1.0]
@@ -163,7 +181,17 @@ async def test_stop_answers_everything_queued() -> None:
 
 
 @pytest.mark.asyncio
+async def test_an_unknown_model_is_not_found() -> None:
+    async with running(EchoHandler()) as service:
+        with pytest.raises(NotFound, match="unknown model 'nope'"):
+            service.repository.get("nope")
+        with pytest.raises(NotFound, match="no version '2'"):
+            service.repository.get("echo", "2")
+        assert service.repository.get(None).name == "echo"
+
+
 @pytest.mark.gpu
+@pytest.mark.asyncio
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 async def test_pipelined_cuda_worker_answers_every_request_in_order() -> None:
     from app.models.builtin import mlp_handler

@@ -26,10 +26,10 @@ def reference(handler: TensorHandler, data: list[np.ndarray]) -> np.ndarray:
 
 def test_cpu_launch_is_complete_at_once() -> None:
     handler = mlp_handler()
-    executor = DeviceExecutor(torch.device("cpu"), handler)
+    executor = DeviceExecutor(torch.device("cpu"))
     replica = handler.load(torch.device("cpu"))
     data = rows(5)
-    launch = executor.launch(replica, data)
+    launch = executor.launch(handler, replica, data)
     assert not launch.pending
     results, seconds = launch.wait()
     assert seconds > 0
@@ -41,10 +41,10 @@ def test_cpu_launch_is_complete_at_once() -> None:
 def test_cuda_launches_overlap_and_match_the_cpu() -> None:
     handler = mlp_handler()
     device = torch.device("cuda", 0)
-    executor = DeviceExecutor(device, handler)
+    executor = DeviceExecutor(device)
     replica = handler.load(device)
     batches = [rows(64, seed) for seed in range(8)]
-    launches = [executor.launch(replica, data) for data in batches]  # all in flight at once
+    launches = [executor.launch(handler, replica, data) for data in batches]  # all in flight
     assert all(launch.pending for launch in launches)
     for data, launch in zip(batches, launches, strict=True):
         results, seconds = launch.wait()

@@ -1,26 +1,28 @@
-"""DeviceWorker on its own: items in through a janus queue, BatchReports out to the loop."""
+"""DeviceWorker on its own: models attached to one device thread, their reports recorded."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
-import janus
 import pytest
 import torch
 
-from app.batching import BatchPolicy, PendingItem, PendingRequest
+from app.batching import BatchReport, PendingItem, PendingRequest
+from app.config import BatchSettings
 from app.errors import DeadlineExceeded, ModelError
+from app.metrics import Metrics
 from app.models.base import ModelHandler
 from app.models.builtin import linear_handler
 from app.models.signature import TensorSpec
-from app.worker import BatchReport, DeviceWorker, WorkerState
+from app.served import ServedModel
+from app.worker import DeviceWorker, WorkerState, warm_replica
 from tests.conftest import wait_until
 from tests.fakes import (
-    BrokenLoadHandler,
     CrashingHandler,
     EchoHandler,
     FailingHandler,
@@ -30,29 +32,47 @@ from tests.fakes import (
 )
 
 pytestmark = pytest.mark.asyncio
+CPU = torch.device("cpu")
 
 
 class Harness:
-    """One worker on the CPU with its queue; every report and state change it sends back."""
+    """One CPU device thread; the models attached to it and every report they got."""
 
-    def __init__(self, worker: DeviceWorker, queue: janus.Queue[PendingItem]) -> None:
+    def __init__(self, worker: DeviceWorker) -> None:
         self.worker = worker
-        self.queue = queue
-        self.reports: list[BatchReport] = []
+        self.models: dict[str, ServedModel] = {}
+        self.reports: list[tuple[str, BatchReport]] = []
         self.states: list[WorkerState] = []
 
-    def put(self, *values: Any, timeout_s: float = 30.0) -> PendingRequest:
-        """One request of ``values``, queued whole."""
+    async def attach(self, handler: ModelHandler, max_batch_size: int = 8) -> ServedModel:
+        loop = asyncio.get_running_loop()
+        settings = BatchSettings(max_batch_size=max_batch_size, max_wait_ms=5)
+        model = ServedModel(handler.name, "1", settings, handler, [CPU],
+                            Metrics.create().for_model(handler.name, "1"))
+        model.open(loop, ThreadPoolExecutor(1))
+        model.deliver = lambda report: self.reports.append((handler.name, report))  # type: ignore[method-assign]
+        replica, model.outputs = await asyncio.to_thread(warm_replica, handler, CPU)
+        attached = asyncio.Event()
+        self.worker.attach(model, replica, attached.set)
+        await attached.wait()
+        model.wakers = [self.worker.wake]
+        self.models[handler.name] = model
+        return model
+
+    def put(self, name: str, *values: Any, timeout_s: float = 30.0) -> PendingRequest:
+        """One request of ``values`` for model ``name``, queued whole."""
+        model = self.models[name]
         now = time.monotonic()
         request = PendingRequest(asyncio.get_running_loop().create_future(), len(values),
                                  now + timeout_s, now)
         for index, value in enumerate(values):
-            self.queue.sync_q.put(PendingItem(request, index, value))
+            model.queue.put(PendingItem(request, index, value))
+        self.worker.wake()
         return request
 
     def results(self) -> dict[float, Any]:
         """Every item's outcome so far, by its input value."""
-        return {item.data: value for r in self.reports for item, value in r.results}
+        return {item.data: value for _, r in self.reports for item, value in r.results}
 
     async def settled(self, items: int) -> dict[float, Any]:
         await wait_until(lambda: len(self.results()) >= items, f"{items} results")
@@ -60,65 +80,107 @@ class Harness:
 
 
 @asynccontextmanager
-async def worker(handler: ModelHandler, limit: int = 8, ready: bool = True
-                 ) -> AsyncIterator[Harness]:
-    queue: janus.Queue[PendingItem] = janus.Queue()
+async def device(*handlers: ModelHandler, max_batch_size: int = 8) -> AsyncIterator[Harness]:
     harness: Harness
-
-    def deliver(report: BatchReport) -> None:
-        harness.reports.append(report)
 
     def changed(w: DeviceWorker) -> None:
         harness.states.append(w.state)
 
-    # Nothing else in flight: the policy sends each batch as soon as what is queued is taken.
-    w = DeviceWorker(torch.device("cpu"), handler, queue.sync_q, BatchPolicy(limit, 0.005),
-                     asyncio.get_running_loop(), deliver, lambda: 0, changed)
-    harness = Harness(w, queue)
-    w.start()
+    worker = DeviceWorker(CPU, "cpu", asyncio.get_running_loop(), changed)
+    harness = Harness(worker)
+    worker.start()
     try:
-        if ready:
-            await wait_until(lambda: w.state is WorkerState.READY, "worker ready")
+        await wait_until(lambda: worker.state is WorkerState.READY, "worker ready")
+        for handler in handlers:
+            await harness.attach(handler, max_batch_size)
         yield harness
     finally:
-        queue.shutdown()
-        assert await asyncio.to_thread(w.join, 30)
-        await queue.wait_closed()
+        for model in harness.models.values():
+            model.queue.shutdown()
+        worker.stop()
+        assert await asyncio.to_thread(worker.join, 30)
 
 
 async def test_warm_up_teaches_the_outputs() -> None:
-    async with worker(linear_handler()) as h:
-        assert h.worker.outputs == [TensorSpec("OUTPUT0", "FP32", (2,))]
+    replica, outputs = await asyncio.to_thread(warm_replica, linear_handler(), CPU)
+    assert callable(replica) and outputs == [TensorSpec("OUTPUT0", "FP32", (2,))]
 
 
 async def test_queued_items_ride_one_batch_in_order() -> None:
     handler = GatedHandler()
-    async with worker(handler) as h:
-        h.put(0.0)
+    async with device(handler) as h:
+        h.put("echo", 0.0)
         await wait_until(handler.entered.is_set, "first batch on the device")
-        h.put(1.0, 2.0)
-        h.put(3.0)
+        h.put("echo", 1.0, 2.0)
+        h.put("echo", 3.0)
         handler.gate.set()
         results = await h.settled(4)
     assert handler.batches == [[0.0], [1.0, 2.0, 3.0]]
     assert {k: float(v) for k, v in results.items()} == {0.0: 0.0, 1.0: 2.0, 2.0: 4.0, 3.0: 6.0}
-    assert [r.sizes for r in h.reports] == [[1], [3]]
+    assert [r.sizes for _, r in h.reports] == [[1], [3]]
+
+
+class Named(GatedHandler):
+    """A gated echo under another name; ``cost_s`` of work per batch once the gate is open."""
+
+    def __init__(self, name: str, cost_s: float, log: list[str]) -> None:
+        super().__init__()
+        self.name = name
+        self.cost_s = cost_s
+        self.log = log
+
+    def compute(self, batch: torch.Tensor) -> torch.Tensor:
+        out = super().compute(batch)
+        self.log.append(self.name)
+        time.sleep(self.cost_s)
+        return out
+
+
+async def test_two_models_share_one_device_thread() -> None:
+    log: list[str] = []
+    a, b = Named("a", 0.0, log), Named("b", 0.0, log)
+    a.gate.set()
+    b.gate.set()
+    async with device(a, b) as h:
+        h.put("a", 1.0, 2.0)
+        h.put("b", 3.0)
+        results = await h.settled(3)
+    assert {k: float(v) for k, v in results.items()} == {1.0: 2.0, 2.0: 4.0, 3.0: 6.0}
+    assert sorted(log) == ["a", "b"]
+    assert {name for name, _ in h.reports} == {"a", "b"}
+
+
+async def test_a_saturated_slow_model_holds_a_fast_one_back_one_batch_at_most() -> None:
+    """The slow model has a backlog of many batches; a fast request arriving meanwhile runs
+    right after the slow batch in progress, not after the backlog."""
+    log: list[str] = []
+    slow, fast = Named("slow", 0.02, log), Named("fast", 0.0, log)
+    fast.gate.set()
+    async with device(slow, fast, max_batch_size=2) as h:
+        h.put("slow", 0.0)
+        await wait_until(slow.entered.is_set, "the first slow batch on the device")
+        for i in range(1, 21):  # ten more slow batches queued behind it
+            h.put("slow", float(i))
+        h.put("fast", 100.0)
+        slow.gate.set()
+        await h.settled(22)
+    assert log.index("fast") <= 2, log  # after the batch in progress and at most one more
 
 
 async def test_a_failing_batch_fails_only_its_items() -> None:
-    async with worker(FailingHandler()) as h:
-        h.put(1.0, -1.0)
+    async with device(FailingHandler()) as h:
+        h.put("echo", 1.0, -1.0)
         results = await h.settled(2)
         assert all(isinstance(v, ModelError) for v in results.values())
         assert "secret" not in results[1.0].message
-        h.put(5.0)
+        h.put("echo", 5.0)
         assert float((await h.settled(3))[5.0]) == 10.0
         assert h.worker.state is WorkerState.READY
 
 
 async def test_a_wrong_output_count_fails_the_batch(caplog: pytest.LogCaptureFixture) -> None:
-    async with worker(WrongLengthHandler()) as h:
-        h.put(1.0, 2.0)
+    async with device(WrongLengthHandler()) as h:
+        h.put("echo", 1.0, 2.0)
         results = await h.settled(2)
     assert all(isinstance(v, ModelError) for v in results.values())
     assert "model returned 1 rows for a batch of 2" in caplog.text
@@ -126,46 +188,63 @@ async def test_a_wrong_output_count_fails_the_batch(caplog: pytest.LogCaptureFix
 
 async def test_out_of_memory_splits_the_batch_and_lowers_the_limit() -> None:
     handler = OOMHandler(fits=2)
-    async with worker(handler, limit=8) as h:
-        h.put(*[float(i) for i in range(1, 8)])
+    async with device(handler, max_batch_size=8) as h:
+        h.put("echo", *[float(i) for i in range(1, 8)])
         results = await h.settled(7)
         assert {k: float(v) for k, v in results.items()} == {float(i): 2.0 * i for i in range(1, 8)}
-        assert h.worker.batch_limit <= 2 and max(handler.attempts[1:]) <= 4
-        h.put(999.0)  # out of memory even alone: that item fails, nothing else
+        model = h.models["echo"]
+        assert h.worker.batch_limit(model) <= 2 and max(handler.attempts[1:]) <= 4
+        h.put("echo", 999.0)  # out of memory even alone: that item fails, nothing else
         failed = (await h.settled(8))[999.0]
         assert isinstance(failed, ModelError) and "out of device memory" in failed.message
 
 
 async def test_expired_items_are_dropped_not_computed() -> None:
     handler = GatedHandler()
-    async with worker(handler) as h:
-        h.put(0.0)
+    async with device(handler) as h:
+        h.put("echo", 0.0)
         await wait_until(handler.entered.is_set, "device busy")
-        h.put(7.0, timeout_s=0.0)  # its deadline has passed by the time it is taken
+        h.put("echo", 7.0, timeout_s=0.0)  # its deadline has passed by the time it is taken
         handler.gate.set()
         results = await h.settled(2)
     assert isinstance(results[7.0], DeadlineExceeded) and 7.0 not in handler.seen
-    assert sum(r.expired for r in h.reports) == 1
+    assert sum(r.expired for _, r in h.reports) == 1
 
 
 async def test_a_crash_fails_what_it_held_and_reports_the_death() -> None:
-    async with worker(CrashingHandler()) as h:
-        h.put(666.0)
+    async with device(CrashingHandler()) as h:
+        h.put("echo", 666.0)
         results = await h.settled(1)
         await wait_until(lambda: WorkerState.FAILED in h.states, "death reported")
     assert isinstance(results[666.0], ModelError)
-    assert h.worker.state is WorkerState.FAILED and not h.worker.load_failed
-    assert "Crash" in (h.worker.error or "")
+    assert h.worker.state is WorkerState.FAILED and "Crash" in (h.worker.error or "")
 
 
-async def test_a_model_that_cannot_load_says_why() -> None:
-    async with worker(BrokenLoadHandler(), ready=False) as h:
-        await wait_until(lambda: h.states, "state reported")
-    assert h.states == [WorkerState.FAILED] and h.worker.load_failed
-    assert h.worker.error == "RuntimeError: weights are corrupt"
+async def test_detach_releases_the_model_and_the_thread_goes_on() -> None:
+    async with device(EchoHandler(), Named("other", 0.0, [])) as h:
+        model = h.models["echo"]
+        detached = asyncio.Event()
+        h.worker.detach(model, detached.set)
+        await detached.wait()
+        assert not h.worker.holds(model) and h.worker.holds(h.models["other"])
+        h.models["other"].handler.gate.set()  # type: ignore[attr-defined]
+        h.put("other", 4.0)
+        assert float((await h.settled(1))[4.0]) == 8.0
 
 
-async def test_ready_is_reported_once_warm() -> None:
-    async with worker(EchoHandler()) as h:
+async def test_an_idle_thread_sleeps_until_work_rings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With dozes of an hour, only the doorbell that a put rings can wake the thread."""
+    monkeypatch.setattr("app.worker.DOZE_S", 3600.0)
+    async with device(EchoHandler()) as h:
+        await wait_until(lambda: h.worker._sleeping, "asleep")  # noqa: SLF001
+        h.put("echo", 2.0)
+        assert float((await h.settled(1))[2.0]) == 4.0
+        await wait_until(lambda: h.worker._sleeping, "asleep again")  # noqa: SLF001
+        h.put("echo", 3.0)
+        assert float((await h.settled(2))[3.0]) == 6.0
+
+
+async def test_ready_is_reported_once_started() -> None:
+    async with device() as h:
         await wait_until(lambda: h.states, "state reported")
         assert h.states == [WorkerState.READY]

@@ -6,6 +6,7 @@ Errors here use the protocol's ``{"error": "..."}`` body and 400 for client mist
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -23,35 +24,30 @@ from app.api.v2.codec import (
     output_tensors,
     parse_request,
 )
-from app.errors import NotFound
 from app.models.signature import DATATYPES
+from app.served import ServedModel
 from app.service import InferenceService
-
-VERSION = "1"
 
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol v2"], route_class=V2Route)
 
 
-def _checked(service: InferenceService, name: str, version: str | None = None) -> None:
-    if name != service.handler.name:
-        raise NotFound(f"unknown model '{name}'; this server serves '{service.handler.name}'")
-    if version is not None and version != VERSION:
-        raise NotFound(f"model '{name}' has no version '{version}'; it has '{VERSION}'")
+async def _model(service: ServiceDep, name: str, version: str | None = None) -> ServedModel:
+    """The model version a route's path names (404 if there is none)."""
+    return service.repository.get(name, version)
 
 
-async def _model(service: ServiceDep, name: str, version: str | None = None
-                 ) -> describe.ModelView:
-    """The model a route's path names (404 if there is none)."""
-    _checked(service, name, version)
+ModelDep = Annotated[ServedModel, Depends(_model)]
+
+
+def _view(model: ServedModel, service: InferenceService) -> describe.ModelView:
+    versions = sorted((m.version for m in service.repository.models() if m.name == model.name),
+                      key=int)
     return describe.ModelView(
-        name=service.handler.name, version=VERSION, versions=[VERSION],
-        input=service.input_spec, outputs=service.outputs,
-        max_batch_size=service.batch_limit, max_wait_ms=service.settings.max_wait_ms,
-        devices=service.devices,
+        name=model.name, version=model.version, versions=versions, input=model.input_spec,
+        outputs=model.output_specs, max_batch_size=model.batch_limit,
+        max_wait_ms=model.settings.max_wait_ms, devices=model.devices,
     )
 
-
-ModelDep = Annotated[describe.ModelView, Depends(_model)]
 
 _TENSOR = {
     "type": "object",
@@ -100,7 +96,7 @@ _NOT_FOUND: dict[int | str, dict[str, Any]] = {
 @router.get("", summary="Server metadata")
 async def server_metadata() -> dict[str, Any]:
     return {"name": "batchserve", "version": package.__version__,
-            "extensions": ["binary_tensor_data", "model_configuration"]}
+            "extensions": ["binary_tensor_data", "model_configuration", "model_repository"]}
 
 
 @router.get("/health/live", summary="200 while the process runs")
@@ -110,29 +106,48 @@ async def live() -> dict[str, Any]:
 
 @router.get("/health/ready", summary="200 when ready to serve, else 503")
 async def ready(service: ServiceDep) -> Response:
-    ok = service.status == "ready"
+    ok = service.status in ("ready", "busy")
     return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
 
 @router.get("/models/{name}", summary="Model metadata", responses=_NOT_FOUND)
 @router.get("/models/{name}/versions/{version}", include_in_schema=False)
-async def model_metadata(model: ModelDep) -> dict[str, Any]:
-    return describe.metadata(model)
+async def model_metadata(model: ModelDep, service: ServiceDep) -> dict[str, Any]:
+    return describe.metadata(_view(model, service))
 
 
 @router.get("/models/{name}/config", summary="Model configuration (Triton's extension)",
             responses=_NOT_FOUND)
 @router.get("/models/{name}/versions/{version}/config", include_in_schema=False)
-async def model_config(model: ModelDep) -> dict[str, Any]:
-    return describe.config(model)
+async def model_config(model: ModelDep, service: ServiceDep) -> dict[str, Any]:
+    return describe.config(_view(model, service))
 
 
 @router.get("/models/{name}/ready", summary="200 when the model can serve, else 503",
             responses=_NOT_FOUND)
 @router.get("/models/{name}/versions/{version}/ready", include_in_schema=False)
-async def model_ready(model: ModelDep, service: ServiceDep) -> Response:
-    ok = service.status == "ready"
+async def model_ready(model: ModelDep) -> Response:
+    ok = model.health in ("ready", "busy")
     return JSONResponse({"name": model.name, "ready": ok}, status_code=200 if ok else 503)
+
+
+def _parse(header_length: str | None) -> Callable[[ServedModel, bytes],
+                                                  tuple[list[Any], InferRequest]]:
+    def parse(model: ServedModel, body: bytes) -> tuple[list[Any], InferRequest]:
+        parsed = parse_request(body, header_length, model.settings.max_instances, model.name,
+                               model.input_spec, model.output_specs)
+        return parsed.rows, parsed
+
+    return parse
+
+
+def _render(model: ServedModel, results: list[Any], parsed: InferRequest) -> Response:
+    content, json_length = encode_response(model.name, model.version, parsed,
+                                           output_tensors(results))
+    if json_length is None:
+        return Response(content, media_type="application/json")
+    return Response(content, media_type="application/octet-stream",
+                    headers={"Inference-Header-Content-Length": str(json_length)})
 
 
 @router.post(
@@ -142,21 +157,8 @@ async def model_ready(model: ModelDep, service: ServiceDep) -> Response:
     responses=_INFER_ERRORS,
 )
 @router.post("/models/{name}/versions/{version}/infer", include_in_schema=False)
-async def infer(request: Request, service: ServiceDep, model: ModelDep) -> Response:
-    name = model.name
-    header_length = request.headers.get(HEADER_LENGTH)
-    max_rows = service.settings.max_instances
-
-    def parse(body: bytes) -> tuple[list[Any], InferRequest]:
-        parsed = parse_request(body, header_length, max_rows, name, service.input_spec,
-                               service.outputs)
-        return parsed.rows, parsed
-
-    def render(results: list[Any], parsed: InferRequest) -> Response:
-        content, json_length = encode_response(name, VERSION, parsed, output_tensors(results))
-        if json_length is None:
-            return Response(content, media_type="application/json")
-        return Response(content, media_type="application/octet-stream",
-                        headers={"Inference-Header-Content-Length": str(json_length)})
-
-    return await run_inference(request.scope, request.receive, service, parse, render)
+async def infer(request: Request, service: ServiceDep, name: str, version: str | None = None
+                ) -> Response:
+    parse = _parse(request.headers.get(HEADER_LENGTH))
+    return await run_inference(request.scope, request.receive, service, name, version, parse,
+                               _render)

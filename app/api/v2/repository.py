@@ -1,0 +1,100 @@
+"""Triton's model repository extension: the index, load and unload (docs/models.md).
+
+Load answers once the model is ready (200) or could not be loaded (400 with the reason); unload
+once the model has drained and its replicas are released. Both need the API key when one is set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+
+from app.api.deps import ServiceDep
+from app.api.errors import V2Route
+from app.api.inference import check_auth
+from app.errors import InvalidInput
+
+router = APIRouter(prefix="/v2/repository", tags=["Model repository (Triton's extension)"],
+                   route_class=V2Route)
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"description": text, "content": {"application/json": {"schema": {
+        "type": "object", "properties": {"error": {"type": "string"}}}}}}
+    for status, text in [(400, "malformed request, or the model could not be loaded"),
+                         (401, "missing or wrong bearer token")]
+}
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    """The request's JSON object; an empty body is an empty object (tritonclient sends one)."""
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"request is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidInput("request must be a JSON object")
+    return body
+
+
+def _parameters(body: dict[str, Any]) -> dict[str, Any]:
+    params = body.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise InvalidInput("'parameters' must be an object")
+    return params
+
+
+def _config(params: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``config`` parameter: this model's settings as JSON (a string, as Triton sends it)."""
+    unknown = sorted(set(params) - {"config"})
+    if unknown:
+        raise InvalidInput(f"unsupported load parameters {unknown}; only 'config' is")
+    config = params.get("config")
+    if config is None:
+        return None
+    if isinstance(config, str):
+        try:
+            config = orjson.loads(config)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidInput(f"'config' is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise InvalidInput("'config' must be a JSON object of model settings")
+    return config
+
+
+@router.post("/index", summary="Every model of the repository with its state",
+             responses=_ERRORS)
+async def index(request: Request, service: ServiceDep) -> Response:
+    ready = (await _body(request)).get("ready", False)
+    if not isinstance(ready, bool):
+        raise InvalidInput("'ready' must be true or false")
+    return JSONResponse(service.repository.index(ready))
+
+
+@router.post("/models/{name}/load", summary="Load or reload a model; answers once it is ready",
+             responses=_ERRORS)
+async def load(request: Request, service: ServiceDep, name: str) -> Response:
+    check_auth(request.headers.get("authorization", "").encode("latin-1"),
+               service.settings.api_key)
+    config = _config(_parameters(await _body(request)))
+    await service.repository.load(name, config)
+    return Response(status_code=200)
+
+
+@router.post("/models/{name}/unload",
+             summary="Unload a model: answers once its admitted requests are answered",
+             responses=_ERRORS)
+async def unload(request: Request, service: ServiceDep, name: str) -> Response:
+    check_auth(request.headers.get("authorization", "").encode("latin-1"),
+               service.settings.api_key)
+    params = _parameters(await _body(request))
+    unknown = sorted(set(params) - {"unload_dependents"})
+    if unknown:
+        raise InvalidInput(f"unsupported unload parameters {unknown}")
+    await service.repository.unload(name)
+    return Response(status_code=200)

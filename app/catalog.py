@@ -1,0 +1,134 @@
+"""Where models come from: a folder in Triton's layout, or the single ``--model`` setting.
+
+A catalog lists model sources: a name, its settings, and its versions (version -> the model
+setting that builds it). Reading it never loads a model. Layout (docs/models.md):
+
+    DIR/NAME/config.toml     that model's settings (model = "...", max_batch_size = 8, ...)
+    DIR/NAME/1/model.pt      a numbered version: TorchScript (model.pt) or torch.export (model.pt2)
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from app.config import BatchSettings, ModelSettings, Settings, describe_errors
+from app.errors import ConfigError
+from app.models.base import ModelHandler
+
+MODEL_FILES = ("model.pt", "model.pt2")
+CONFIG_FILE = "config.toml"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """One model the catalog knows: ``reason`` says why it cannot be served, if it cannot."""
+
+    name: str
+    settings: ModelSettings | None
+    versions: dict[str, str] = field(default_factory=dict)  # "1" -> "path/1/model.pt"
+    reason: str = ""
+    handler: ModelHandler | None = None  # built already (the single-model setting)
+
+    def wanted(self) -> list[str]:
+        """The versions to serve: those the settings name, or the newest."""
+        numbers = sorted(self.versions, key=int)
+        if self.settings is not None and self.settings.versions is not None:
+            return [str(v) for v in self.settings.versions]
+        return numbers[-1:]
+
+
+def model_settings(server: Settings, values: dict[str, Any]) -> ModelSettings:
+    """A model's settings: its own ``values`` over what the user set for the whole server (a
+    model's ``model`` is never inherited). Raises ValueError naming what is wrong."""
+    inherited = {k: getattr(server, k) for k in server.explicit
+                 if k in BatchSettings.model_fields and k != "model"}
+    try:
+        return ModelSettings(**{**inherited, **values})
+    except ValidationError as exc:
+        raise ValueError(describe_errors(exc)) from None
+
+
+class Catalog:
+    """The sources a server serves from. ``sources()`` reads them afresh each call."""
+
+    def __init__(self, settings: Settings, handler: ModelHandler | None = None) -> None:
+        self.settings = settings
+        self.root = Path(settings.model_repository) if settings.model_repository else None
+        self._handler = handler
+        if self.root is not None and not self.root.is_dir():
+            raise ConfigError(f"model_repository: {self.root} is not a folder")
+
+    @property
+    def single(self) -> bool:
+        """Serving the one ``--model`` setting, not a repository folder."""
+        return self.root is None
+
+    def sources(self) -> dict[str, ModelSource]:
+        if self.root is None:
+            assert self._handler is not None
+            values = {k: getattr(self.settings, k) for k in BatchSettings.model_fields}
+            source = ModelSource(self._handler.name, ModelSettings(**values),
+                                 {"1": self.settings.model}, handler=self._handler)
+            return {source.name: source}
+        return {p.name: self.read(p.name) for p in sorted(self.root.iterdir())
+                if p.is_dir() and not p.name.startswith(".")}
+
+    def read(self, name: str, override: dict[str, Any] | None = None) -> ModelSource:
+        """One model's source; ``override`` (a load request's config) wins over its file."""
+        if self.root is None:
+            return self.sources()[name]
+        folder = self.root / name
+        try:
+            values = _config_values(folder)
+            versions = _versions(folder)
+            values.update(override or {})
+            settings = model_settings(self.settings, values)
+        except ValueError as exc:
+            return ModelSource(name, None, reason=str(exc))
+        if versions and "model" in values:
+            return ModelSource(name, settings, reason=(
+                f"both a model setting ({values['model']}) and version folders "
+                f"({', '.join(sorted(versions, key=int))}): give one"))
+        if not versions:
+            if "model" not in values:
+                return ModelSource(name, settings, reason=(
+                    f"no model: {CONFIG_FILE} sets none and there is no version folder "
+                    f"(1/{MODEL_FILES[0]} or 1/{MODEL_FILES[1]})"))
+            versions = {"1": settings.model}
+        source = ModelSource(name, settings, versions)
+        missing = [v for v in source.wanted() if v not in versions]
+        if missing:
+            return ModelSource(name, settings, versions,
+                               reason=f"versions {', '.join(missing)} are not in the repository")
+        return source
+
+
+def _config_values(folder: Path) -> dict[str, Any]:
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        return {}
+    try:
+        values = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} cannot be read: {exc}") from None
+    unknown = sorted(set(values) - set(ModelSettings.model_fields))
+    if unknown:
+        raise ValueError(f"{path}: unknown settings {', '.join(unknown)}")
+    return values
+
+
+def _versions(folder: Path) -> dict[str, str]:
+    versions = {}
+    for path in folder.iterdir():
+        if path.is_dir() and path.name.isascii() and path.name.isdigit():
+            files = [path / f for f in MODEL_FILES if (path / f).is_file()]
+            if len(files) > 1:
+                raise ValueError(f"{path} holds both {MODEL_FILES[0]} and {MODEL_FILES[1]}")
+            if files:
+                versions[str(int(path.name))] = str(files[0])
+    return versions

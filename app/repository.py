@@ -1,0 +1,251 @@
+"""ModelRepository: which model versions exist, their states, and loading and unloading them.
+
+Event-loop thread only. The runtime (the InferenceService) places a version's replicas on its
+devices and removes them; the repository decides what to place and when traffic moves
+(docs/models.md: rolling updates, unloading that drains).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, NoReturn, Protocol
+
+import torch
+
+from app.catalog import Catalog, ModelSource
+from app.errors import BatchServeError, InvalidInput, NotFound, Unavailable
+from app.metrics import Metrics
+from app.models.registry import load_handler
+from app.served import ModelState, ServedModel
+
+log = logging.getLogger("batchserve.models")
+
+DRAIN_POLL_S = 0.01
+
+
+class Runtime(Protocol):
+    """What the repository needs from the service that runs the models."""
+
+    metrics: Metrics
+
+    def devices_for(self, spec: str) -> list[torch.device]: ...
+
+    def open(self, model: ServedModel) -> None: ...
+
+    async def place(self, model: ServedModel) -> None: ...
+
+    async def remove(self, model: ServedModel) -> None: ...
+
+
+class ModelRepository:
+    """Names -> versions -> ServedModel, which version takes a name's default traffic, and the
+    reason of each model that could not be loaded."""
+
+    def __init__(self, catalog: Catalog, runtime: Runtime, control: str,
+                 startup: list[str] | None, default_model: str | None) -> None:
+        self.catalog = catalog
+        self.runtime = runtime
+        self.control = control  # none: everything loads at start; explicit: on request
+        self.startup = startup  # names to load at start (None: all)
+        self.default_model = default_model
+        self.served: dict[str, dict[str, ServedModel]] = {}
+        self.current: dict[str, str] = {}  # name -> the version serving its default traffic
+        self.failed: dict[str, str] = {}  # name -> why it could not be loaded
+        self.loading: dict[str, list[ServedModel]] = {}  # name -> versions being loaded
+        self.starting = True  # the start-up loads are not all done
+        self.draining = False
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # ---- start-up --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the start-up set, concurrently; a model that fails is only marked so."""
+        sources = self.catalog.sources()
+        names = list(sources) if self.startup is None else self.startup
+        try:
+            await asyncio.gather(*(self._load_quietly(sources.get(n), n) for n in names))
+        finally:
+            self.starting = False
+
+    async def _load_quietly(self, source: ModelSource | None, name: str) -> None:
+        with contextlib.suppress(BatchServeError):  # recorded in self.failed; the others load on
+            await self._load(source if source is not None else self.catalog.read(name), name)
+
+    @property
+    def all_failed(self) -> bool:
+        """Every start-up model failed to load (and there was one at least)."""
+        return not self.starting and not self.current and bool(self.failed)
+
+    # ---- lookups ---------------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        return sorted(set(self.served) | set(self.failed) | set(self.loading))
+
+    def get(self, name: str | None = None, version: str | None = None) -> ServedModel:
+        """The model a request names (its default traffic without a version). NotFound for a
+        name or version that is not loaded; a version loading or unloading is returned, and
+        refuses requests itself."""
+        if name is None:
+            name = self.default_name()
+        versions = self.served.get(name)
+        if not versions and self.loading.get(name):
+            versions = {m.version: m for m in self.loading[name]}
+        if not versions:
+            if name in self.failed:
+                raise Unavailable("unavailable", f"model '{name}' could not be loaded: "
+                                                 f"{self.failed[name]}")
+            raise NotFound(f"unknown model '{name}'; this server serves {self.names() or 'none'}")
+        if version is None:
+            version = self.current.get(name)
+            if version is None:  # only a version still loading
+                version = max(versions, key=int)
+        model = versions.get(version)
+        if model is None:
+            raise NotFound(f"model '{name}' has no version '{version}'; it has "
+                           f"{sorted(versions, key=int)}")
+        return model
+
+    def default_name(self) -> str:
+        """``default_model``, or the only model (checked cheaply: this runs per request)."""
+        if self.default_model is not None:
+            return self.default_model
+        if len(self.served) == 1 and not self.loading:
+            return next(iter(self.served))
+        names = self.names()
+        if len(names) == 1:
+            return names[0]
+        raise NotFound(f"this server serves {names or 'no model'}: name one "
+                       "(POST /models/NAME/predict), or start it with --default-model")
+
+    def models(self) -> list[ServedModel]:
+        """Every version loaded, loading or unloading."""
+        loading = [m for models in self.loading.values() for m in models]
+        return [m for versions in self.served.values() for m in versions.values()] + loading
+
+    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Triton's repository index: every model of the catalog with its state."""
+        entries = []
+        for name, source in sorted(self.catalog.sources().items()):
+            versions = [m for m in self.models() if m.name == name]
+            for model in sorted(versions, key=lambda m: int(m.version)):
+                entries.append({"name": name, "version": model.version,
+                                "state": model.state.value, "reason": model.reason})
+            if not versions:
+                reason = self.failed.get(name) or source.reason or "unloaded"
+                entries.append({"name": name, "version": "", "state": "UNAVAILABLE",
+                                "reason": reason})
+        if ready_only:
+            entries = [e for e in entries if e["state"] == ModelState.READY.value]
+        return entries
+
+    # ---- load and unload -------------------------------------------------------------------------
+
+    async def load(self, name: str, config: dict[str, Any] | None = None) -> None:
+        """Load ``name`` (or reload it: a new version, or ``config``), answering once it is ready.
+        Raises InvalidInput (a 400) saying why it could not."""
+        if self.control != "explicit":
+            raise InvalidInput("explicit model load and unload are not allowed: the server runs "
+                               "with --model-control-mode none")
+        async with self._lock(name):
+            await self._load(self.catalog.read(name, config), name, reload=config is not None)
+
+    async def unload(self, name: str) -> None:
+        """Unload every version of ``name``: new requests are refused at once, the admitted ones
+        are answered, then its replicas are released. Answers when that is done."""
+        if self.control != "explicit":
+            raise InvalidInput("explicit model load and unload are not allowed: the server runs "
+                               "with --model-control-mode none")
+        async with self._lock(name):
+            self.failed.pop(name, None)
+            self.current.pop(name, None)
+            await asyncio.gather(*(self._retire(m) for m in self.served.get(name, {}).values()))
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    async def _load(self, source: ModelSource, name: str, reload: bool = False) -> None:
+        """Load the versions ``source`` wants that are not ready (all of them for a reload)
+        beside what serves now; once every one is ready, move the name's default traffic to the
+        newest and retire what they replace."""
+        if not self.catalog.single and name not in self.catalog.sources():
+            raise InvalidInput(f"failed to load '{name}': no such model in the repository")
+        if source.reason:
+            self._failed(name, source.reason)
+        wanted = source.wanted()
+        before = list(self.served.get(name, {}).values())
+        ready = {m.version for m in before if m.state is ModelState.READY}
+        fresh = [v for v in wanted if reload or v not in ready]
+        started: list[ServedModel] = []
+        self.loading[name] = started
+        try:
+            for version in fresh:
+                started.append(self._start_version(source, name, version))
+            await asyncio.gather(*(self.runtime.place(m) for m in started))
+        except Exception as exc:  # noqa: BLE001 - whatever loading the model raised
+            for model in started:
+                self._discard(model)
+            self._failed(name, _reason(exc))
+        finally:
+            del self.loading[name]
+        versions = self.served.setdefault(name, {})
+        superseded = [m for m in before if m.version not in wanted or m.version in fresh]
+        for model in started:
+            model.set_state(ModelState.READY)
+            versions[model.version] = model
+        self.failed.pop(name, None)
+        self.current[name] = max(wanted, key=int)  # default traffic moves, in one assignment
+        log.info("model %s: serving version %s", name, self.current[name])
+        await asyncio.gather(*(self._retire(m) for m in superseded))
+
+    def _start_version(self, source: ModelSource, name: str, version: str) -> ServedModel:
+        """A ServedModel for one version, LOADING: requests that reach it are told so."""
+        settings = source.settings
+        assert settings is not None
+        try:
+            handler = source.handler or load_handler(source.versions[version], name)
+            devices = self.runtime.devices_for(settings.devices)
+        except BatchServeError as exc:
+            self._failed(name, exc.message)
+        model = ServedModel(name, version, settings, handler, devices,
+                            self.runtime.metrics.for_model(name, version))
+        self.runtime.open(model)
+        model.draining = self.draining
+        return model
+
+    def _replaced(self, model: ServedModel) -> bool:
+        """Another object now serves ``model``'s name and version (a reload of that version)."""
+        current = self.served.get(model.name, {}).get(model.version)
+        return current is not None and current is not model
+
+    def _discard(self, model: ServedModel) -> None:
+        model.queue.shutdown()
+        if not self._replaced(model):
+            self.runtime.metrics.forget_model(model.name, model.version)
+
+    def _failed(self, name: str, reason: str) -> NoReturn:
+        """Record why ``name`` cannot be loaded and raise it as a 400."""
+        self.failed[name] = reason
+        log.error("model %s failed to load: %s", name, reason)
+        raise InvalidInput(f"failed to load '{name}': {reason}")
+
+    async def _retire(self, model: ServedModel) -> None:
+        """Refuse new requests, answer the admitted ones, release the replicas, forget it."""
+        model.set_state(ModelState.UNLOADING, publish=not self._replaced(model))
+        while model.in_flight or model.queue.depth:
+            await asyncio.sleep(DRAIN_POLL_S)
+        await self.runtime.remove(model)
+        self._discard(model)
+        versions = self.served.get(model.name, {})
+        if versions.get(model.version) is model:
+            del versions[model.version]
+        if not versions:
+            self.served.pop(model.name, None)
+        log.info("model %s version %s unloaded", model.name, model.version)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, BatchServeError):
+        return exc.message
+    return f"{type(exc).__name__}: {exc}"

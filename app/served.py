@@ -1,0 +1,202 @@
+"""ServedModel: one version of a model as requests see it (docs/models.md).
+
+Its handler and settings, its queue, its admission, its requests in flight, and the delivery of
+its batches' results. Everything here runs on the event loop's thread except what device
+threads use: ``queue``, ``policy``, ``handler`` and reading ``in_flight``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from enum import Enum
+from typing import Any
+
+import torch
+
+from app.batching import BatchPolicy, BatchReport, PendingItem, PendingRequest
+from app.config import BatchSettings
+from app.errors import DeadlineExceeded, ServeError, Unavailable, busy
+from app.metrics import ModelMetrics
+from app.models.base import ModelHandler
+from app.models.signature import INPUT_NAME, OUTPUT_NAME, TensorSpec
+from app.queues import ModelQueue
+
+INLINE_DECODE_MAX_ITEMS = 64  # light decodes of small requests stay on the loop
+
+
+class ModelState(Enum):
+    """A model version's state, named as Triton names them."""
+
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+STATES = tuple(state.value for state in ModelState)
+
+
+class ServedModel:
+    """One (name, version): admits requests whole or refuses them whole, and answers each once."""
+
+    def __init__(self, name: str, version: str, settings: BatchSettings, handler: ModelHandler,
+                 devices: list[torch.device], metrics: ModelMetrics) -> None:
+        self.name = name
+        self.version = version
+        self.settings = settings
+        self.handler = handler
+        self.devices = devices
+        self.metrics = metrics
+        self.queue = ModelQueue(settings.queue_capacity)
+        self.policy = BatchPolicy(self.batch_limit, settings.max_wait_s)
+        self.state = ModelState.LOADING
+        self.reason = ""
+        self.in_flight = 0
+        self.outputs: list[TensorSpec] | None = None  # learned from the warm-up results
+        self.draining = False  # the server is shutting down
+        self.wakers: list[Callable[[], None]] = []  # ring the device threads serving it
+        self.serving: Callable[[], bool] = lambda: True  # one of its device threads is alive
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pool: Executor | None = None
+        self.set_state(ModelState.LOADING)
+
+    def open(self, loop: asyncio.AbstractEventLoop, pool: Executor) -> None:
+        """Bind to the running loop (its queue is created there) and the decode pool."""
+        self._loop = loop
+        self._pool = pool
+        self.queue.open()
+        self.metrics.watch(lambda: self.queue.depth, lambda: self.in_flight)
+
+    def set_state(self, state: ModelState, reason: str = "", publish: bool = True) -> None:
+        """``publish``: also in the state metric (not for a version whose reload replaced it)."""
+        self.state = state
+        self.reason = reason
+        if publish:
+            self.metrics.state(state.value, STATES)
+
+    # ---- what the model is -----------------------------------------------------------------------
+
+    @property
+    def batch_limit(self) -> int:
+        """The most items in one model call: the setting, or less where the model says so."""
+        limit = self.settings.max_batch_size
+        if self.handler.max_batch_size is not None:
+            limit = min(limit, self.handler.max_batch_size)
+        return limit
+
+    @property
+    def input_spec(self) -> TensorSpec:
+        return TensorSpec(INPUT_NAME, self.handler.input_datatype, self.handler.input_shape)
+
+    @property
+    def output_specs(self) -> list[TensorSpec] | None:
+        """The outputs as the warm-up produced them; without one, the single output the handler
+        declares, or None when nothing is known."""
+        if self.outputs:
+            return self.outputs
+        if self.handler.output_shape is None:
+            return None
+        return [TensorSpec(OUTPUT_NAME, "FP32", self.handler.output_shape)]
+
+    @property
+    def health(self) -> str:
+        """ready, busy, loading, unloading, unavailable, unhealthy or draining."""
+        if self.draining:
+            return "draining"
+        if self.state is not ModelState.READY:
+            return str(self.state.value).lower()
+        if not self.serving():
+            return "unhealthy"
+        return "busy" if self.queue.depth >= self.settings.queue_capacity else "ready"
+
+    def in_flight_now(self) -> int:
+        """Requests admitted and unanswered (read by device threads)."""
+        return self.in_flight
+
+    # ---- the request path ------------------------------------------------------------------------
+
+    def check_admissible(self, n: int) -> None:
+        """Raise Unavailable unless a request of ``n`` items can be queued whole right now."""
+        health = self.health
+        if health in ("ready", "busy"):
+            if self.queue.depth + n <= self.settings.queue_capacity:
+                return
+            raise busy(self.settings.queue_capacity)
+        if health == "draining":
+            raise Unavailable(health, "the server is shutting down")
+        reason = f": {self.reason}" if self.reason else ""
+        raise Unavailable(health, f"model '{self.name}' is {health}{reason}")
+
+    async def decode(self, instances: list[Any]) -> list[Any]:
+        """Validate and pre-process; heavy or large decodes run in the bounded decode pool."""
+        if not self.handler.heavy_decode and len(instances) <= INLINE_DECODE_MAX_ITEMS:
+            return self.handler.decode(instances)
+        assert self._loop is not None
+        return await self._loop.run_in_executor(self._pool, self.handler.decode, instances)
+
+    def enqueue(self, items: list[Any], deadline: float) -> PendingRequest:
+        """Admit a request whole or refuse it whole (Unavailable). Never waits.
+
+        From here the request's future resolves exactly once: to its results, to an error, or to
+        DeadlineExceeded when its deadline passes first (one timer, cancelled in ``result``).
+        """
+        self.check_admissible(len(items))
+        assert self._loop is not None
+        now = time.monotonic()
+        request = PendingRequest(self._loop.create_future(), len(items), deadline, now)
+        key = self.handler.key
+        put = self.queue.put
+        # Only this thread puts, and device threads only take, so the capacity check above
+        # guarantees every put below succeeds: a request is never partly queued.
+        for index, data in enumerate(items):
+            put(PendingItem(request, index, data, key(data)))
+        self.in_flight += 1
+        request.timer = self._loop.call_later(deadline - now, _expire, request.future)
+        for wake in self.wakers:
+            wake()
+        return request
+
+    async def result(self, request: PendingRequest) -> list[Any]:
+        """Wait for a request's results (DeadlineExceeded once its deadline passes)."""
+        try:
+            return await request.future
+        finally:
+            self.in_flight -= 1
+            if request.timer is not None:
+                request.timer.cancel()
+            if not request.future.done():
+                request.future.cancel()  # drop its queued items before they reach the device
+
+    def deliver(self, report: BatchReport) -> None:
+        """Resolve futures from one batch (scheduled by a device thread on the loop)."""
+        m = self.metrics
+        for item, value in report.results:
+            request = item.request
+            future = request.future
+            if future.done():
+                continue
+            if isinstance(value, ServeError):
+                future.set_exception(value)
+                continue
+            request.results[item.index] = value
+            request.remaining -= 1
+            if request.remaining == 0:
+                future.set_result(request.results)
+            m.queue_wait.observe(report.started_at - request.enqueued_at)
+        for size, seconds in zip(report.sizes, report.compute_s, strict=True):
+            m.batch_size.observe(size)
+            m.batch_compute.observe(seconds)
+        if report.expired:
+            m.dropped("expired", report.expired)
+        if report.cancelled:
+            m.dropped("cancelled", report.cancelled)
+
+
+def _expire(future: asyncio.Future[list[Any]]) -> None:
+    if not future.done():
+        future.set_exception(
+            DeadlineExceeded("the request's deadline passed before it was answered")
+        )
