@@ -212,8 +212,10 @@ class InferenceService:
             return "unhealthy"
         if not self._started or WorkerState.STARTING in states or self.repository.starting:
             return "loading"
-        ready = [m for m in self.repository.models() if m.state is ModelState.READY]
-        if ready and all(m.health == "busy" for m in ready):
+        health = [m.health for m in self.repository.models() if m.state is ModelState.READY]
+        if "unhealthy" in health:  # a model whose device threads are being restarted
+            return "unhealthy"
+        if health and all(h == "busy" for h in health):
             return "busy"
         return "ready"
 
