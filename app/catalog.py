@@ -33,6 +33,7 @@ class ModelSource:
     versions: dict[str, str] = field(default_factory=dict)  # "1" -> "path/1/model.pt"
     reason: str = ""
     handler: ModelHandler | None = None  # built already (the single-model setting)
+    missing: bool = False  # no such model in the repository
 
     def wanted(self) -> list[str]:
         """The versions to serve: those the settings name, or the newest."""
@@ -83,6 +84,8 @@ class Catalog:
         if self.root is None:
             return self.sources()[name]
         folder = self.root / name
+        if not folder.is_dir() or name.startswith("."):
+            return ModelSource(name, None, reason="no such model in the repository", missing=True)
         try:
             values = _config_values(folder)
             versions = _versions(folder)

@@ -169,8 +169,8 @@ class ModelRepository:
         """Load the versions ``source`` wants that are not ready (all of them for a reload)
         beside what serves now; once every one is ready, move the name's default traffic to the
         newest and retire what they replace."""
-        if not self.catalog.single and name not in self.catalog.sources():
-            raise InvalidInput(f"failed to load '{name}': no such model in the repository")
+        if source.missing:
+            raise InvalidInput(f"failed to load '{name}': {source.reason}")
         if source.reason:
             self._failed(name, source.reason)
         wanted = source.wanted()

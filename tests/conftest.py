@@ -35,6 +35,8 @@ def make_settings(**overrides: Any) -> Settings:
         "queue_capacity": 64, "request_timeout_s": 30, "max_instances": 16,
     }
     base.update(overrides)
+    if "model_repository" in overrides:
+        del base["model"]  # a repository says what to serve
     return Settings(**base)
 
 

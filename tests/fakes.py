@@ -235,3 +235,33 @@ def pair_module() -> torch.nn.Module:
 
 def raising_factory() -> torch.nn.Module:
     raise RuntimeError("no weights here")
+
+
+class Scale(torch.nn.Module):
+    """x * k: an exported version of a model, told apart from another by its k."""
+
+    def __init__(self, k: float) -> None:
+        super().__init__()
+        self.k = k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.k
+
+
+def export_scale(path: Path, k: float, width: int = 3) -> Path:
+    """A torch.export program of Scale(k) taking rows of ``width`` numbers, any batch size."""
+    program = torch.export.export(Scale(k), (torch.zeros(2, width),),
+                                  dynamic_shapes={"x": {0: torch.export.Dim("batch")}})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.export.save(program, str(path))
+    return path
+
+
+class SlowEchoHandler(EchoHandler):
+    """An echo whose every batch takes $SLOW_S seconds (default 0.05) of device time."""
+
+    name = "slow"
+
+    def compute(self, batch: torch.Tensor) -> torch.Tensor:
+        time.sleep(float(os.environ.get("SLOW_S", "0.05")))
+        return super().compute(batch)

@@ -50,9 +50,10 @@ def haproxy(tmp_path: Path, ports: list[int]) -> Iterator[tuple[str, str]]:
         proc.wait(WAIT_S)
 
 
-async def server_states(client: httpx.AsyncClient, stats_url: str) -> dict[str, str]:
+async def server_states(client: httpx.AsyncClient, stats_url: str,
+                        pool: str = "batchserve") -> dict[str, str]:
     rows = csv.DictReader(io.StringIO((await client.get(stats_url)).text.lstrip("# ")))
-    return {r["svname"]: r["status"] for r in rows if r["pxname"] == "batchserve"}
+    return {r["svname"]: r["status"] for r in rows if r["pxname"] == pool}
 
 
 @pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed")
@@ -110,3 +111,63 @@ async def test_busy_replica_gets_no_traffic(tmp_path: Path) -> None:
 def _busy(srv: object) -> float:
     return sample(srv.app.state.service.metrics.registry,  # type: ignore[attr-defined]
                   "batchserve_rejected_total", reason="busy")
+
+
+def two_model_repository(root: Path, capacity: int) -> Path:
+    """Models 'minilm' (a gated echo under the name the gateway pools) and 'other' (an echo)."""
+    models = (("minilm", "tests.fakes:GatedHandler"), ("other", "tests.fakes:EchoHandler"))
+    for name, model in models:
+        (root / name).mkdir(parents=True)
+        (root / name / "config.toml").write_text(
+            f'model = "{model}"\nqueue_capacity = {capacity}\nmax_instances = 2\n')
+    return root
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed")
+async def test_a_busy_model_leaves_only_its_own_pool(tmp_path: Path) -> None:
+    """Replica A's minilm queue is full: A leaves the minilm pool but stays in the default one
+    (its other model can take requests), minilm's requests all go to B, and A comes back to the
+    pool once it has drained."""
+    settings = {"max_instances": 2, "default_model": "other"}
+    repo_a = two_model_repository(tmp_path / "a", capacity=2)
+    repo_b = two_model_repository(tmp_path / "b", capacity=64)
+    with live_server(make_settings(model_repository=str(repo_a), **settings)) as a, \
+            live_server(make_settings(model_repository=str(repo_b), **settings)) as b:
+        gated = [srv.app.state.service.repository.get("minilm").handler for srv in (a, b)]
+        gated[1].gate.set()
+        async with httpx.AsyncClient(timeout=60) as client:
+            held = [asyncio.create_task(
+                client.post(a.url + "/models/minilm/predict", json={"instances": [0]}))]
+            await wait_until(gated[0].entered.is_set, "A's minilm on the device")
+            held.append(asyncio.create_task(
+                client.post(a.url + "/models/minilm/predict", json={"instances": [1, 2]})))
+            minilm_a = a.app.state.service.repository.get("minilm")
+            await wait_until(lambda: minilm_a.health == "busy", "A's minilm busy")
+            assert a.app.state.service.status == "ready"  # its other model can take requests
+
+            ports = [int(s.url.rsplit(":", 1)[1]) for s in (a, b)]
+            with haproxy(tmp_path, ports) as (gateway, stats):
+                async def pools(a_in_minilm: str) -> bool:
+                    try:
+                        pool = await server_states(client, stats, "pool_minilm")
+                        default = await server_states(client, stats)
+                    except httpx.TransportError:
+                        return False
+                    return (pool.get("replica1") == a_in_minilm and pool.get("replica2") == "UP"
+                            and default.get("replica1") == "UP")
+
+                await wait_until(lambda: pools("DOWN"), "A out of the minilm pool only")
+                minilm = await asyncio.gather(*(client.post(
+                    gateway + "/models/minilm/predict", json={"instances": [i]})
+                    for i in range(100, 120)))
+                assert [r.status_code for r in minilm] == [200] * 20
+                assert sorted(gated[1].seen) == [float(i) for i in range(100, 120)]  # all on B
+                assert not any(x >= 100 for x in gated[0].seen)
+
+                gated[0].gate.set()  # A drains its minilm queue
+                assert [(await t).status_code for t in held] == [200, 200]
+                await wait_until(lambda: pools("UP"), "A back in the minilm pool")
+                both = await asyncio.gather(*(client.post(
+                    gateway + f"/models/{name}/predict", json={"instances": [i]})
+                    for i in range(20) for name in ("minilm", "other")))
+                assert [r.status_code for r in both] == [200] * 40

@@ -188,6 +188,9 @@ OVERFLOW = [1, 4294967296, 4294967296]  # 2**64 elements: np.prod wraps to 0
 @example(payload={"inputs": [{"name": "INPUT0", "shape": OVERFLOW, "datatype": "BYTES",
                               "parameters": {"binary_data_size": 0}}]}, binary=b"", header=True,
          spec=TensorSpec("INPUT0", "BYTES", (1,)), outputs=None)
+@example(payload={"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32",
+                              "data": [1e300, 1.0]}]}, binary=b"", header=False,
+         spec=TensorSpec("INPUT0", "FP32", None), outputs=None)  # beyond FP32: a 400, no warning
 @example(payload={"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "BYTES",
                               "parameters": {"binary_data_size": 8}}]},
          binary=b"\x04\x00\x00\x00\xff\xfe\xfd\xfc", header=True,

@@ -164,7 +164,10 @@ def _from_json(data: Any, datatype: str, shape: list[int], name: str) -> np.ndar
             raise InvalidInput(f"input '{name}': expected {count} strings for shape {shape}")
         return flat.reshape(shape)
     try:
-        array = np.asarray(data, dtype=DATATYPES[datatype])
+        with np.errstate(over="raise", invalid="raise"):
+            array = np.asarray(data, dtype=DATATYPES[datatype])
+    except FloatingPointError:
+        raise InvalidInput(f"input '{name}': a number is out of {datatype}'s range") from None
     except (ValueError, TypeError, OverflowError):
         raise InvalidInput(f"input '{name}': data is not a list of {datatype} numbers") from None
     if array.size != count:

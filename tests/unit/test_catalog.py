@@ -1,0 +1,61 @@
+"""The catalog: reading a model folder, and how a model's settings layer over the server's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.catalog import Catalog, model_settings
+from app.config import load_settings
+from app.errors import ConfigError
+
+
+def test_a_models_settings_take_what_the_user_set_for_the_server() -> None:
+    server = load_settings(None, {"queue_capacity": 4, "model_repository": "/tmp"})
+    assert model_settings(server, {}).queue_capacity == 4
+    assert model_settings(server, {}).max_instances == 4  # derived from it, as for the server
+    own = model_settings(server, {"queue_capacity": 100})
+    assert (own.queue_capacity, own.max_instances) == (100, 100)  # derived anew, not inherited
+    assert model_settings(server, {}).model == "minilm"  # a model setting is never inherited
+    with pytest.raises(ValueError, match="max_wait_ms.*request_timeout_s"):
+        model_settings(server, {"max_wait_ms": 900, "request_timeout_s": 0.5})
+
+
+def test_versions_are_numbered_folders_and_the_newest_serves(tmp_path: Path) -> None:
+    for version in ("1", "3", "10"):
+        (tmp_path / "m" / version).mkdir(parents=True)
+        (tmp_path / "m" / version / "model.pt2").write_bytes(b"")
+    (tmp_path / "m" / "notes").mkdir()
+    catalog = Catalog(load_settings(None, {"model_repository": str(tmp_path)}))
+    source = catalog.read("m")
+    assert sorted(source.versions, key=int) == ["1", "3", "10"] and source.wanted() == ["10"]
+    (tmp_path / "m" / "config.toml").write_text("versions = [1, 3]\n")
+    assert catalog.read("m").wanted() == ["1", "3"]
+    (tmp_path / "m" / "config.toml").write_text("versions = [2]\n")
+    assert "versions 2 are not in the repository" in catalog.read("m").reason
+
+
+@pytest.mark.parametrize(("files", "config", "reason"), [
+    ({"1/model.pt": b""}, 'model = "linear"\n', "both a model setting"),
+    ({"1/model.pt": b"", "1/model.pt2": b""}, "", "holds both model.pt and model.pt2"),
+    ({}, "", "no model"),
+    ({}, "max_batch_size = [", "cannot be read"),
+    ({}, "colour = 3\n", "unknown settings colour"),
+])
+def test_layout_mistakes_are_explained(tmp_path: Path, files: dict[str, bytes], config: str,
+                                       reason: str) -> None:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    for name, data in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    if config:
+        (folder / "config.toml").write_text(config)
+    source = Catalog(load_settings(None, {"model_repository": str(tmp_path)})).read("m")
+    assert reason in source.reason
+
+
+def test_a_repository_that_is_not_a_folder_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is not a folder"):
+        Catalog(load_settings(None, {"model_repository": str(tmp_path / "nope")}))

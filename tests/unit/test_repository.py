@@ -1,0 +1,194 @@
+"""ModelRepository with real device threads: a folder of models, versions, load and unload."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.errors import InvalidInput, NotFound, Unavailable
+from app.service import InferenceService, build_service
+from tests.conftest import make_settings, sample, wait_until
+from tests.fakes import export_scale
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """Scale(k) programs for k = 1, 2, 3, made once for the whole session."""
+    root = tmp_path_factory.mktemp("exported")
+    return {k: export_scale(root / f"scale{k}.pt2", float(k)) for k in (1, 2, 3)}
+
+
+def add_version(repo: Path, name: str, version: int, program: Path) -> None:
+    (repo / name / str(version)).mkdir(parents=True, exist_ok=True)
+    shutil.copy(program, repo / name / str(version) / "model.pt2")
+
+
+def write_config(repo: Path, name: str, text: str) -> None:
+    (repo / name).mkdir(parents=True, exist_ok=True)
+    (repo / name / "config.toml").write_text(text)
+
+
+@asynccontextmanager
+async def serving(repo: Path, **overrides: Any) -> AsyncIterator[InferenceService]:
+    settings = make_settings(model_repository=str(repo), **overrides)
+    service = build_service(settings)
+    await service.start()
+    try:
+        await wait_until(lambda: not service.repository.starting, "start-up loads done")
+        yield service
+    finally:
+        await service.stop(timeout_s=30)
+
+
+async def call(service: InferenceService, name: str | None, values: list[Any],
+               version: str | None = None) -> list[float]:
+    model = service.repository.get(name, version)
+    items = await model.decode(values)
+    results = await model.result(model.enqueue(items, time.monotonic() + 30))
+    return [float(r) if not hasattr(r, "tolist") else r.tolist() for r in results]
+
+
+async def test_every_model_loads_with_its_own_settings(tmp_path: Path,
+                                                       exported: dict[int, Path]) -> None:
+    write_config(tmp_path, "echo", 'model = "tests.fakes:EchoHandler"\nmax_batch_size = 4\n')
+    write_config(tmp_path, "small", 'model = "linear"\nqueue_capacity = 32\n')
+    write_config(tmp_path, "tiny", 'model = "linear"\nqueue_capacity = 8\n')
+    add_version(tmp_path, "scale", 1, exported[1])
+    add_version(tmp_path, "scale", 2, exported[2])
+    async with serving(tmp_path, queue_capacity=64, max_instances=16) as service:
+        repo = service.repository
+        assert repo.names() == ["echo", "scale", "small", "tiny"]
+        assert await call(service, "echo", [1, 2]) == [2.0, 4.0]
+        assert await call(service, "scale", [[1, 1, 1]]) == [[2.0, 2.0, 2.0]]  # newest: v2
+        with pytest.raises(NotFound, match="no version '1'"):
+            repo.get("scale", "1")  # only the newest serves by default
+        echo, small = repo.get("echo"), repo.get("small")
+        assert echo.batch_limit == 4 and echo.settings.queue_capacity == 64  # the server's
+        assert (small.settings.queue_capacity, small.settings.max_instances) == (32, 16)
+        with pytest.raises(NotFound, match="name one"):
+            repo.get(None)  # several models and no default_model
+        index = {e["name"]: e for e in repo.index()}
+        assert [index[n]["state"] for n in ("echo", "scale", "small")] == ["READY"] * 3
+        # max_instances set for the whole server (16) cannot fit tiny's own queue (8)
+        assert index["tiny"]["state"] == "UNAVAILABLE"
+        assert "max_instances (16) exceeds queue_capacity (8)" in index["tiny"]["reason"]
+
+
+async def test_a_model_that_cannot_load_is_unavailable_the_others_serve(tmp_path: Path) -> None:
+    write_config(tmp_path, "good", 'model = "tests.fakes:EchoHandler"\n')
+    write_config(tmp_path, "broken", 'model = "tests.fakes:BrokenLoadHandler"\n')
+    write_config(tmp_path, "typo", 'model = "linear"\nmax_batch_sise = 3\n')
+    write_config(tmp_path, "clash", 'model = "linear"\nqueue_capacity = 4\nmax_instances = 9\n')
+    (tmp_path / "empty").mkdir()
+    async with serving(tmp_path) as service:
+        index = {e["name"]: e for e in service.repository.index()}
+        assert index["good"]["state"] == "READY"
+        assert "weights are corrupt" in index["broken"]["reason"]
+        assert "unknown settings max_batch_sise" in index["typo"]["reason"]
+        assert "max_instances (9) exceeds queue_capacity (4)" in index["clash"]["reason"]
+        assert "no model" in index["empty"]["reason"]
+        assert all(index[n]["state"] == "UNAVAILABLE" for n in ("broken", "typo", "clash"))
+        assert await call(service, "good", [3]) == [6.0]
+        with pytest.raises(Unavailable, match="could not be loaded: RuntimeError"):
+            service.repository.get("broken")
+        assert service.status == "ready" and not service.load_failed
+
+
+async def test_explicit_mode_loads_on_request_and_unload_drains(tmp_path: Path) -> None:
+    write_config(tmp_path, "echo", 'model = "tests.fakes:GatedHandler"\n')
+    write_config(tmp_path, "other", 'model = "linear"\n')
+    async with serving(tmp_path, model_control_mode="explicit", load_model=["other"]) as service:
+        repo = service.repository
+        assert [(e["name"], e["state"]) for e in repo.index()] == [
+            ("echo", "UNAVAILABLE"), ("other", "READY")]
+        with pytest.raises(NotFound):
+            repo.get("echo")
+        await repo.load("echo")
+        model = repo.get("echo")
+        first = asyncio.create_task(call(service, "echo", [1]))
+        await wait_until(model.handler.entered.is_set, "on the device")  # type: ignore[attr-defined]
+        queued = asyncio.create_task(call(service, "echo", [2, 3]))
+        await wait_until(lambda: model.queue.depth == 2, "queued")
+        unloading = asyncio.create_task(repo.unload("echo"))
+        await wait_until(lambda: model.health == "unloading", "unloading")
+        with pytest.raises(Unavailable, match="unloading"):
+            model.check_admissible(1)
+        model.handler.gate.set()  # type: ignore[attr-defined]
+        assert await first == [2.0] and await queued == [4.0, 6.0]  # admitted: all answered
+        await unloading
+        with pytest.raises(NotFound):
+            repo.get("echo")
+        assert not any(w.holds(model) for w in service.workers)
+        assert repo.index()[0] == {"name": "echo", "version": "", "state": "UNAVAILABLE",
+                                   "reason": "unloaded"}
+
+
+async def test_none_mode_refuses_load_and_unload(tmp_path: Path) -> None:
+    write_config(tmp_path, "echo", 'model = "tests.fakes:EchoHandler"\n')
+    async with serving(tmp_path) as service:
+        for action in (service.repository.load("echo"), service.repository.unload("echo")):
+            with pytest.raises(InvalidInput, match="model-control-mode none"):
+                await action
+
+
+async def test_a_new_version_takes_over_without_losing_a_request(
+        tmp_path: Path, exported: dict[int, Path]) -> None:
+    add_version(tmp_path, "scale", 1, exported[1])
+    async with serving(tmp_path, model_control_mode="explicit", load_model=["scale"]) as service:
+        repo = service.repository
+        old = repo.get("scale")
+        answers: list[list[Any]] = []
+        stop = asyncio.Event()
+
+        async def traffic() -> None:
+            while not stop.is_set():
+                answers.append(await call(service, "scale", [[1, 1, 1]]))
+
+        clients = [asyncio.create_task(traffic()) for _ in range(4)]
+        await wait_until(lambda: len(answers) > 20, "traffic on v1")
+        add_version(tmp_path, "scale", 2, exported[2])
+        await repo.load("scale")  # answers once v2 is ready and v1 has drained
+        assert repo.get("scale").version == "2" and old.state.value == "UNLOADING"
+        count = len(answers)
+        await wait_until(lambda: len(answers) > count + 20, "traffic on v2")
+        stop.set()
+        await asyncio.gather(*clients)
+    seen = {tuple(a[0]) for a in answers}
+    assert seen == {(1.0, 1.0, 1.0), (2.0, 2.0, 2.0)}  # v1 then v2, nothing else, no error
+    first_v2 = next(i for i, a in enumerate(answers) if a[0][0] == 2.0)
+    assert all(a[0][0] == 2.0 for a in answers[first_v2 + 8:])  # traffic moved and stayed
+
+
+async def test_a_load_with_config_reloads_with_those_settings(tmp_path: Path) -> None:
+    write_config(tmp_path, "echo", 'model = "tests.fakes:EchoHandler"\n')
+    async with serving(tmp_path, model_control_mode="explicit", load_model=["echo"]) as service:
+        repo = service.repository
+        await repo.load("echo", {"max_batch_size": 3})
+        assert repo.get("echo").batch_limit == 3
+        with pytest.raises(InvalidInput, match="max_batch_sise: Extra inputs"):
+            await repo.load("echo", {"max_batch_sise": 3})
+        assert repo.get("echo").batch_limit == 3  # the failed reload left it serving
+        with pytest.raises(InvalidInput, match="no such model"):
+            await repo.load("nope")
+        assert repo.names() == ["echo"]  # a name that is not there is not remembered
+
+
+async def test_per_model_metrics_carry_the_model(tmp_path: Path) -> None:
+    write_config(tmp_path, "a", 'model = "tests.fakes:EchoHandler"\n')
+    write_config(tmp_path, "b", 'model = "tests.fakes:EchoHandler"\n')
+    async with serving(tmp_path) as service:
+        await call(service, "a", [1, 2])
+        await call(service, "b", [3])
+        registry = service.metrics.registry
+        assert sample(registry, "batchserve_batch_size_sum", model="a") == 2
+        assert sample(registry, "batchserve_batch_size_sum", model="b") == 1
+        assert sample(registry, "batchserve_model_state", model="a", state="READY") == 1
