@@ -65,7 +65,7 @@ class ModelQueue:
     def _pull(self, n: int) -> None:
         """Move up to ``n`` items from janus into the staging area (lock held)."""
         sync_q = self._janus.sync_q if self._janus is not None else None
-        while n > 0 and sync_q is not None:
+        while n > 0 and sync_q is not None and sync_q.qsize():  # no exception when empty
             try:
                 self._staged.append(sync_q.get_nowait())
             except (queue.Empty, janus.SyncQueueShutDown):

@@ -58,7 +58,7 @@ class ServedModel:
         self.outputs: list[TensorSpec] | None = None  # learned from the warm-up results
         self.draining = False  # the server is shutting down
         self.wakers: list[Callable[[], None]] = []  # ring the device threads serving it
-        self.serving: Callable[[], bool] = lambda: True  # one of its device threads is alive
+        self.stranded = False  # no device thread serving it is alive (set by the service)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: Executor | None = None
         self.set_state(ModelState.LOADING)
@@ -108,7 +108,7 @@ class ServedModel:
             return "draining"
         if self.state is not ModelState.READY:
             return str(self.state.value).lower()
-        if not self.serving():
+        if self.stranded:
             return "unhealthy"
         return "busy" if self.queue.depth >= self.settings.queue_capacity else "ready"
 
@@ -120,6 +120,9 @@ class ServedModel:
 
     def check_admissible(self, n: int) -> None:
         """Raise Unavailable unless a request of ``n`` items can be queued whole right now."""
+        if (self.state is ModelState.READY and not self.draining and not self.stranded
+                and self.queue.depth + n <= self.settings.queue_capacity):
+            return  # the usual case, checked twice per request
         health = self.health
         if health in ("ready", "busy"):
             if self.queue.depth + n <= self.settings.queue_capacity:

@@ -90,6 +90,8 @@ class InferenceService:
         return worker
 
     def _worker_changed(self, worker: DeviceWorker) -> None:
+        if worker.state is WorkerState.FAILED:
+            self._check_stranded()
         if self._draining or worker.state is not WorkerState.FAILED:
             return
         log.error("restarting the device thread %s in %.0fs", worker.label, RESTART_DELAY_S)
@@ -152,8 +154,12 @@ class InferenceService:
     def open(self, model: ServedModel) -> None:
         assert self._loop is not None and self._pool is not None
         model.open(self._loop, self._pool)
-        model.serving = lambda: any(w.state is WorkerState.READY and w.holds(model)
-                                    for w in self.workers)
+
+    def _check_stranded(self) -> None:
+        """Mark the models that no live device thread serves (after a death or a re-attach)."""
+        for model in self.repository.models():
+            model.stranded = not any(w.state is WorkerState.READY and w.holds(model)
+                                     for w in self.workers)
 
     def _workers_of(self, model: ServedModel) -> list[DeviceWorker]:
         return [w for w in self.workers if w.device in model.devices]
@@ -171,6 +177,8 @@ class InferenceService:
         worker.attach(model, replica, _settle(attached))
         await attached
         model.wakers = [w.wake for w in self.workers if w.holds(model)]
+        if model.stranded:
+            self._check_stranded()
         self.metrics.batch_limit.labels(model=model.name, device=worker.label).set_function(
             lambda: worker.batch_limit(model))
 

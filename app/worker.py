@@ -150,8 +150,10 @@ class DeviceWorker:
         return slot.batch_limit if slot is not None else model.batch_limit
 
     def wake(self) -> None:
-        """Work arrived: ring the bell if the thread sleeps (a busy thread pays nothing)."""
+        """Work arrived: ring the bell if the thread sleeps (a busy thread pays nothing, and a
+        burst of puts rings once)."""
         if self._sleeping:
+            self._sleeping = False
             self._bell.set()
 
     def stop(self) -> None:

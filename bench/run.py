@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -157,6 +156,17 @@ def check_answers(url: str, workload: str) -> None:
 
 @contextmanager
 def server(workload: str, max_batch: int, args: argparse.Namespace) -> Iterator[tuple[str, int]]:
+    with server_process([
+        "--model", workload, "--devices", args.devices, "--max-batch-size", str(max_batch),
+        "--max-wait-ms", str(args.max_wait_ms), "--torch-threads", str(args.torch_threads),
+        "--queue-capacity", "4096", "--max-instances", "256",
+    ]) as started:
+        yield started
+
+
+@contextmanager
+def server_process(flags: list[str]) -> Iterator[tuple[str, int]]:
+    """``batchserve serve FLAGS`` on a free loopback port, ready: (url, pid)."""
     import socket
 
     sock = socket.socket()
@@ -164,12 +174,8 @@ def server(workload: str, max_batch: int, args: argparse.Namespace) -> Iterator[
     sock.bind(("127.0.0.1", 0))
     sock.listen(1024)
     port = sock.getsockname()[1]
-    cmd = [
-        sys.executable, "-m", "app", "serve", "--fd", str(sock.fileno()), "--model", workload,
-        "--devices", args.devices, "--max-batch-size", str(max_batch), "--max-wait-ms",
-        str(args.max_wait_ms), "--torch-threads", str(args.torch_threads),
-        "--queue-capacity", "4096", "--max-instances", "256", "--log-level", "warning",
-    ]
+    cmd = [sys.executable, "-m", "app", "serve", "--fd", str(sock.fileno()), "--log-level",
+           "warning", *flags]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(cmd, pass_fds=[sock.fileno()], env=env)
     sock.close()
@@ -196,19 +202,23 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def batch_totals(url: str) -> tuple[float, float]:
+def scrape(url: str, name: str, **labels: str) -> float:
+    """The sum of the samples ``name`` whose labels include ``labels``, from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     text = httpx.get(url + "/metrics", timeout=10).text
-
-    def value(name: str) -> float:
-        m = re.search(rf"^{name} (\S+)$", text, re.M)
-        return float(m.group(1)) if m else 0.0
-
-    return value("batchserve_batch_size_sum"), value("batchserve_batch_size_count")
+    return sum(float(s.value) for family in text_string_to_metric_families(text)
+               for s in family.samples if s.name == name and labels.items() <= s.labels.items())
 
 
-def run_wrk(url: str, body_file: str, concurrency: int, seconds: float) -> dict[str, Any]:
+def batch_totals(url: str) -> tuple[float, float]:
+    return scrape(url, "batchserve_batch_size_sum"), scrape(url, "batchserve_batch_size_count")
+
+
+def run_wrk(url: str, body_file: str, concurrency: int, seconds: float,
+            path: str = "/predict") -> dict[str, Any]:
     cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--timeout", "30s",
-           "-s", str(HERE / "post.lua"), url + "/predict"]
+           "-s", str(HERE / "post.lua"), url + path]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True,
                          env={**os.environ, "BENCH_BODY_FILE": body_file}).stdout
     line = next(ln for ln in out.splitlines() if ln.startswith("BENCH_JSON "))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import shutil
 import time
 from collections.abc import AsyncIterator
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from app.errors import InvalidInput, NotFound, Unavailable
 from app.service import InferenceService, build_service
@@ -192,3 +194,29 @@ async def test_per_model_metrics_carry_the_model(tmp_path: Path) -> None:
         assert sample(registry, "batchserve_batch_size_sum", model="a") == 2
         assert sample(registry, "batchserve_batch_size_sum", model="b") == 1
         assert sample(registry, "batchserve_model_state", model="a", state="READY") == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+async def test_two_models_on_one_gpu_and_unload_frees_its_memory(tmp_path: Path) -> None:
+    """mlp (~76 MB of float32 weights) and linear share one GPU's device thread; unloading mlp
+    gives its memory back (torch.cuda.memory_allocated)."""
+    write_config(tmp_path, "mlp", 'model = "mlp"\n')
+    write_config(tmp_path, "lin", 'model = "linear"\n')
+    async with serving(tmp_path, devices="cuda", model_control_mode="explicit",
+                       load_model=["lin"]) as service:
+        assert len(service.workers) == 1
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        await service.repository.load("mlp")
+        loaded = torch.cuda.memory_allocated()
+        assert loaded - before > 50 * 2**20
+        pairs = await asyncio.gather(*(asyncio.gather(
+            call(service, "mlp", [[float(i)] * 512]), call(service, "lin", [[1.0, 2, 3, 4]]))
+            for i in range(50)))
+        assert all(len(m[0]) == 16 and len(lin[0]) == 2 for m, lin in pairs)
+        await service.repository.unload("mlp")
+        gc.collect()
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() - before < 2**20, (before, loaded)
+        assert await call(service, "lin", [[1.0, 2, 3, 4]])  # the other model serves on
