@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -34,11 +35,9 @@ class Metrics:
     model_state: Gauge
 
     def for_model(self, model: str, version: str) -> ModelMetrics:
-        """The children of one model (version); ``model=""`` counts requests for no known model."""
-        return ModelMetrics(self, model, version, self.request_duration.labels(model=model),
-                            self.queue_wait.labels(model=model),
-                            self.batch_size.labels(model=model),
-                            self.batch_compute.labels(model=model))
+        """The children of one model (version); ``model=""`` counts requests for no known model.
+        Each child is created at its first use, so unused ones add no series."""
+        return ModelMetrics(self, model, version)
 
     def forget_model(self, model: str, version: str) -> None:
         """Drop a model's gauges (they read a model that is gone); counters keep their totals."""
@@ -109,12 +108,24 @@ class ModelMetrics:
     metrics: Metrics
     model: str
     version: str
-    request_duration: Any
-    queue_wait: Any
-    batch_size: Any
-    batch_compute: Any
     _by_status: dict[int, Any] = field(default_factory=dict)
     _by_reason: dict[tuple[str, str], Any] = field(default_factory=dict)
+
+    @cached_property
+    def request_duration(self) -> Any:
+        return self.metrics.request_duration.labels(model=self.model)
+
+    @cached_property
+    def queue_wait(self) -> Any:
+        return self.metrics.queue_wait.labels(model=self.model)
+
+    @cached_property
+    def batch_size(self) -> Any:
+        return self.metrics.batch_size.labels(model=self.model)
+
+    @cached_property
+    def batch_compute(self) -> Any:
+        return self.metrics.batch_compute.labels(model=self.model)
 
     def answered(self, status: int, seconds: float) -> None:
         """Count one answered request (runs per request)."""

@@ -59,3 +59,10 @@ def test_layout_mistakes_are_explained(tmp_path: Path, files: dict[str, bytes], 
 def test_a_repository_that_is_not_a_folder_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is not a folder"):
         Catalog(load_settings(None, {"model_repository": str(tmp_path / "nope")}))
+
+
+def test_the_shipped_example_repository_is_valid() -> None:
+    root = Path(__file__).resolve().parents[2] / "config" / "repository"
+    sources = Catalog(load_settings(None, {"model_repository": str(root)})).sources()
+    assert sorted(sources) == ["classify", "embed"]
+    assert all(not s.reason for s in sources.values()), {n: s.reason for n, s in sources.items()}
