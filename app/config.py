@@ -157,11 +157,12 @@ class Settings(BaseSettings, BatchSettings):
 
     @model_validator(mode="after")
     def _one_source_of_models(self) -> Settings:
-        if self.model_repository is not None and "model" in self.explicit:
-            raise ValueError(
-                f"model ({self.model}) and model_repository ({self.model_repository}) both say "
-                "what to serve: give one"
-            )
+        for single in ("model", "model_name"):
+            if self.model_repository is not None and single in self.explicit:
+                raise ValueError(
+                    f"{single} ({getattr(self, single)}) is for a single model, and "
+                    f"model_repository ({self.model_repository}) names its models itself: give one"
+                )
         if self.load_model and self.model_control_mode != "explicit":
             raise ValueError(
                 f"load_model ({', '.join(self.load_model)}) needs model_control_mode explicit "

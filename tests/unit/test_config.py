@@ -93,3 +93,17 @@ def test_every_setting_has_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
     text = capsys.readouterr().out
     for name in Settings.model_fields:
         assert "--" + name.replace("_", "-") in text
+
+
+@pytest.mark.parametrize("single", [{"model": "linear"}, {"model_name": "x"}])
+def test_a_repository_and_a_single_model_are_not_both_given(single: dict) -> None:
+    with pytest.raises(ConfigError, match="model_repository"):
+        load_settings(None, {"model_repository": "/tmp", **single})
+
+
+def test_load_model_needs_explicit_control() -> None:
+    with pytest.raises(ConfigError, match="load_model .* needs model_control_mode explicit"):
+        load_settings(None, {"model_repository": "/tmp", "load_model": ["a"]})
+    settings = load_settings(None, {"model_repository": "/tmp", "load_model": ["a", "b"],
+                                    "model_control_mode": "explicit"})
+    assert settings.load_model == ["a", "b"]
