@@ -18,6 +18,17 @@ def parse_json(body: bytes) -> Any:
         raise InvalidInput(f"request body is not valid JSON: {exc}") from None
 
 
+def json_object(text: bytes | str, what: str = "request") -> dict[str, Any]:
+    """``text`` parsed as a JSON object; InvalidInput naming ``what`` otherwise."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{what} must be a JSON object")
+    return value
+
+
 def instances_of(payload: Any, max_instances: int) -> list[Any]:
     """``payload["instances"]``, checked: a non-empty list of at most ``max_instances``."""
     if not isinstance(payload, dict):

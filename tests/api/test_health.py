@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from tests.conftest import app_client, make_settings, sample, wait_until
-from tests.fakes import GatedHandler
+from tests.conftest import app_client, make_settings, sample
 
 pytestmark = pytest.mark.asyncio
 
@@ -26,22 +23,6 @@ async def test_ready_body() -> None:
         assert r.json()["model"] == "linear" and r.json()["version"] == "1"
         r = await client.get("/health_check", params={"model": "nope"})
         assert r.status_code == 404 and "unknown model 'nope'" in r.json()["error"]["message"]
-
-
-async def test_a_full_queue_is_busy_for_the_model_and_the_server() -> None:
-    handler = GatedHandler()
-    async with app_client(make_settings(queue_capacity=2, max_instances=2), handler) as client:
-        first = asyncio.create_task(client.post("/predict", json={"instances": [1]}))
-        await wait_until(handler.entered.is_set, "device busy")
-        queued = asyncio.create_task(client.post("/predict", json={"instances": [2, 3]}))
-        service = client.app.state.service  # type: ignore[attr-defined]
-        await wait_until(lambda: service.repository.get().queue.depth == 2, "queue full")
-        for params in ({}, {"model": "echo"}):
-            r = await client.get("/health_check", params=params)
-            assert r.status_code == 503 and r.json()["status"] == "busy"
-            assert r.headers["retry-after"] == "1"
-        handler.gate.set()
-        assert [(await t).status_code for t in (first, queued)] == [200, 200]
 
 
 async def test_metrics_count_requests_and_batches() -> None:

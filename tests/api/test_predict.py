@@ -163,8 +163,10 @@ async def test_busy_gives_503_with_retry_after() -> None:
         r = await client.post("/predict", json={"instances": [4]})
         assert_error(r, 503, "busy", "queue is full")
         assert r.headers["retry-after"] == "1"
-        health = await client.get("/health_check")
-        assert health.status_code == 503 and health.json()["status"] == "busy"
+        for params in ({}, {"model": "echo"}):  # the server, and the model alone
+            health = await client.get("/health_check", params=params)
+            assert health.status_code == 503 and health.json()["status"] == "busy"
+            assert health.headers["retry-after"] == "1"
         handler.gate.set()
         assert [(await t).status_code for t in (first, held)] == [200, 200]
 

@@ -17,6 +17,7 @@ import orjson
 
 from app.errors import InvalidInput, PayloadTooLarge
 from app.models.signature import DATATYPES, TensorSpec, datatype_of, output_columns
+from app.payload import json_object
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -47,12 +48,7 @@ def parse_request(
         if not 0 <= json_size <= len(body):
             raise InvalidInput("Inference-Header-Content-Length is not a valid length")
         json_part, binary = body[:json_size], body[json_size:]
-    try:
-        payload = orjson.loads(json_part)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"request is not valid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise InvalidInput("request must be a JSON object")
+    payload = json_object(json_part)
     inputs = payload.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
         raise InvalidInput(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
@@ -16,6 +15,7 @@ from app.api.deps import ServiceDep
 from app.api.errors import V2Route
 from app.api.inference import check_auth
 from app.errors import InvalidInput
+from app.payload import json_object
 
 router = APIRouter(prefix="/v2/repository", tags=["Model repository (Triton's extension)"],
                    route_class=V2Route)
@@ -31,15 +31,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 async def _body(request: Request) -> dict[str, Any]:
     """The request's JSON object; an empty body is an empty object (tritonclient sends one)."""
     raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"request is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise InvalidInput("request must be a JSON object")
-    return body
+    return json_object(raw) if raw.strip() else {}
 
 
 def _parameters(body: dict[str, Any]) -> dict[str, Any]:
@@ -58,10 +50,7 @@ def _config(params: dict[str, Any]) -> dict[str, Any] | None:
     if config is None:
         return None
     if isinstance(config, str):
-        try:
-            config = orjson.loads(config)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidInput(f"'config' is not valid JSON: {exc}") from None
+        return json_object(config, "'config'")
     if not isinstance(config, dict):
         raise InvalidInput("'config' must be a JSON object of model settings")
     return config
