@@ -7,7 +7,9 @@ thread and takes items from a model's queue (app/queues.py) without blocking on 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -66,52 +68,65 @@ class BatchReport:
     cancelled: int = 0
 
 
+Price = Callable[[int], float]  # seconds a batch like the one in hand would take at n items
+
+
 @dataclass(frozen=True)
 class BatchPolicy:
-    """max-size / max-wait batching, where the wait is a ceiling, not a fixed delay.
+    """When a batch starts (docs/scheduler.md, section 2).
 
-    A batch leaves when it holds ``max_batch_size`` items, or when ``max_wait_s`` has passed since
-    its first item arrived. It also leaves at once when waiting cannot help:
-    - no request other than those already in the batch is in flight (a lone client, or a closed
-      loop whose every client is in this batch, would only be kept waiting), or
-    - the recent mean gap between request arrivals is longer than the budget still left.
-    Under load none of this matters: items pile up while the device is busy, and the next batch
-    is filled from the queue without any wait.
+    At once when it is full, or when no request other than those in it is in flight (a lone
+    client, or a closed loop whose every client is in this batch, can send nothing more). Else
+    it waits for the arrivals that pay for themselves: m more items, expected within
+    ``d = m x gap``, join if the batch's total completion time with them, ``(k + m)(d + t(k+m))``,
+    is less than going now and serving them after, ``k t(k) + m (t(k) + t(m))``. The wait is
+    bounded by ``max_wait_s`` of device idleness and by ``slack_s``, the time left before the
+    tightest deadline (or latency target) of the items held, which the batch must still meet.
     """
 
     max_batch_size: int
     max_wait_s: float
 
-    def wait_budget(
-        self,
-        size: int,
-        first_at: float,
-        now: float,
-        gap_s: float | None = None,
-        others_in_flight: int | None = None,
-    ) -> float:
-        """Seconds still worth waiting for more items (0: dispatch now).
+    def wait_s(self, size: int, idle_s: float, gap_s: float | None, others: int | None,
+               price: Price | None, slack_s: float = float("inf")) -> float:
+        """Seconds worth waiting for more items before starting a batch of ``size`` (0: go).
 
-        ``gap_s``: recent mean gap between request arrivals, None if unknown.
-        ``others_in_flight``: admitted requests not represented in this batch, None if unknown.
-        """
-        if size >= self.max_batch_size:
+        ``idle_s``: how long the device has waited for this batch already. ``gap_s``: the
+        recent mean gap between request arrivals (None: unknown). ``others``: admitted requests
+        not in this batch (None: unknown). ``price``: the cost model (None: unknown, then any
+        arrival within the budget is worth waiting for)."""
+        free = self.max_batch_size - size
+        remaining = min(self.max_wait_s - idle_s, slack_s)
+        if free <= 0 or others == 0 or remaining <= 0.0:
             return 0.0
-        remaining = first_at + self.max_wait_s - now
-        if remaining <= 0.0 or others_in_flight == 0:
-            return 0.0
-        if gap_s is not None and gap_s > remaining:
-            return 0.0
-        return remaining
+        if gap_s is None:
+            return min(remaining, UNKNOWN_RATE_NAP_S)  # look again soon
+        arrivals = free if others is None else min(free, others)
+        if gap_s > 0.0:
+            arrivals = min(arrivals, int(remaining / gap_s))
+        if price is None:
+            return arrivals * gap_s
+        now_s = price(size)
+        best = 0.0
+        for m in range(1, arrivals + 1):
+            d = m * gap_s
+            together = d + price(size + m)
+            if together > slack_s:
+                break
+            if (size + m) * together < size * now_s + m * (now_s + price(m)):
+                best = d
+        return best
 
 
 @dataclass
 class ArrivalRate:
-    """Exponentially weighted mean gap between consecutive request arrivals (seconds)."""
+    """The typical gap between consecutive request arrivals: the median of the last few. Closed
+    loops arrive in bursts (a batch's clients come back together) and a mean would mix the gaps
+    inside a burst with the long one between bursts; the median is the gap inside."""
 
-    alpha: float = 0.2
-    gap_s: float | None = None
+    window: int = 16
     last: PendingRequest | None = None
+    gaps: deque[float] = field(default_factory=deque)
 
     def observe(self, request: PendingRequest) -> None:
         last = self.last
@@ -120,8 +135,13 @@ class ArrivalRate:
         self.last = request
         if last is None or request.enqueued_at < last.enqueued_at:
             return
-        gap = request.enqueued_at - last.enqueued_at
-        self.gap_s = gap if self.gap_s is None else self.gap_s + self.alpha * (gap - self.gap_s)
+        self.gaps.append(request.enqueued_at - last.enqueued_at)
+        if len(self.gaps) > self.window:
+            self.gaps.popleft()
+
+    @property
+    def gap_s(self) -> float | None:
+        return statistics.median(self.gaps) if self.gaps else None
 
 
 class ItemSource(Protocol):
@@ -135,50 +155,46 @@ def collect_batch(
     policy: BatchPolicy,
     limit: int,
     rate: ArrivalRate,
-    in_flight: Callable[[], int] | None = None,
+    concurrency: Callable[[], int] | None = None,
+    pricing: Callable[[list[PendingItem]], Price | None] | None = None,
+    latency_target_s: float | None = None,
     clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
+    nap: Callable[[float, int], None] = lambda seconds, _: time.sleep(seconds),
 ) -> list[PendingItem]:
-    """Take what ``source`` holds, then gather more until the policy says go. Device thread only.
+    """Take what ``source`` holds, then wait for more while the policy says it pays. Device
+    thread only; empty only if ``source`` was.
 
-    ``limit`` (<= policy.max_batch_size) is the current effective batch limit; ``in_flight``
-    reports how many requests are admitted and unanswered. Empty only if ``source`` was.
-
-    While the batch fills, the thread naps until the last arrival that can still join is due at
-    the recent arrival rate, then takes what came: it is never woken by a put, and each wake-up
-    would trade the GIL with the event loop (about six futex calls per item, docs/benchmarks.md).
-    Until a rate is known it naps in short slices.
+    ``limit`` (<= policy.max_batch_size) is the current effective batch limit; ``concurrency``
+    says how many requests to expect in flight (admitted now, or as many as were recently: a
+    closed-loop client answered a moment ago is on its way back); ``pricing`` gives the cost
+    model's price for a batch like the items held. ``nap(seconds, items)`` waits until that many
+    items are queued or the time is up: the device thread is woken once, when the batch it waits
+    for is in, not by every put (each wake-up trades the GIL with the event loop,
+    docs/benchmarks.md); then it takes what came and decides again.
     """
     batch: list[PendingItem] = []
     requests: set[int] = set()
     effective = BatchPolicy(min(limit, policy.max_batch_size), policy.max_wait_s)
-    first_at = 0.0
+    started = clock()
     while True:
         for item in source.take(effective.max_batch_size - len(batch)):
-            if not batch:
-                first_at = min(item.request.enqueued_at, clock())
             batch.append(item)
             requests.add(id(item.request))
             rate.observe(item.request)
         if not batch:
             return batch
-        others = None if in_flight is None else max(0, in_flight() - len(requests))
-        budget = effective.wait_budget(len(batch), first_at, clock(), rate.gap_s, others)
-        if budget <= 0.0:
+        now = clock()
+        slack = min(i.request.deadline for i in batch) - now
+        if latency_target_s is not None:
+            oldest = min(i.request.enqueued_at for i in batch)
+            slack = min(slack, oldest + latency_target_s - now)
+        others = None if concurrency is None else max(0, concurrency() - len(requests))
+        price = pricing(batch) if pricing is not None else None
+        wait = effective.wait_s(len(batch), now - started, rate.gap_s, others, price, slack)
+        if wait <= 0.0:
             return batch
-        gap = rate.gap_s
-        if gap is None:
-            sleep(min(budget, UNKNOWN_RATE_NAP_S))
-            continue
-        # Nap until the last arrival that can still join is due, at the recent rate. Those are
-        # at most the free places, the requests in flight elsewhere (a closed-loop client whose
-        # answer is on its way back comes again) and what fits in the budget.
-        arrivals = effective.max_batch_size - len(batch)
-        if others is not None:
-            arrivals = min(arrivals, others)
-        if gap > 0.0:
-            arrivals = min(arrivals, int(budget / gap))
-        sleep(min(budget, max(arrivals * gap, MIN_NAP_S)))
+        expected = int(wait / rate.gap_s) if rate.gap_s else 1  # the arrivals it waits for
+        nap(max(wait, MIN_NAP_S), max(1, expected))
 
 
 def split_live(

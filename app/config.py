@@ -65,6 +65,23 @@ class BatchSettings(BaseModel):
         DEFAULT_MAX_INSTANCES, ge=1,
         description="most instances in one request (default: 256, at most queue_capacity)",
     )
+    latency_target_ms: float | None = Field(
+        None, gt=0, description="largest batches whose predicted completion keeps the oldest "
+        "item within this (default: none)",
+    )
+    priority_levels: int = Field(
+        2, ge=1, le=64, description="request priority levels, 1 the most urgent"
+    )
+    default_priority_level: int | None = Field(
+        None, ge=1, description="level of a request that names none (default: the lowest)"
+    )
+    max_batch_tokens: int | None = Field(
+        None, ge=1, description="text models: most padded tokens in one batch (default: none)"
+    )
+    length_window: int = Field(
+        256, ge=1, description="text models: waiting items looked at to batch similar lengths "
+        "together (1: arrival order)",
+    )
 
     _explicit: frozenset[str] = PrivateAttr(default=frozenset())
 
@@ -94,7 +111,17 @@ class BatchSettings(BaseModel):
                 f"max_instances ({self.max_instances}) exceeds queue_capacity "
                 f"({self.queue_capacity}): a request that large could never be admitted"
             )
+        if (self.default_priority_level is not None
+                and self.default_priority_level > self.priority_levels):
+            raise ValueError(
+                f"default_priority_level ({self.default_priority_level}) is not one of the "
+                f"priority_levels (1 to {self.priority_levels})"
+            )
         return self
+
+    @property
+    def default_level(self) -> int:
+        return self.default_priority_level or self.priority_levels
 
     @property
     def max_wait_s(self) -> float:

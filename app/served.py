@@ -18,6 +18,7 @@ import torch
 
 from app.batching import BatchPolicy, BatchReport, PendingItem, PendingRequest
 from app.config import BatchSettings
+from app.cost import CostModel
 from app.errors import DeadlineExceeded, ServeError, Unavailable, busy
 from app.metrics import ModelMetrics
 from app.models.base import ModelHandler
@@ -25,6 +26,7 @@ from app.models.signature import INPUT_NAME, OUTPUT_NAME, TensorSpec
 from app.queues import ModelQueue
 
 INLINE_DECODE_MAX_ITEMS = 64  # light decodes of small requests stay on the loop
+PEAK_DECAY = 0.5  # per second: how fast the recent peak of requests in flight is forgotten
 
 
 class ModelState(Enum):
@@ -55,9 +57,14 @@ class ServedModel:
         self.state = ModelState.LOADING
         self.reason = ""
         self.in_flight = 0
+        self._peak = 0.0  # recent peak of in_flight (concurrency), and when it was read
+        self._peak_at = 0.0
         self.outputs: list[TensorSpec] | None = None  # learned from the warm-up results
+        self.costs: dict[str, CostModel] = {}  # per device (label), refined by its thread
         self.draining = False  # the server is shutting down
         self.wakers: list[Callable[[], None]] = []  # ring the device threads serving it
+        self.wake_depth = 1  # ring them once this many items wait (a filling batch raises it)
+        self._ring_due = False
         self.stranded = False  # no device thread serving it is alive (set by the service)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: Executor | None = None
@@ -88,6 +95,11 @@ class ServedModel:
         return limit
 
     @property
+    def latency_target_s(self) -> float | None:
+        target = self.settings.latency_target_ms
+        return None if target is None else target / 1000.0
+
+    @property
     def input_spec(self) -> TensorSpec:
         return TensorSpec(INPUT_NAME, self.handler.input_datatype, self.handler.input_shape)
 
@@ -112,9 +124,15 @@ class ServedModel:
             return "unhealthy"
         return "busy" if self.queue.depth >= self.settings.queue_capacity else "ready"
 
-    def in_flight_now(self) -> int:
-        """Requests admitted and unanswered (read by device threads)."""
-        return self.in_flight
+    def _recent_peak(self, now: float) -> float:
+        return float(self._peak * PEAK_DECAY ** (now - self._peak_at))
+
+    def concurrency(self) -> int:
+        """Requests to expect in flight: admitted now, or the recent peak of that, which halves
+        every second (device threads read it; ``enqueue`` records the peak). A closed-loop
+        client answered a moment ago is not in flight but is on its way back; a lone client
+        keeps the peak at one."""
+        return max(self.in_flight, int(self._recent_peak(time.monotonic())))
 
     # ---- the request path ------------------------------------------------------------------------
 
@@ -157,10 +175,20 @@ class ServedModel:
         for index, data in enumerate(items):
             put(PendingItem(request, index, data, key(data)))
         self.in_flight += 1
+        if self.in_flight >= self._recent_peak(now):
+            self._peak, self._peak_at = float(self.in_flight), now
         request.timer = self._loop.call_later(deadline - now, _expire, request.future)
+        if self.queue.depth >= self.wake_depth and not self._ring_due:
+            # Rung once this pass of the event loop is done: a burst of requests that arrived
+            # together is queued before the device thread wakes (and takes the GIL) for it.
+            self._ring_due = True
+            self._loop.call_soon(self._ring)
+        return request
+
+    def _ring(self) -> None:
+        self._ring_due = False
         for wake in self.wakers:
             wake()
-        return request
 
     async def result(self, request: PendingRequest) -> list[Any]:
         """Wait for a request's results (DeadlineExceeded once its deadline passes)."""

@@ -170,11 +170,13 @@ class InferenceService:
         await asyncio.gather(*(self._attach(model, w) for w in self._workers_of(model)))
 
     async def _attach(self, model: ServedModel, worker: DeviceWorker) -> None:
-        replica, outputs = await asyncio.to_thread(warm_replica, model.handler, worker.device)
-        model.outputs = model.outputs or outputs
+        warm = await asyncio.to_thread(warm_replica, model.handler, worker.device,
+                                       model.batch_limit)
+        model.outputs = model.outputs or warm.outputs
+        model.costs[worker.label] = warm.cost
         assert self._loop is not None
         attached: asyncio.Future[None] = self._loop.create_future()
-        worker.attach(model, replica, _settle(attached))
+        worker.attach(model, warm, _settle(attached))
         await attached
         model.wakers = [w.wake for w in self.workers if w.holds(model)]
         if model.stranded:

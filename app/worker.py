@@ -7,6 +7,7 @@ flight while the next is collected and launched (app/transfer.py), whichever mod
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -16,16 +17,19 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+import numpy as np
 import torch
 
 from app.batching import (
     ArrivalRate,
     BatchReport,
     PendingItem,
+    Price,
     collect_batch,
     group_by,
     split_live,
 )
+from app.cost import CostModel, grid
 from app.errors import DeadlineExceeded, ModelError
 from app.models.base import ModelHandler, Replica
 from app.models.signature import TensorSpec, describe_outputs
@@ -45,21 +49,54 @@ class WorkerState(Enum):
     STOPPED = "stopped"
 
 
-def warm_replica(handler: ModelHandler, device: torch.device
-                 ) -> tuple[Replica, list[TensorSpec] | None]:
-    """Load ``handler``'s replica for ``device`` and run its examples through it (warm-up);
-    what the outputs looked like, if it has examples. Runs on a loader thread, so that a device
-    thread keeps serving its other models meanwhile."""
+TEXT_LENGTHS = (16, 128)  # tokens per item when measuring a text model's cost
+
+
+@dataclass
+class Warm:
+    """A replica loaded and warmed up: its outputs and its measured cost (docs/scheduler.md)."""
+
+    replica: Replica
+    outputs: list[TensorSpec] | None
+    cost: CostModel
+
+
+def warm_replica(handler: ModelHandler, device: torch.device, limit: int) -> Warm:
+    """Load ``handler``'s replica for ``device``, run its examples through it (warm-up), and
+    time a small grid of batch sizes up to ``limit`` (for a text model, of two item lengths).
+    Runs on a loader thread, so that a device thread keeps serving its other models meanwhile."""
     with torch.inference_mode():
         replica = handler.load(device)
         examples = handler.examples()
         if not examples:
-            return replica, None
+            return Warm(replica, None, CostModel())
         executor = DeviceExecutor(device)
+        items = handler.decode(examples)
         results: list[Any] = []
-        for group in group_by(handler.decode(examples), handler.key):
+        for group in group_by(items, handler.key):
             results += executor.launch(handler, replica, group).wait()[0]
-    return replica, describe_outputs(results)
+        return Warm(replica, describe_outputs(results),
+                    _measure(handler, replica, executor, items, limit))
+
+
+def _measure(handler: ModelHandler, replica: Replica, executor: DeviceExecutor,
+             items: list[Any], limit: int) -> CostModel:
+    """The cost grid, from batches of the warm-up items (repeated, or cut to each length)."""
+    first = items[0]
+    text = handler.length(first) is not None
+    lengths = TEXT_LENGTHS if text else (None,)
+
+    def batch(n: int, length: int | None) -> list[Any]:
+        if length is None:
+            return [items[i % len(items)] for i in range(n)]
+        return [np.resize(first, length) for _ in range(n)]
+
+    def seconds(n: int, length: int | None) -> float:
+        return executor.launch(handler, replica, batch(n, length)).wait()[1]
+
+    samples = [(n * (length or 1), seconds(n, length))
+               for length in lengths for n in grid(limit) for _ in range(3)]
+    return CostModel.measured(samples)
 
 
 @dataclass(eq=False)
@@ -69,7 +106,24 @@ class Slot:
     model: ServedModel
     replica: Replica
     batch_limit: int  # lowered after an out-of-memory
+    cost: CostModel
     rate: ArrivalRate = field(default_factory=ArrivalRate)
+
+    def work(self, items: list[Any]) -> int:
+        """What a batch of these decoded items costs in the cost model's unit: items, or
+        padded tokens (items x the longest) for a model that pads to its longest item."""
+        length = self.model.handler.length
+        if not items or length(items[0]) is None:
+            return len(items)
+        return len(items) * max(length(i) or 0 for i in items)
+
+    def pricing(self, items: list[PendingItem]) -> Price | None:
+        """The cost model's price of a batch like ``items`` grown to n items (None: unknown)."""
+        cost = self.cost
+        if not cost.known:
+            return None
+        per_item = self.work([i.data for i in items]) / len(items)
+        return lambda n: cost.predict(n * per_item)
 
 
 @dataclass
@@ -123,10 +177,11 @@ class DeviceWorker:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    def attach(self, model: ServedModel, replica: Replica, done: Callable[[], None]) -> None:
-        """Serve ``model`` with ``replica`` from the next batch on; ``done`` runs on the loop."""
+    def attach(self, model: ServedModel, warm: Warm, done: Callable[[], None]) -> None:
+        """Serve ``model`` with a warmed replica from the next batch on; ``done`` runs on the
+        loop."""
         def run() -> None:
-            self._slots[model] = Slot(model, replica, model.batch_limit)
+            self._slots[model] = Slot(model, warm.replica, model.batch_limit, warm.cost)
             self._loop.call_soon_threadsafe(done)
 
         self._command(run)
@@ -195,8 +250,10 @@ class DeviceWorker:
                 if flights:  # the device is busy: take what is queued, no waiting
                     in_hand = queue.take(slot.batch_limit)
                 else:
-                    in_hand = collect_batch(queue, slot.model.policy, slot.batch_limit,
-                                            slot.rate, slot.model.in_flight_now)
+                    in_hand = collect_batch(
+                        queue, slot.model.policy, slot.batch_limit, slot.rate,
+                        slot.model.concurrency, slot.pricing, slot.model.latency_target_s,
+                        nap=functools.partial(self._nap, slot.model))
                 if not in_hand:
                     continue
                 flights.append(self._launch(executor, slot, in_hand))
@@ -233,6 +290,19 @@ class DeviceWorker:
                 self._bell.wait(DOZE_S)
         finally:
             self._sleeping = False
+
+    def _nap(self, model: ServedModel, seconds: float, more: int) -> None:
+        """While a batch of ``model`` fills: sleep until ``more`` items have joined its queue
+        (``enqueue`` rings then) or ``seconds`` are up."""
+        self._bell.clear()
+        model.wake_depth = model.queue.depth + more
+        self._sleeping = True
+        try:
+            if model.queue.depth < model.wake_depth:
+                self._bell.wait(seconds)
+        finally:
+            self._sleeping = False
+            model.wake_depth = 1
 
     def _fail(self, error: str) -> None:
         self.state = WorkerState.FAILED
@@ -293,6 +363,7 @@ class DeviceWorker:
                 continue
             self.busy_s += seconds
             self._fairness.charge(flight.slot.model, seconds)
+            flight.slot.cost.observe(flight.slot.work([i.data for i in items]), seconds)
             report.sizes.append(len(items))
             report.compute_s.append(seconds)
             report.results.extend(zip(items, outputs, strict=True))

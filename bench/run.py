@@ -58,8 +58,9 @@ class Point:
 class Report:
     workload: str
     settings: dict[str, Any]
-    offline_items_s: float
+    offline_items_s: float  # at max_batch_size
     points: list[Point] = field(default_factory=list)
+    offline_by_batch: dict[int, float] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
 
 
@@ -252,9 +253,12 @@ def ratio_lines(report: Report) -> list[str]:
     top = max(report.points, key=lambda p: p.concurrency).concurrency
     b_top, u_top = point("batchserve", top), point("unbatched", top)
     b_1, u_1 = point("batchserve", 1), point("unbatched", 1)
-    if b_top:
-        lines.append(f"batchserve c={top}: {b_top.items_s / report.offline_items_s:.2f} x offline"
-                     f" items/s")
+    for p in report.points:
+        batch = report.settings["batch_for"].get(str(p.concurrency))
+        if p.config == "batchserve" and batch in report.offline_by_batch:
+            lines.append(f"batchserve c={p.concurrency}: "
+                         f"{p.items_s / report.offline_by_batch[batch]:.2f} x offline at "
+                         f"batch {batch} items/s")
     if b_top and u_top:
         lines.append(f"batchserve c={top}: {b_top.items_s / u_top.items_s:.2f} x unbatched items/s")
     if b_1 and u_1:
@@ -266,8 +270,9 @@ def table(report: Report) -> str:
     head = (f"{'config':<11}{'conc':>5}{'req/s':>10}{'items/s':>10}{'p50 ms':>9}{'p90 ms':>9}"
             f"{'p99 ms':>9}{'errors':>8}{'batch':>7}{'cpu':>6}"
             + (f"{'SM':>7}" if any(p.sm_util is not None for p in report.points) else ""))
-    rows = [head, "-" * len(head),
-            f"{'offline':<11}{'-':>5}{'-':>10}{report.offline_items_s:>10.0f}"]
+    rows = [head, "-" * len(head)]
+    rows += [f"{'offline b' + str(b):<11}{'-':>5}{'-':>10}{v:>10.0f}"
+             for b, v in sorted(report.offline_by_batch.items())]
     for p in report.points:
         rows.append(f"{p.config:<11}{p.concurrency:>5}{p.req_s:>10.0f}{p.items_s:>10.0f}"
                     f"{p.p50_ms:>9.2f}{p.p90_ms:>9.2f}{p.p99_ms:>9.2f}{p.errors:>8}"
@@ -348,15 +353,20 @@ def run(args: argparse.Namespace) -> int:
     settings = {"max_batch_size": args.max_batch_size, "max_wait_ms": args.max_wait_ms,
                 "torch_threads": args.torch_threads, "instances_per_request": args.instances,
                 "seconds_per_point": args.seconds, "devices": args.devices}
-    print(f"[{args.workload}] offline: model in-process at batch {args.max_batch_size} ...",
-          flush=True)
-    report = Report(args.workload, settings,
-                    offline_items_s(args.workload, args.max_batch_size, args.seconds,
-                                    args.instances,
-                                    torch.device(args.devices.split(",")[0].strip())),
+    # Offline at every batch size the sweep can fill: min(concurrency x instances, max batch).
+    batch_for = {str(c): min(c * args.instances, args.max_batch_size) for c in concurrencies}
+    settings["batch_for"] = batch_for
+    device = torch.device(args.devices.split(",")[0].strip())
+    by_batch = {}
+    for batch in sorted({*batch_for.values(), args.max_batch_size}):
+        print(f"[{args.workload}] offline: model in-process at batch {batch} ...", flush=True)
+        by_batch[batch] = offline_items_s(args.workload, batch, max(2.0, args.seconds / 2),
+                                          args.instances, device)
+        print(f"  {by_batch[batch]:.0f} items/s", flush=True)
+    report = Report(args.workload, settings, by_batch[args.max_batch_size],
+                    offline_by_batch=by_batch,
                     machine={"cpus": os.cpu_count(), "torch": torch.__version__,
                              "python": sys.version.split()[0]})
-    print(f"  {report.offline_items_s:.0f} items/s", flush=True)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"instances": [instance_for(args.workload, i) for i in range(args.instances)]},
                   f)

@@ -46,6 +46,14 @@ class FakeQueue:
         self.arrivals.append((at, item))
         self.arrivals.sort(key=lambda pair: pair[0])
 
+    def nap(self, seconds: float, more: int) -> None:
+        """A device thread's nap: until ``more`` items beyond those visible have arrived (the
+        targeted wake), or ``seconds`` are up."""
+        self.clock.naps += 1
+        due = [at for at, _ in self.arrivals if at > self.clock.now + EPSILON_S]
+        woken = due[more - 1] if len(due) >= more else float("inf")
+        self.clock.now = min(self.clock.now + seconds, max(woken, self.clock.now))
+
     def take(self, limit: int) -> list[PendingItem]:
         taken = []
         while (len(taken) < limit and self.arrivals

@@ -49,6 +49,11 @@ class ModelHandler(ABC):
         Raises app.errors.InvalidInput naming the first bad instance. Any thread.
         """
 
+    def length(self, item: Any) -> int | None:
+        """How long a decoded item is, for a model whose batches are padded to their longest
+        item (text: its tokens); None for items that are all alike (the default)."""
+        return None
+
     def key(self, item: Any) -> Hashable:
         """Items with different keys never share a model call (e.g. differently shaped arrays)."""
         return None

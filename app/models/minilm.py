@@ -105,6 +105,9 @@ class MiniLMHandler(ModelHandler):
         encodings = self._tokenizer.encode_batch(instances)
         return [np.asarray(e.ids, dtype=np.int64) for e in encodings]
 
+    def length(self, item: Any) -> int | None:
+        return len(item)  # tokens: a batch is padded to its longest item
+
     def load(self, device: torch.device) -> Replica:
         from transformers import AutoModel
         from transformers.utils import logging as hf_logging

@@ -48,21 +48,21 @@ def setup(arrivals: list[float], now: float = 100.0) -> tuple[FakeClock, FakeQue
 
 def test_full_batch_leaves_at_once() -> None:
     clock, q = setup([100.0] * 6)
-    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 6, clock, clock.sleep)
+    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 6, clock=clock, nap=q.nap)
     assert len(batch) == 4
     assert clock.now == 100.0  # no waiting at all
 
 
 def test_partial_batch_leaves_at_the_wait_deadline() -> None:
     clock, q = setup([100.0, 100.0001])  # arrivals that fast make waiting worth it to the end
-    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 10, clock, clock.sleep)
+    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 10, clock=clock, nap=q.nap)
     assert len(batch) == 2
     assert clock.now == pytest.approx(100.005)  # first item + max_wait
 
 
 def test_items_arriving_within_the_budget_join() -> None:
     clock, q = setup([100.0, 100.001, 100.002, 100.003, 100.009])
-    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 10, clock, clock.sleep)
+    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 10, clock=clock, nap=q.nap)
     assert [i.data for i in batch] == [100.0, 100.001, 100.002, 100.003]
     assert clock.now == pytest.approx(100.003)  # left as soon as it was full
 
@@ -70,21 +70,21 @@ def test_items_arriving_within_the_budget_join() -> None:
 def test_no_wait_when_the_next_arrival_is_predicted_too_late() -> None:
     # Requests every 2 ms; at 100.004 only 1 ms of budget is left, so it goes without waiting.
     clock, q = setup([100.0, 100.002, 100.004, 100.0045])
-    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 10, clock, clock.sleep)
+    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 10, clock=clock, nap=q.nap)
     assert [i.data for i in batch] == [100.0, 100.002, 100.004]
     assert clock.now == pytest.approx(100.004)
 
 
 def test_lone_request_is_not_kept_waiting() -> None:
     clock, q = setup([100.0])
-    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 1, clock, clock.sleep)
+    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 1, clock=clock, nap=q.nap)
     assert len(batch) == 1
     assert clock.now == 100.0
 
 
 def test_all_in_flight_requests_in_batch_means_go() -> None:
     clock, q = setup([100.0, 100.0, 100.0])
-    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 3, clock, clock.sleep)
+    batch = collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 3, clock=clock, nap=q.nap)
     assert len(batch) == 3
     assert clock.now == 100.0
 
@@ -94,7 +94,7 @@ def test_sparse_arrivals_do_not_wait() -> None:
     for at in (90.0, 92.0, 94.0):  # one request every 2 s: far longer than the 5 ms budget
         rate.observe(request(at))
     clock, q = setup([100.0, 100.003])
-    batch = collect_batch(q, POLICY, 4, rate, lambda: 5, clock, clock.sleep)
+    batch = collect_batch(q, POLICY, 4, rate, lambda: 5, clock=clock, nap=q.nap)
     assert len(batch) == 1
     assert clock.now == 100.0
 
@@ -104,7 +104,7 @@ def test_a_known_rate_fills_the_batch_by_napping_not_by_a_wake_per_item() -> Non
     for at in (99.997, 99.998, 99.999):  # one request per millisecond
         rate.observe(request(at))
     clock, q = setup([100.0, 100.001, 100.002, 100.003, 100.004])
-    batch = collect_batch(q, POLICY, 4, rate, lambda: 10, clock, clock.sleep)
+    batch = collect_batch(q, POLICY, 4, rate, lambda: 10, clock=clock, nap=q.nap)
     assert [i.data for i in batch] == [100.0, 100.001, 100.002, 100.003]
     assert clock.now == pytest.approx(100.003)  # one nap, until the fourth was due
     assert clock.naps == 1  # not one wake-up per item
@@ -115,39 +115,111 @@ def test_a_nap_expects_no_more_arrivals_than_requests_in_flight() -> None:
     for at in (99.997, 99.998, 99.999):
         rate.observe(request(at))
     clock, q = setup([100.0, 100.0005])
-    # Two requests in flight, so one more can join: nap one gap, not three (the free places).
-    batch = collect_batch(q, POLICY, 4, rate, lambda: 2, clock, clock.sleep)
+    # Two requests in flight, so one more can join: it naps for one arrival, not three (the
+    # free places), and is woken as soon as that one is in.
+    batch = collect_batch(q, POLICY, 4, rate, lambda: 2, clock=clock, nap=q.nap)
     assert [i.data for i in batch] == [100.0, 100.0005]
-    assert clock.now == pytest.approx(100.001)
+    assert clock.now == pytest.approx(100.0005) and clock.naps == 1
 
 
 def test_an_empty_source_gives_an_empty_batch() -> None:
     clock, q = setup([100.5])  # not arrived yet
-    assert collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 1, clock, clock.sleep) == []
+    assert collect_batch(q, POLICY, 4, ArrivalRate(), lambda: 1, clock=clock, nap=q.nap) == []
     assert clock.now == 100.0
 
 
 def test_effective_limit_caps_the_batch() -> None:
     clock, q = setup([100.0] * 6)
-    assert len(collect_batch(q, POLICY, 2, ArrivalRate(), lambda: 6, clock, clock.sleep)) == 2
+    assert len(collect_batch(q, POLICY, 2, ArrivalRate(), lambda: 6, clock=clock, nap=q.nap)) == 2
 
 
-def test_wait_budget_is_pure() -> None:
-    assert POLICY.wait_budget(4, 100.0, 100.0) == 0.0
-    assert POLICY.wait_budget(1, 100.0, 100.002) == pytest.approx(0.003)
-    assert POLICY.wait_budget(1, 100.0, 100.006) == 0.0
-    waits = POLICY.wait_budget(1, 100.0, 100.0, gap_s=0.001, others_in_flight=3)
-    assert waits == pytest.approx(0.005)
-    assert POLICY.wait_budget(1, 100.0, 100.0, gap_s=0.010, others_in_flight=3) == 0.0
-    assert POLICY.wait_budget(1, 100.0, 100.0, gap_s=0.001, others_in_flight=0) == 0.0
+def test_the_decision_is_pure() -> None:
+    """No cost known: any arrival the budget holds is worth waiting for (at the recent rate)."""
+    assert POLICY.wait_s(4, 0.0, 0.001, 3, None) == 0.0  # full
+    assert POLICY.wait_s(1, 0.0, 0.001, 0, None) == 0.0  # nothing else in flight
+    assert POLICY.wait_s(1, 0.006, 0.001, 3, None) == 0.0  # idle past max_wait
+    assert POLICY.wait_s(1, 0.0, 0.001, 3, None) == pytest.approx(0.003)  # three more, 1 ms apart
+    assert POLICY.wait_s(1, 0.0, 0.010, 3, None) == 0.0  # the next one is due too late
+    assert POLICY.wait_s(1, 0.0, None, 3, None) == pytest.approx(0.0005)  # look again soon
+
+
+WIDE = BatchPolicy(max_batch_size=32, max_wait_s=0.005)
+
+
+def flat(n: int) -> float:
+    """A memory-bound model: 8 items cost barely more than 4 (the mlp of the issue)."""
+    return 0.0072 + 0.00012 * n
+
+
+def linear_cost(n: int) -> float:
+    """A compute-bound model: every item costs the same, so sharing a batch saves nothing."""
+    return 0.001 * n
+
+
+def test_waiting_pays_when_a_bigger_batch_costs_little_more() -> None:
+    # 4 queued, 4 more in flight (a closed loop of 8), arriving every 0.2 ms
+    wait = WIDE.wait_s(4, 0.0, 0.0002, 4, flat)
+    assert wait == pytest.approx(4 * 0.0002)  # wait for all four
+
+
+def test_waiting_does_not_pay_when_every_item_costs_the_same() -> None:
+    assert WIDE.wait_s(4, 0.0, 0.0002, 4, linear_cost) == 0.0
+
+
+def test_a_deadline_or_target_too_close_forbids_the_wait() -> None:
+    # waiting for m arrivals finishes after 0.2 m + 7.2 + 0.12 (4 + m) ms: two fit in 8.5 ms
+    assert WIDE.wait_s(4, 0.0, 0.0002, 4, flat, slack_s=0.0085) == pytest.approx(0.0004)
+    assert WIDE.wait_s(4, 0.0, 0.0002, 4, flat, slack_s=0.0070) == 0.0
+
+
+def test_the_ceiling_counts_idle_time_not_time_in_the_queue() -> None:
+    """Items that queued behind a busy device may still be held a little, if that pays: the
+    half-batch trap of the issue (c=8 alternating batches of 4) needs exactly this."""
+    rate = ArrivalRate()
+    for at in (99.9994, 99.9996, 99.9998):
+        rate.observe(request(at))
+    clock = FakeClock(100.0)
+    q = FakeQueue(clock)
+    for at in (99.9800, 99.9802, 99.9804, 99.9806):  # queued 20 ms ago, behind the last batch
+        q.add(at, item(at))
+    for at in (100.0002, 100.0004, 100.0006, 100.0008):  # the other half, coming back
+        q.add(at, item(at))
+    batch = collect_batch(q, WIDE, 32, rate, lambda: 8, lambda items: flat, None,
+                          clock=clock, nap=q.nap)
+    assert len(batch) == 8 and clock.now == pytest.approx(100.0008)
+
+
+def test_a_latency_target_bounds_the_wait() -> None:
+    rate = ArrivalRate()
+    for at in (99.9994, 99.9996, 99.9998):
+        rate.observe(request(at))
+    clock = FakeClock(100.0)
+    q = FakeQueue(clock)
+    for at in (99.999, 99.999, 99.999, 99.999, 100.0002, 100.0004, 100.0006, 100.0008):
+        q.add(at, item(at))
+    # the oldest item (1 ms old) must be done within 8.5 ms of arriving: a batch of 4 takes 7.7,
+    # so no arrival can join in time
+    batch = collect_batch(q, WIDE, 32, rate, lambda: 8, lambda items: flat, 0.0085,
+                          clock=clock, nap=q.nap)
+    assert len(batch) == 4 and clock.now == 100.0
 
 
 def test_arrival_rate_counts_requests_not_items() -> None:
-    rate = ArrivalRate(alpha=1.0)
+    rate = ArrivalRate()
     a, b = request(10.0, size=3), request(10.5)
     for r in (a, a, a, b):
         rate.observe(r)
     assert rate.gap_s == pytest.approx(0.5)
+
+
+def test_the_gap_of_bursty_arrivals_is_the_gap_inside_a_burst() -> None:
+    """A closed loop of 8: bursts of 8 arrivals 0.2 ms apart, one burst per 8 ms batch. The
+    mean gap (1.2 ms) would say waiting for the burst never pays; the median says 0.2 ms."""
+    rate = ArrivalRate()
+    for burst in range(4):
+        for i in range(8):
+            rate.observe(request(100.0 + burst * 0.0094 + i * 0.0002))
+    assert rate.gap_s == pytest.approx(0.0002)
 
 
 def test_expired_and_cancelled_items_are_split_off() -> None:

@@ -51,9 +51,10 @@ class Harness:
                             Metrics.create().for_model(handler.name, "1"))
         model.open(loop, ThreadPoolExecutor(1))
         model.deliver = lambda report: self.reports.append((handler.name, report))  # type: ignore[method-assign]
-        replica, model.outputs = await asyncio.to_thread(warm_replica, handler, CPU)
+        warm = await asyncio.to_thread(warm_replica, handler, CPU, max_batch_size)
+        model.outputs = warm.outputs
         attached = asyncio.Event()
-        self.worker.attach(model, replica, attached.set)
+        self.worker.attach(model, warm, attached.set)
         await attached.wait()
         model.wakers = [self.worker.wake]
         self.models[handler.name] = model
@@ -101,9 +102,19 @@ async def device(*handlers: ModelHandler, max_batch_size: int = 8) -> AsyncItera
         assert await asyncio.to_thread(worker.join, 30)
 
 
-async def test_warm_up_teaches_the_outputs() -> None:
-    replica, outputs = await asyncio.to_thread(warm_replica, linear_handler(), CPU)
-    assert callable(replica) and outputs == [TensorSpec("OUTPUT0", "FP32", (2,))]
+async def test_warm_up_teaches_the_outputs_and_the_cost() -> None:
+    warm = await asyncio.to_thread(warm_replica, linear_handler(), CPU, 8)
+    assert callable(warm.replica) and warm.outputs == [TensorSpec("OUTPUT0", "FP32", (2,))]
+    assert [work for work, _ in warm.cost.curve()] == [1, 2, 4, 8]
+    assert all(seconds > 0 for _, seconds in warm.cost.curve())
+
+
+async def test_a_text_models_cost_is_by_padded_tokens() -> None:
+    from app.models.minilm import MiniLMHandler
+
+    warm = await asyncio.to_thread(warm_replica, MiniLMHandler(), CPU, 4)
+    works = [work for work, _ in warm.cost.curve()]
+    assert works == sorted({n * length for n in (1, 2, 4) for length in (16, 128)})
 
 
 async def test_queued_items_ride_one_batch_in_order() -> None:

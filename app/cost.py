@@ -1,0 +1,81 @@
+"""CostModel: what a batch costs, measured and refined (docs/scheduler.md, section 1).
+
+Pure. The seconds a batch takes as a function of its work: items for tensor models, padded
+tokens for text models. Linear between measured points, extrapolated from the last two beyond
+them; each batch served moves the nearest point towards what it took.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+REFINE_WEIGHT = 0.1  # how far one observed batch moves the nearest point
+
+
+@dataclass
+class CostModel:
+    """Seconds per batch by work. ``work`` ascending; created from measurements."""
+
+    work: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+    @classmethod
+    def measured(cls, samples: Iterable[tuple[float, float]]) -> CostModel:
+        """From (work, seconds) samples: the median per work value."""
+        by_work: dict[float, list[float]] = {}
+        for work, seconds in samples:
+            by_work.setdefault(work, []).append(seconds)
+        ordered = sorted(by_work)
+        return cls(ordered, [statistics.median(by_work[w]) for w in ordered])
+
+    @property
+    def known(self) -> bool:
+        return bool(self.work)
+
+    def predict(self, work: float) -> float:
+        """Seconds for a batch of ``work`` (0 when nothing is known yet)."""
+        xs, ys = self.work, self.seconds
+        if not xs:
+            return 0.0
+        if len(xs) == 1:
+            return ys[0] * max(1.0, work / xs[0])  # one point: proportional beyond it
+        i = bisect.bisect_left(xs, work)
+        i = min(max(i, 1), len(xs) - 1)  # the segment [i-1, i], or the last one beyond it
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        if work <= x0:
+            return y0
+        return max(0.0, y0 + (y1 - y0) * (work - x0) / (x1 - x0))
+
+    def observe(self, work: float, seconds: float) -> None:
+        """A batch of ``work`` took ``seconds``: move the nearest point towards it (device
+        thread; the event loop only reads)."""
+        if not self.work:
+            self.work, self.seconds = [work], [seconds]
+            return
+        i = min(range(len(self.work)), key=lambda j: abs(self.work[j] - work))
+        expected = self.predict(work)
+        if expected <= 0.0:
+            return
+        # Scale the error to the point's own work: a batch near the point says the most.
+        self.seconds[i] += REFINE_WEIGHT * (seconds - expected) * self.seconds[i] / expected
+
+    def curve(self) -> list[tuple[float, float]]:
+        return list(zip(self.work, self.seconds, strict=True))
+
+
+def measure_grid(work_sizes: Iterable[float], run: Callable[[float], float],
+                 repeats: int = 3) -> CostModel:
+    """Time ``run(work)`` ``repeats`` times for each work size; the medians make the model."""
+    return CostModel.measured((w, run(w)) for w in work_sizes for _ in range(repeats))
+
+
+def grid(limit: int) -> list[int]:
+    """Batch sizes to measure: 1, 2, 4, ... and the limit itself."""
+    sizes, n = [], 1
+    while n < limit:
+        sizes.append(n)
+        n *= 2
+    return [*sizes, limit]

@@ -1,0 +1,37 @@
+"""CostModel: interpolation between measured points, and refinement from served batches."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.cost import CostModel, grid, measure_grid
+
+
+def test_between_points_it_interpolates_beyond_it_extrapolates() -> None:
+    cost = CostModel([1, 8, 32], [0.002, 0.008, 0.020])
+    assert cost.predict(1) == pytest.approx(0.002)
+    assert cost.predict(4) == pytest.approx(0.002 + 0.006 * 3 / 7)
+    assert cost.predict(64) == pytest.approx(0.020 + 0.012 * 32 / 24)
+    assert cost.predict(0.5) == pytest.approx(0.002)  # below the first: no cheaper than it
+    assert CostModel().predict(8) == 0.0 and not CostModel().known
+    assert CostModel([4], [0.004]).predict(8) == pytest.approx(0.008)
+
+
+def test_measurements_keep_the_median() -> None:
+    cost = CostModel.measured([(1, 0.001), (1, 0.005), (1, 0.002), (4, 0.003)])
+    assert cost.curve() == [(1, 0.002), (4, 0.003)]
+    times = iter([0.001, 0.009, 0.002] * 3)
+    assert measure_grid([1, 2, 4], lambda w: next(times)).curve() == [
+        (1, 0.002), (2, 0.002), (4, 0.002)]
+    assert grid(32) == [1, 2, 4, 8, 16, 32] and grid(5) == [1, 2, 4, 5] and grid(1) == [1]
+
+
+def test_served_batches_pull_the_curve_to_what_the_device_does() -> None:
+    cost = CostModel([1, 8, 32], [0.002, 0.008, 0.020])
+    for _ in range(100):
+        cost.observe(8, 0.016)  # the device got twice as slow at 8 (a neighbour, a throttle)
+    assert cost.predict(8) == pytest.approx(0.016, rel=0.01)
+    assert cost.predict(1) == pytest.approx(0.002)  # far points keep what they were
+    empty = CostModel()
+    empty.observe(4, 0.003)
+    assert empty.curve() == [(4, 0.003)]
