@@ -28,15 +28,18 @@ class PendingRequest:
     slots: one is built per request on the event loop's hot path.)
     """
 
-    __slots__ = ("future", "size", "deadline", "enqueued_at", "results", "remaining", "timer")
+    __slots__ = ("future", "size", "deadline", "enqueued_at", "results", "remaining", "timer",
+                 "level")
 
     def __init__(
-        self, future: asyncio.Future[list[Any]], size: int, deadline: float, enqueued_at: float
+        self, future: asyncio.Future[list[Any]], size: int, deadline: float, enqueued_at: float,
+        level: int = 1,
     ) -> None:
         self.future = future
         self.size = size
         self.deadline = deadline
         self.enqueued_at = enqueued_at
+        self.level = level  # priority, 1 the most urgent
         self.results: list[Any] = [None] * size
         self.remaining = size
         self.timer: asyncio.TimerHandle | None = None  # the deadline's (event loop only)

@@ -63,6 +63,15 @@ class Unavailable(ServeError):
         self.type = state
 
 
+class WouldMissDeadline(Unavailable):
+    """503 at arrival: the request would not be answered before its deadline (predicted from
+    the work queued ahead of it), so it is refused now instead of timing out later."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__("deadline", message)
+        self.retry_after_s = retry_after_s
+
+
 class DeadlineExceeded(ServeError):
     status = 504
     type = "timeout"
@@ -78,5 +87,9 @@ class ModelError(ServeError):
         super().__init__(message)
 
 
-def busy(capacity: int) -> Unavailable:
-    return Unavailable("busy", f"the queue is full ({capacity} items); retry later")
+def busy(capacity: int, level: int | None = None, room: int | None = None) -> Unavailable:
+    if level is None or room is None or room == capacity:
+        return Unavailable("busy", f"the queue is full ({capacity} items); retry later")
+    return Unavailable("busy", f"the queue has no room at priority {level} (that level may "
+                               f"fill {room} places; the queue holds {capacity} at the default "
+                               "level); retry later")

@@ -1,9 +1,10 @@
 """ModelQueue: one model's waiting items, between the event loop and the device threads.
 
 The event loop puts admitted items into a bounded janus queue. Device threads move them into a
-staging area (a deque under a lock only they take) when they decide what to run next: choosing
-between models needs each model's oldest item in sight, which a FIFO queue shows only by giving
-it up. Several device threads serving one model share its staging area (docs/models.md).
+staging area, one deque per priority level, under a lock only they take: choosing between models
+needs each model's most urgent item in sight, which a FIFO queue shows only by giving it up, and
+an urgent item must overtake a backlog of less urgent ones. Several device threads serving one
+model share its staging area (docs/models.md, docs/scheduler.md).
 """
 
 from __future__ import annotations
@@ -18,13 +19,20 @@ from app.batching import PendingItem
 
 
 class ModelQueue:
-    """A model's admitted items not yet in a batch. ``put``, ``depth``, ``open``, ``shutdown``
-    and ``wait_closed`` run on the event loop; ``head`` and ``take`` on device threads."""
+    """A model's admitted items not yet in a batch, by priority level (1 the most urgent).
 
-    def __init__(self, capacity: int) -> None:
+    ``put``, ``depth``, ``depth_through``, ``open``, ``shutdown`` and ``wait_closed`` run on the
+    event loop; ``head`` and ``take`` on device threads. Counts by level are kept as items put
+    (by the loop) and taken (by device threads, under the lock), each written by one side only.
+    """
+
+    def __init__(self, capacity: int, levels: int = 1) -> None:
         self.capacity = capacity
+        self.levels = levels
         self._janus: janus.Queue[PendingItem] | None = None
-        self._staged: deque[PendingItem] = deque()
+        self._staged: list[deque[PendingItem]] = [deque() for _ in range(levels)]
+        self._put = [0] * levels
+        self._taken = [0] * levels
         self._lock = threading.Lock()
         self._closed = False
 
@@ -37,13 +45,17 @@ class ModelQueue:
     def put(self, item: PendingItem) -> None:
         """Queue one admitted item. The caller checked ``depth`` first: this never waits."""
         assert self._janus is not None
+        self._put[item.request.level - 1] += 1
         self._janus.async_q.put_nowait(item)
 
     @property
     def depth(self) -> int:
         """Items admitted and not yet taken into a batch."""
-        waiting = self._janus.async_q.qsize() if self._janus is not None else 0
-        return waiting + len(self._staged)
+        return sum(self._put) - sum(self._taken)
+
+    def depth_through(self, level: int) -> int:
+        """Items waiting at ``level`` and the more urgent ones."""
+        return sum(self._put[:level]) - sum(self._taken[:level])
 
     def shutdown(self) -> None:
         """No more puts; device threads still take what is left."""
@@ -62,27 +74,36 @@ class ModelQueue:
 
     # ---- device threads --------------------------------------------------------------------------
 
-    def _pull(self, n: int) -> None:
-        """Move up to ``n`` items from janus into the staging area (lock held)."""
+    def _pull(self) -> None:
+        """Move everything waiting in janus into the staging area (lock held)."""
         sync_q = self._janus.sync_q if self._janus is not None else None
-        while n > 0 and sync_q is not None and sync_q.qsize():  # no exception when empty
+        while sync_q is not None and sync_q.qsize():  # no exception when empty
             try:
-                self._staged.append(sync_q.get_nowait())
+                item = sync_q.get_nowait()
             except (queue.Empty, janus.SyncQueueShutDown):
                 return
-            n -= 1
+            self._staged[item.request.level - 1].append(item)
 
     def head(self) -> PendingItem | None:
-        """The oldest waiting item, left in place; None when there is none."""
+        """The most urgent waiting item (the oldest of the most urgent level), left in place;
+        None when there is none."""
         with self._lock:
-            if not self._staged:
-                self._pull(1)
-            return self._staged[0] if self._staged else None
+            self._pull()
+            for staged in self._staged:
+                if staged:
+                    return staged[0]
+            return None
 
     def take(self, limit: int) -> list[PendingItem]:
-        """Up to ``limit`` waiting items, oldest first, without waiting (may be empty)."""
+        """Up to ``limit`` waiting items, the most urgent level first, oldest first within a
+        level, without waiting (may be empty)."""
+        taken: list[PendingItem] = []
         with self._lock:
-            if len(self._staged) < limit:
-                self._pull(limit - len(self._staged))
-            n = min(limit, len(self._staged))
-            return [self._staged.popleft() for _ in range(n)]
+            self._pull()
+            for level, staged in enumerate(self._staged):
+                n = min(limit - len(taken), len(staged))
+                taken.extend(staged.popleft() for _ in range(n))
+                self._taken[level] += n
+                if len(taken) == limit:
+                    break
+        return taken

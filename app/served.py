@@ -16,10 +16,18 @@ from typing import Any
 
 import torch
 
+from app.admission import predicted_wait_s, retry_after_s, room
 from app.batching import BatchPolicy, BatchReport, PendingItem, PendingRequest
 from app.config import BatchSettings
 from app.cost import CostModel
-from app.errors import DeadlineExceeded, ServeError, Unavailable, busy
+from app.errors import (
+    DeadlineExceeded,
+    InvalidInput,
+    ServeError,
+    Unavailable,
+    WouldMissDeadline,
+    busy,
+)
 from app.metrics import ModelMetrics
 from app.models.base import ModelHandler
 from app.models.signature import INPUT_NAME, OUTPUT_NAME, TensorSpec
@@ -52,7 +60,10 @@ class ServedModel:
         self.handler = handler
         self.devices = devices
         self.metrics = metrics
-        self.queue = ModelQueue(settings.queue_capacity)
+        # The janus queue must hold what the most urgent level may fill.
+        self.queue = ModelQueue(
+            room(settings.queue_capacity, settings.priority_levels, settings.default_level, 1),
+            settings.priority_levels)
         self.policy = BatchPolicy(self.batch_limit, settings.max_wait_s)
         self.state = ModelState.LOADING
         self.reason = ""
@@ -61,6 +72,8 @@ class ServedModel:
         self._peak_at = 0.0
         self.outputs: list[TensorSpec] | None = None  # learned from the warm-up results
         self.costs: dict[str, CostModel] = {}  # per device (label), refined by its thread
+        self.work_per_item = 1.0  # cost-model work of a typical item (tokens, for text)
+        self.neighbours: list[ServedModel] = []  # the models sharing its devices (itself too)
         self.draining = False  # the server is shutting down
         self.wakers: list[Callable[[], None]] = []  # ring the device threads serving it
         self.wake_depth = 1  # ring them once this many items wait (a filling batch raises it)
@@ -122,7 +135,31 @@ class ServedModel:
             return str(self.state.value).lower()
         if self.stranded:
             return "unhealthy"
-        return "busy" if self.queue.depth >= self.settings.queue_capacity else "ready"
+        return "busy" if self.queue.depth >= self.room(self.settings.default_level) else "ready"
+
+    def room(self, level: int) -> int:
+        """How full the queue may be for a request at ``level`` to join (app/admission.py)."""
+        s = self.settings
+        return room(s.queue_capacity, s.priority_levels, s.default_level, level)
+
+    def predicted_wait_s(self, ahead: int) -> float | None:
+        """Seconds until ``ahead`` items are done, from the cost model (None: not known yet)."""
+        cost = next(iter(self.costs.values()), None)
+        if cost is None or not cost.known:
+            return None
+        limit = self.batch_limit
+        sharing = sum(1 for m in self.neighbours if m is self or m.queue.depth)
+        return predicted_wait_s(ahead, limit, cost.predict(limit * self.work_per_item),
+                                sharing, len(self.devices))
+
+    def level_of(self, asked: int | None) -> int:
+        """A request's priority level: the one it asked for (0 or None: the default)."""
+        if not asked:
+            return self.settings.default_level
+        if not 1 <= asked <= self.settings.priority_levels:
+            raise InvalidInput(f"priority {asked} is out of range: model '{self.name}' has "
+                               f"levels 1 (most urgent) to {self.settings.priority_levels}")
+        return asked
 
     def _recent_peak(self, now: float) -> float:
         return float(self._peak * PEAK_DECAY ** (now - self._peak_at))
@@ -136,20 +173,37 @@ class ServedModel:
 
     # ---- the request path ------------------------------------------------------------------------
 
-    def check_admissible(self, n: int) -> None:
-        """Raise Unavailable unless a request of ``n`` items can be queued whole right now."""
-        if (self.state is ModelState.READY and not self.draining and not self.stranded
-                and self.queue.depth + n <= self.settings.queue_capacity):
-            return  # the usual case, checked twice per request
-        health = self.health
-        if health in ("ready", "busy"):
-            if self.queue.depth + n <= self.settings.queue_capacity:
-                return
-            raise busy(self.settings.queue_capacity)
-        if health == "draining":
-            raise Unavailable(health, "the server is shutting down")
-        reason = f": {self.reason}" if self.reason else ""
-        raise Unavailable(health, f"model '{self.name}' is {health}{reason}")
+    def check_admissible(self, n: int, level: int | None = None,
+                         deadline: float | None = None) -> None:
+        """Raise Unavailable unless a request of ``n`` items at ``level`` (None: the default)
+        can be queued whole right now and, given a ``deadline``, be answered before it."""
+        level = level or self.settings.default_level
+        depth = self.queue.depth
+        if not (self.state is ModelState.READY and not self.draining and not self.stranded):
+            health = self.health
+            if health == "draining":
+                raise Unavailable(health, "the server is shutting down")
+            if health != "busy":
+                reason = f": {self.reason}" if self.reason else ""
+                raise Unavailable(health, f"model '{self.name}' is {health}{reason}")
+        room = self.room(level)
+        if depth + n > room:
+            raise busy(self.settings.queue_capacity, level, room)
+        if deadline is not None:
+            self._check_deadline(n, level, deadline)
+
+    def _check_deadline(self, n: int, level: int, deadline: float) -> None:
+        """Refuse at once a request that would finish past its deadline (docs/scheduler.md)."""
+        ahead = self.queue.depth_through(level) + n
+        wait = self.predicted_wait_s(ahead)
+        if wait is None:
+            return
+        left = deadline - time.monotonic()
+        if wait > left:
+            drain = self.predicted_wait_s(self.queue.depth) or wait
+            raise WouldMissDeadline(
+                f"model '{self.name}' would answer in about {wait:.3f}s, after the request's "
+                f"deadline (in {max(0.0, left):.3f}s)", retry_after_s(drain))
 
     async def decode(self, instances: list[Any]) -> list[Any]:
         """Validate and pre-process; heavy or large decodes run in the bounded decode pool."""
@@ -158,16 +212,19 @@ class ServedModel:
         assert self._loop is not None
         return await self._loop.run_in_executor(self._pool, self.handler.decode, instances)
 
-    def enqueue(self, items: list[Any], deadline: float) -> PendingRequest:
-        """Admit a request whole or refuse it whole (Unavailable). Never waits.
+    def enqueue(self, items: list[Any], deadline: float, level: int | None = None
+                ) -> PendingRequest:
+        """Admit a request whole at ``level`` (None: the default) or refuse it whole
+        (Unavailable). Never waits.
 
         From here the request's future resolves exactly once: to its results, to an error, or to
         DeadlineExceeded when its deadline passes first (one timer, cancelled in ``result``).
         """
-        self.check_admissible(len(items))
+        level = level or self.settings.default_level
+        self.check_admissible(len(items), level)
         assert self._loop is not None
         now = time.monotonic()
-        request = PendingRequest(self._loop.create_future(), len(items), deadline, now)
+        request = PendingRequest(self._loop.create_future(), len(items), deadline, now, level)
         key = self.handler.key
         put = self.queue.put
         # Only this thread puts, and device threads only take, so the capacity check above

@@ -155,6 +155,14 @@ class InferenceService:
         assert self._loop is not None and self._pool is not None
         model.open(self._loop, self._pool)
 
+    def _share_devices(self) -> None:
+        """Tell each model which models share its device threads (its deadline predictions
+        count them: they take turns on the device)."""
+        for model in self.repository.models():
+            mine = [w for w in self.workers if w.holds(model)]
+            model.neighbours = [m for m in self.repository.models()
+                                if any(w.holds(m) for w in mine)]
+
     def _check_stranded(self) -> None:
         """Mark the models that no live device thread serves (after a death or a re-attach)."""
         for model in self.repository.models():
@@ -174,11 +182,13 @@ class InferenceService:
                                        model.batch_limit)
         model.outputs = model.outputs or warm.outputs
         model.costs[worker.label] = warm.cost
+        model.work_per_item = warm.work_per_item
         assert self._loop is not None
         attached: asyncio.Future[None] = self._loop.create_future()
         worker.attach(model, warm, _settle(attached))
         await attached
         model.wakers = [w.wake for w in self.workers if w.holds(model)]
+        self._share_devices()
         if model.stranded:
             self._check_stranded()
         self.metrics.batch_limit.labels(model=model.name, device=worker.label).set_function(
@@ -194,6 +204,7 @@ class InferenceService:
             worker.detach(model, _settle(waits[-1]))
         await asyncio.gather(*waits)
         model.wakers = []
+        self._share_devices()
 
     # ---- state -----------------------------------------------------------------------------------
 

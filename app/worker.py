@@ -50,6 +50,7 @@ class WorkerState(Enum):
 
 
 TEXT_LENGTHS = (16, 128)  # tokens per item when measuring a text model's cost
+WORK_WEIGHT = 0.05  # how far one batch moves a model's typical work per item
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Warm:
     replica: Replica
     outputs: list[TensorSpec] | None
     cost: CostModel
+    work_per_item: float = 1.0  # the examples' (their tokens, for a text model)
 
 
 def warm_replica(handler: ModelHandler, device: torch.device, limit: int) -> Warm:
@@ -75,8 +77,10 @@ def warm_replica(handler: ModelHandler, device: torch.device, limit: int) -> War
         results: list[Any] = []
         for group in group_by(items, handler.key):
             results += executor.launch(handler, replica, group).wait()[0]
+        lengths = [handler.length(i) for i in items]
+        per_item = 1.0 if None in lengths else sum(lengths) / len(lengths)  # type: ignore[arg-type]
         return Warm(replica, describe_outputs(results),
-                    _measure(handler, replica, executor, items, limit))
+                    _measure(handler, replica, executor, items, limit), per_item)
 
 
 def _measure(handler: ModelHandler, replica: Replica, executor: DeviceExecutor,
@@ -363,7 +367,10 @@ class DeviceWorker:
                 continue
             self.busy_s += seconds
             self._fairness.charge(flight.slot.model, seconds)
-            flight.slot.cost.observe(flight.slot.work([i.data for i in items]), seconds)
+            work = flight.slot.work([i.data for i in items])
+            flight.slot.cost.observe(work, seconds)
+            model = flight.slot.model
+            model.work_per_item += WORK_WEIGHT * (work / len(items) - model.work_per_item)
             report.sizes.append(len(items))
             report.compute_s.append(seconds)
             report.results.extend(zip(items, outputs, strict=True))

@@ -273,3 +273,27 @@ class SlowEchoHandler(EchoHandler):
     def compute(self, batch: torch.Tensor) -> torch.Tensor:
         time.sleep(float(os.environ.get("SLOW_S", "0.05")))
         return super().compute(batch)
+
+
+class SteadyHandler(EchoHandler):
+    """Every batch takes ``cost_s`` whatever its size, so its cost model is known and flat: it
+    has an example, so the warm-up measures it. ``gate`` (open at first) can hold the device."""
+
+    name = "steady"
+
+    def __init__(self, cost_s: float = 0.02) -> None:
+        super().__init__()
+        self.cost_s = cost_s
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+
+    def examples(self) -> list[Any]:
+        return [1.0]
+
+    def compute(self, batch: torch.Tensor) -> torch.Tensor:
+        self.entered.set()
+        if not self.gate.wait(timeout=60):
+            raise RuntimeError("gate never opened")
+        time.sleep(self.cost_s)
+        return super().compute(batch)

@@ -26,6 +26,7 @@ from app.served import ServedModel
 from app.service import InferenceService
 
 TIMEOUT_HEADER = "x-request-timeout"
+PRIORITY_HEADER = "x-priority"
 CLIENT_CLOSED = 499  # nginx's convention; never reaches the (gone) client, only metrics
 WATCH_AFTER_S = 0.02  # a request still unanswered after this starts watching for a disconnect
 
@@ -54,6 +55,16 @@ def request_timeout_s(header: bytes | None, limit_s: float) -> float:
     if not value > 0:
         raise InvalidInput(f"{TIMEOUT_HEADER} must be a positive number of seconds, got {raw!r}")
     return min(value, limit_s)
+
+
+def priority_header(header: bytes | None) -> int | None:
+    """``X-Priority: N``: the level a request asks for (1 the most urgent; 0 the default)."""
+    if header is None:
+        return None
+    if not (header.isascii() and header.isdigit()):
+        raise InvalidInput(f"{PRIORITY_HEADER} must be a whole number, got "
+                           f"{header.decode('latin-1')!r}")
+    return int(header)
 
 
 class DisconnectWatch:
@@ -95,11 +106,12 @@ async def run_inference(
     service: InferenceService,
     name: str | None,
     version: str | None,
-    parse: Callable[[ServedModel, bytes], tuple[list[Any], Parsed]],
+    parse: Callable[[ServedModel, bytes], tuple[list[Any], Parsed, int | None]],
     render: Callable[[ServedModel, list[Any], Parsed], Response],
 ) -> Response:
     """Serve one inference request for model ``name`` (None: the default) at ``version`` (None:
-    the one taking its default traffic); ``parse`` gives (instances, context) for ``render``.
+    the one taking its default traffic); ``parse`` gives (instances, context for ``render``, the
+    priority the body asks for, if it does: else the ``X-Priority`` header says it).
 
     Raises ServeError for the caller's error conversion (app/api/errors.py)."""
     arrived = time.monotonic()
@@ -120,10 +132,13 @@ async def run_inference(
         deadline = arrived + request_timeout_s(headers.get(b"x-request-timeout"),
                                                model.settings.request_timeout_s)
         body = await read_body(receive, settings.max_body_bytes, headers.get(b"content-length"))
-        instances, context = parse(model, body)
-        model.check_admissible(len(instances))  # refuse before paying for decoding
+        instances, context, asked = parse(model, body)
+        if asked is None:
+            asked = priority_header(headers.get(b"x-priority"))
+        level = model.level_of(asked)
+        model.check_admissible(len(instances), level, deadline)  # refuse before decoding
         items = await model.decode(instances)
-        pending = model.enqueue(items, deadline)
+        pending = model.enqueue(items, deadline, level)
         watch = DisconnectWatch(receive, pending)
         try:
             results = await model.result(pending)

@@ -30,8 +30,8 @@ _ERRORS = {
 }
 
 
-def _parse(model: ServedModel, body: bytes) -> tuple[list[Any], None]:
-    return instances_of(parse_json(body), model.settings.max_instances), None
+def _parse(model: ServedModel, body: bytes) -> tuple[list[Any], None, None]:
+    return instances_of(parse_json(body), model.settings.max_instances), None, None
 
 
 def _render(_: ServedModel, results: list[Any], __: None) -> Response:

@@ -1,6 +1,7 @@
 """What a job and its result look like in Redis; shared by workers and clients (no torch here).
 
-A job is a stream entry with one field ``job``: JSON ``{"id", "instances"}``. Its result is stored
+A job is a stream entry with one field ``job``: JSON ``{"id", "instances"}``, and optionally
+``"priority"`` (a level of the model's, 1 the most urgent). Its result is stored
 at ``batchserve:result:<id>`` and announced on ``batchserve:results``.
 """
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from app.errors import ServeError
+from app.errors import InvalidInput, ServeError
 from app.payload import instances_of
 
 RESULT_KEY = "batchserve:result:"
@@ -32,6 +33,7 @@ class Job:
     instances: list[Any] | None
     error: ServeError | None
     raw: bytes
+    priority: int | None = None  # the job's priority level (None: the model's default)
 
 
 def parse_job(entry: str, fields: dict[bytes, bytes], max_instances: int) -> Job:
@@ -44,8 +46,13 @@ def parse_job(entry: str, fields: dict[bytes, bytes], max_instances: int) -> Job
     job_id = payload.get("id") if isinstance(payload, dict) else None
     if not isinstance(job_id, str) or not job_id:
         return Job(entry, None, None, None, raw)
+    priority = payload.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
+                                 or priority < 0):
+        error = InvalidInput(f"'priority' must be a whole number >= 0, got {priority!r}")
+        return Job(entry, job_id, None, error, raw)
     try:
-        return Job(entry, job_id, instances_of(payload, max_instances), None, raw)
+        return Job(entry, job_id, instances_of(payload, max_instances), None, raw, priority)
     except ServeError as exc:
         return Job(entry, job_id, None, exc, raw)
 

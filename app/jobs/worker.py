@@ -191,21 +191,24 @@ class JobWorker:
             elif job.error is not None:
                 await self._finish(job, error_result(job.id, job.error.type, job.error.message))
             else:
-                await self._finish(job, await self._infer(job.id, job.instances or []))
+                await self._finish(job, await self._infer(job.id, job.instances or [],
+                                                          job.priority))
         except asyncio.CancelledError:
             raise
         except Exception:
             # Not acknowledged: the job stays pending and is taken over after its lease.
             log.exception("job entry %s could not be finished; it will be retried", job.entry)
 
-    async def _infer(self, job_id: str, instances: list[Any]) -> dict[str, Any]:
+    async def _infer(self, job_id: str, instances: list[Any], priority: int | None
+                     ) -> dict[str, Any]:
         deadline = time.monotonic() + self.settings.request_timeout_s
         try:
             model = self.service.repository.get()
+            level = model.level_of(priority)
             items = await model.decode(instances)
             while True:
                 try:
-                    pending = model.enqueue(items, deadline)
+                    pending = model.enqueue(items, deadline, level)
                     break
                 except Unavailable as exc:
                     if exc.type != "busy" or time.monotonic() > deadline:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from tests.conftest import app_client, http_scope, make_settings, queued, sample, wait_until
-from tests.fakes import FailingHandler, GatedHandler, SlowLoadHandler
+from tests.fakes import FailingHandler, GatedHandler, SlowLoadHandler, SteadyHandler
 
 pytestmark = pytest.mark.asyncio
 
@@ -222,3 +222,41 @@ async def test_openapi_documents_the_contract() -> None:
         assert schema["properties"]["instances"]["items"]["maxItems"] == 4
         assert "/health_check" in doc["paths"]
         assert (await client.get("/docs")).status_code == 200
+
+
+@pytest.mark.parametrize(("header", "contains"), [
+    ("3", "priority 3 is out of range: model 'linear' has levels 1 (most urgent) to 2"),
+    ("high", "X-Priority must be a whole number"),
+    ("-1", "X-Priority must be a whole number"),
+])
+async def test_a_bad_priority_is_refused_naming_the_range(header: str, contains: str) -> None:
+    async with app_client(make_settings()) as client:
+        for path in ("/predict", "/models/linear/predict"):
+            r = await client.post(path, json={"instances": [[1, 2, 3, 4]]},
+                                  headers={"X-Priority": header})
+            assert_error(r, 422, "invalid_input", contains.replace("X-Priority", "x-priority"))
+
+
+async def test_priorities_are_taken_from_the_header() -> None:
+    async with app_client(make_settings()) as client:
+        for level in ("1", "2", "0"):  # 0: the model's default
+            r = await client.post("/predict", json={"instances": [[1, 2, 3, 4]]},
+                                  headers={"X-Priority": level})
+            assert r.status_code == 200
+
+
+async def test_a_request_that_cannot_finish_in_time_gets_503_at_once() -> None:
+    handler = SteadyHandler(cost_s=0.05)
+    async with app_client(make_settings(max_batch_size=1), handler) as client:
+        handler.gate.clear()
+        held = [asyncio.create_task(client.post("/predict", json={"instances": [i]}))
+                for i in range(4)]
+        await wait_until(lambda: queued(client) >= 3, "a backlog")
+        r = await client.post("/predict", json={"instances": [9]},
+                              headers={"X-Request-Timeout": "0.1"})
+        body = assert_error(r, 503, "deadline", "after the request's deadline")
+        assert int(r.headers["retry-after"]) >= 1 and body
+        handler.gate.set()
+        assert [(await t).status_code for t in held] == [200] * 4
+        registry = client.app.state.service.metrics.registry  # type: ignore[attr-defined]
+        assert sample(registry, "batchserve_rejected_total", reason="deadline") == 1

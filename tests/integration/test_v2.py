@@ -108,6 +108,9 @@ def one_input(**fields: object) -> dict[str, object]:
         (one_input(data=["a", "b", "c", "d"]), "not a list of FP32 numbers"),
         ({"inputs": []}, "expected 1 input tensor"),
         ({**one_input(), "outputs": [{"name": "X"}]}, "unexpected inference output 'X'"),
+        ({**one_input(), "parameters": {"priority": 3}}, "priority 3 is out of range"),
+        ({**one_input(), "parameters": {"priority": "high"}}, "'priority' must be a whole"),
+        ({**one_input(), "parameters": "fast"}, "'parameters' must be an object"),
     ],
 )
 def test_client_mistakes_get_400(server, body: object, contains: str) -> None:  # type: ignore[no-untyped-def]
@@ -132,6 +135,17 @@ def test_an_outputs_own_choice_wins_over_the_requests(server) -> None:  # type: 
     assert r.status_code == 200 and "inference-header-content-length" not in r.headers
     assert r.json()["outputs"][0]["data"] == pytest.approx(expected(
         np.array([[1, 2, 3, 4]], dtype=np.float32)).reshape(-1).tolist(), rel=1e-6)
+
+
+def test_tritonclients_priority_is_the_requests_level(server) -> None:  # type: ignore[no-untyped-def]
+    x = np.ones((1, 4), dtype=np.float32)
+    inp = triton.InferInput("INPUT0", [1, 4], "FP32")
+    inp.set_data_from_numpy(x)
+    for priority in (1, 2, 0):
+        got = client_for(server.url).infer("linear", [inp], priority=priority)
+        np.testing.assert_allclose(got.as_numpy("OUTPUT0"), expected(x), rtol=1e-6)
+    with pytest.raises(InferenceServerException, match="priority 7 is out of range"):
+        client_for(server.url).infer("linear", [inp], priority=7)
 
 
 def test_errors_use_the_protocol_form(server) -> None:  # type: ignore[no-untyped-def]

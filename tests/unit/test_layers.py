@@ -16,7 +16,8 @@ LAYERS = [
     # shared, imported from anywhere
     ["app.errors", "app.config", "app.payload", "app.logs", "app.process", "app.metrics",
      "app.schemas"],
-    ["app.models", "app.devices", "app.batching", "app.scheduling", "app.cost"],
+    ["app.models", "app.devices", "app.batching", "app.scheduling", "app.cost",
+     "app.admission"],
     ["app.transfer", "app.queues"],
     ["app.served"],
     ["app.worker"],

@@ -68,3 +68,16 @@ async def test_two_device_threads_take_each_item_once() -> None:
     for t in threads:
         t.join()
     assert sorted(taken[0] + taken[1]) == [float(i) for i in range(2000)]
+
+
+async def test_an_urgent_item_overtakes_a_backlog_of_less_urgent_ones() -> None:
+    q = ModelQueue(capacity=16, levels=3)
+    q.open()
+    loop = asyncio.get_running_loop()
+    for value, level in ((1.0, 3), (2.0, 3), (3.0, 2), (4.0, 1), (5.0, 3), (6.0, 1)):
+        q.put(PendingItem(PendingRequest(loop.create_future(), 1, 1e9, 0.0, level), 0, value))
+    assert q.depth == 6 and q.depth_through(1) == 2 and q.depth_through(2) == 3
+    assert q.head().data == 4.0  # type: ignore[union-attr]
+    assert [i.data for i in q.take(3)] == [4.0, 6.0, 3.0]  # level 1, then 2, in arrival order
+    assert q.depth_through(1) == 0 and q.depth == 3
+    assert [i.data for i in q.take(9)] == [1.0, 2.0, 5.0]

@@ -29,6 +29,7 @@ class InferRequest:
     outputs: list[str] | None  # names asked for (None: all)
     binary: dict[str, bool]  # an output's own binary_data choice, where it made one
     binary_all: bool = False  # the request's binary_data_output
+    priority: int | None = None  # the request's priority parameter (0: the model's default)
 
     def wants_binary(self, name: str) -> bool:
         """An output's own ``binary_data`` wins over the request's ``binary_data_output``."""
@@ -57,13 +58,16 @@ def parse_request(
     rows = _rows(inputs[0], binary, max_rows, model, expected)
     names, binary_out = _requested_outputs(payload, model, outputs)
     request_params = payload.get("parameters") or {}
-    binary_all = (
-        isinstance(request_params, dict) and request_params.get("binary_data_output") is True
-    )
+    if not isinstance(request_params, dict):
+        raise InvalidInput("'parameters' must be an object")
+    binary_all = request_params.get("binary_data_output") is True
+    priority = request_params.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
+                                 or priority < 0):
+        raise InvalidInput(f"parameter 'priority' must be a whole number >= 0, got {priority!r}")
     request_id = payload.get("id")
-    return InferRequest(
-        request_id if isinstance(request_id, str) else None, rows, names, binary_out, binary_all
-    )
+    return InferRequest(request_id if isinstance(request_id, str) else None, rows, names,
+                        binary_out, binary_all, priority)
 
 
 def _rows(tensor: dict[str, Any], binary: bytes, max_rows: int, model: str,

@@ -132,11 +132,11 @@ async def model_ready(model: ModelDep) -> Response:
 
 
 def _parse(header_length: str | None) -> Callable[[ServedModel, bytes],
-                                                  tuple[list[Any], InferRequest]]:
-    def parse(model: ServedModel, body: bytes) -> tuple[list[Any], InferRequest]:
+                                                  tuple[list[Any], InferRequest, int | None]]:
+    def parse(model: ServedModel, body: bytes) -> tuple[list[Any], InferRequest, int | None]:
         parsed = parse_request(body, header_length, model.settings.max_instances, model.name,
                                model.input_spec, model.output_specs)
-        return parsed.rows, parsed
+        return parsed.rows, parsed, parsed.priority
 
     return parse
 

@@ -31,3 +31,10 @@ def test_parse_job(fields: dict[bytes, bytes], job_id: str | None, error: str | 
         assert job.error is not None and error in job.error.message
     if job_id is not None and error is None:
         assert job.instances == orjson.loads(fields[b"job"])["instances"]
+
+
+def test_a_jobs_priority_is_read_and_checked() -> None:
+    job = parse_job("1-0", {b"job": b'{"id": "a", "instances": [1], "priority": 1}'}, 8)
+    assert job.priority == 1 and job.error is None
+    bad = parse_job("1-0", {b"job": b'{"id": "a", "instances": [1], "priority": "x"}'}, 8)
+    assert bad.error is not None and "'priority' must be a whole number" in bad.error.message

@@ -1,0 +1,28 @@
+"""Admission by priority and by predicted finish (docs/scheduler.md, sections 3 and 4). Pure."""
+
+from __future__ import annotations
+
+import math
+
+
+def room(capacity: int, levels: int, default: int, level: int) -> int:
+    """How full the queue may be for a request at ``level`` to join. The default level gets
+    ``capacity``, as configured; each more urgent level ``capacity / levels`` more, each less
+    urgent one that much less: under overload the least urgent are refused first, and the urgent
+    still find room when ordinary traffic has filled the queue."""
+    return max(1, capacity + (default - level) * max(1, capacity // levels))
+
+
+def predicted_wait_s(ahead: int, batch_limit: int, full_batch_s: float, sharing: int,
+                     devices: int) -> float:
+    """Seconds until ``ahead`` items (those queued before and with a request, its own
+    included) are done: the batch in progress, then batches of the limit at the cost model's
+    time for a full one, stretched by the models sharing the device (a fair share each), spread
+    over the model's devices."""
+    batches = 1 + math.ceil(ahead / batch_limit)
+    return batches * full_batch_s * max(1, sharing) / max(1, devices)
+
+
+def retry_after_s(drain_s: float) -> int:
+    """Whole seconds for a Retry-After header: at least 1."""
+    return max(1, math.ceil(drain_s))

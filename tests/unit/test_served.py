@@ -1,0 +1,98 @@
+"""ServedModel with a real device thread: priorities and deadline-aware admission."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from app.errors import InvalidInput, Unavailable, WouldMissDeadline
+from app.served import ServedModel
+from app.service import InferenceService
+from tests.conftest import wait_until
+from tests.fakes import GatedHandler, SteadyHandler
+from tests.unit.test_service import running
+
+pytestmark = pytest.mark.asyncio
+
+
+async def call(model: ServedModel, values: list[Any], level: int | None = None,
+               timeout_s: float = 30.0) -> list[Any]:
+    deadline = time.monotonic() + timeout_s
+    model.check_admissible(len(values), level, deadline)
+    request = model.enqueue(await model.decode(values), deadline, level)
+    return await model.result(request)
+
+
+def only(service: InferenceService) -> ServedModel:
+    return service.repository.get()
+
+
+async def test_an_urgent_request_goes_before_less_urgent_ones() -> None:
+    handler = GatedHandler()
+    async with running(handler, max_batch_size=2) as service:
+        model = only(service)
+        first = asyncio.create_task(call(model, [0]))
+        await wait_until(handler.entered.is_set, "device busy")
+        later = [asyncio.create_task(call(model, [v])) for v in (1, 2)]  # default: level 2
+        urgent = asyncio.create_task(call(model, [3], level=1))
+        await wait_until(lambda: model.queue.depth == 3, "three queued")
+        handler.gate.set()
+        await asyncio.gather(first, urgent, *later)
+    assert handler.batches == [[0.0], [3.0, 1.0], [2.0]]
+
+
+async def test_under_overload_the_least_urgent_are_refused_first() -> None:
+    """Two levels, capacity 4: ordinary traffic fills the queue; urgent requests still get in."""
+    handler = GatedHandler()
+    async with running(handler, queue_capacity=4, max_instances=4) as service:
+        model = only(service)
+        tasks = [asyncio.create_task(call(model, [0]))]
+        await wait_until(handler.entered.is_set, "device busy")
+        tasks.append(asyncio.create_task(call(model, [1, 2, 3, 4])))
+        await wait_until(lambda: model.queue.depth == 4, "queue full at the default level")
+        with pytest.raises(Unavailable, match="queue is full") as info:
+            model.check_admissible(1)
+        assert info.value.type == "busy" and model.health == "busy"
+        tasks.append(asyncio.create_task(call(model, [5, 6], level=1)))  # urgent: room for 2
+        await wait_until(lambda: model.queue.depth == 6, "urgent admitted")
+        with pytest.raises(Unavailable, match="no room at priority 1"):
+            model.check_admissible(1, level=1)
+        handler.gate.set()
+        await asyncio.gather(*tasks)
+    assert handler.seen.index(5.0) < handler.seen.index(1.0)
+
+
+async def test_a_level_out_of_range_is_refused_naming_the_range() -> None:
+    async with running(GatedHandler(), priority_levels=3) as service:
+        model = only(service)
+        assert model.level_of(None) == 3 and model.level_of(0) == 3 and model.level_of(2) == 2
+        with pytest.raises(InvalidInput, match=r"priority 4 is out of range.*1 \(most urgent\) to 3"):
+            model.level_of(4)
+
+
+async def test_a_request_that_would_miss_its_deadline_is_refused_at_once() -> None:
+    """A flat 50 ms per batch of 2: with five or more items queued, a request due in 0.1 s
+    cannot be answered in time (the batch in progress and three more: 0.2 s); one due in 10 s
+    can, and so can an urgent one due in 0.2 s, which waits for nothing queued."""
+    handler = SteadyHandler(cost_s=0.05)
+    async with running(handler, max_batch_size=2) as service:
+        model = only(service)
+        handler.gate.clear()
+        tasks = [asyncio.create_task(call(model, [0]))]
+        await wait_until(handler.entered.is_set, "device busy")
+        tasks += [asyncio.create_task(call(model, [v])) for v in range(1, 7)]
+        # five or six queued (the held batch may have waited for a second item, as it should)
+        await wait_until(lambda: model.queue.depth >= 5, "queued")
+        started = time.monotonic()
+        with pytest.raises(WouldMissDeadline, match="after the request's deadline") as info:
+            model.check_admissible(1, None, time.monotonic() + 0.1)
+        assert time.monotonic() - started < 0.05  # refused at once, not after the deadline
+        assert info.value.status == 503 and info.value.type == "deadline"
+        assert info.value.retry_after_s is not None and info.value.retry_after_s >= 1
+        model.check_admissible(1, None, time.monotonic() + 10.0)
+        model.check_admissible(1, 1, time.monotonic() + 0.2)
+        handler.gate.set()
+        await asyncio.gather(*tasks)
