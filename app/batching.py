@@ -67,6 +67,7 @@ class BatchReport:
     started_at: float
     sizes: list[int] = field(default_factory=list)  # one per model call (key group)
     compute_s: list[float] = field(default_factory=list)
+    padding_waste: list[float] = field(default_factory=list)  # text: 1 - real / padded tokens
     expired: int = 0
     cancelled: int = 0
 

@@ -28,6 +28,7 @@ class Metrics:
     queue_wait: Histogram
     batch_size: Histogram
     batch_compute: Histogram
+    padding_waste: Histogram
     rejected: Counter
     dropped: Counter
     device_busy: Gauge
@@ -78,6 +79,11 @@ class Metrics:
                 "batchserve_batch_compute_seconds", "Collate to results, per model call",
                 ["model"], buckets=LATENCY_BUCKETS, registry=r,
             ),
+            padding_waste=Histogram(
+                "batchserve_padding_waste_ratio",
+                "Text batches: share of padded tokens that are padding", ["model"],
+                buckets=(0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0), registry=r,
+            ),
             rejected=Counter(
                 "batchserve_rejected", "Requests refused before queueing", ["model", "reason"],
                 registry=r,
@@ -126,6 +132,10 @@ class ModelMetrics:
     @cached_property
     def batch_compute(self) -> Any:
         return self.metrics.batch_compute.labels(model=self.model)
+
+    @cached_property
+    def padding_waste(self) -> Any:
+        return self.metrics.padding_waste.labels(model=self.model)
 
     def answered(self, status: int, seconds: float) -> None:
         """Count one answered request (runs per request)."""

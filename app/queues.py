@@ -12,6 +12,8 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 import janus
 
@@ -107,3 +109,46 @@ class ModelQueue:
                 if len(taken) == limit:
                     break
         return taken
+
+    def take_similar(self, limit: int, length: Callable[[Any], int | None], window: int,
+                     max_tokens: int | None, due: float, anchor: int | None = None,
+                     held: tuple[int, int] = (0, 0)) -> list[PendingItem]:
+        """A batch of items of similar length, for a model that pads a batch to its longest item
+        (docs/scheduler.md, section 5). It looks at the oldest ``window`` items, the most urgent
+        level first, and takes the oldest of them (the anchor, unless ``anchor`` gives a length
+        to match: the batch being filled), then by level, items whose deadline is before ``due``
+        first, then the lengths closest to the anchor's, while the batch stays within ``limit``
+        items and ``max_tokens`` padded tokens (a lone item is taken whatever its length).
+        ``held``: (items, longest) already in the batch this take adds to."""
+        with self._lock:
+            self._pull()
+            seen: list[tuple[int, int, PendingItem]] = []  # (level, age, item)
+            for level, staged in enumerate(self._staged):
+                for age, item in enumerate(staged):
+                    if len(seen) == window:
+                        break
+                    seen.append((level, age, item))
+            if not seen:
+                return []
+            lengths = {id(item): length(item.data) or 0 for _, _, item in seen}
+            target = anchor if anchor is not None else lengths[id(seen[0][2])]
+            order = sorted(seen, key=lambda s: (s[0], s[2].request.deadline > due,
+                                                abs(lengths[id(s[2])] - target), s[1]))
+            chosen: list[tuple[int, int, PendingItem]] = []
+            count, longest = held
+            for entry in order:
+                if len(chosen) == limit:
+                    break
+                size = max(longest, lengths[id(entry[2])])
+                n = count + len(chosen) + 1
+                if n > 1 and max_tokens is not None and size * n > max_tokens:
+                    continue
+                chosen.append(entry)
+                longest = size
+            picked = {id(entry[2]) for entry in chosen}
+            for level, staged in enumerate(self._staged):
+                kept = [i for i in staged if id(i) not in picked]
+                self._taken[level] += len(staged) - len(kept)
+                staged.clear()
+                staged.extend(kept)
+            return [entry[2] for entry in sorted(chosen, key=lambda e: (e[0], e[1]))]

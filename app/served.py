@@ -72,7 +72,8 @@ class ServedModel:
         self._peak_at = 0.0
         self.outputs: list[TensorSpec] | None = None  # learned from the warm-up results
         self.costs: dict[str, CostModel] = {}  # per device (label), refined by its thread
-        self.work_per_item = 1.0  # cost-model work of a typical item (tokens, for text)
+        self.work_per_item = 1.0  # cost-model work of a typical item (padded tokens, for text)
+        self.tokens_per_item = 1.0  # a typical item's own length (tokens, for text)
         self.neighbours: list[ServedModel] = []  # the models sharing its devices (itself too)
         self.draining = False  # the server is shutting down
         self.wakers: list[Callable[[], None]] = []  # ring the device threads serving it
@@ -277,6 +278,8 @@ class ServedModel:
         for size, seconds in zip(report.sizes, report.compute_s, strict=True):
             m.batch_size.observe(size)
             m.batch_compute.observe(seconds)
+        for waste in report.padding_waste:
+            m.padding_waste.observe(waste)
         if report.expired:
             m.dropped("expired", report.expired)
         if report.cancelled:

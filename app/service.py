@@ -182,7 +182,7 @@ class InferenceService:
                                        model.batch_limit)
         model.outputs = model.outputs or warm.outputs
         model.costs[worker.label] = warm.cost
-        model.work_per_item = warm.work_per_item
+        model.work_per_item = model.tokens_per_item = warm.work_per_item
         assert self._loop is not None
         attached: asyncio.Future[None] = self._loop.create_future()
         worker.attach(model, warm, _settle(attached))

@@ -23,6 +23,7 @@ import torch
 from app.batching import (
     ArrivalRate,
     BatchReport,
+    ItemSource,
     PendingItem,
     Price,
     collect_batch,
@@ -33,6 +34,7 @@ from app.cost import CostModel, grid
 from app.errors import DeadlineExceeded, ModelError
 from app.models.base import ModelHandler, Replica
 from app.models.signature import TensorSpec, describe_outputs
+from app.queues import ModelQueue
 from app.scheduling import Fairness
 from app.served import ServedModel
 from app.transfer import DeviceExecutor, Launch
@@ -51,6 +53,7 @@ class WorkerState(Enum):
 
 TEXT_LENGTHS = (16, 128)  # tokens per item when measuring a text model's cost
 WORK_WEIGHT = 0.05  # how far one batch moves a model's typical work per item
+BUDGET_SLACK = 2.0  # a text batch's default token budget: this x limit x typical item length
 
 
 @dataclass
@@ -61,6 +64,7 @@ class Warm:
     outputs: list[TensorSpec] | None
     cost: CostModel
     work_per_item: float = 1.0  # the examples' (their tokens, for a text model)
+    padded: bool = False  # the handler gives lengths: batches are padded to the longest
 
 
 def warm_replica(handler: ModelHandler, device: torch.device, limit: int) -> Warm:
@@ -78,9 +82,10 @@ def warm_replica(handler: ModelHandler, device: torch.device, limit: int) -> War
         for group in group_by(items, handler.key):
             results += executor.launch(handler, replica, group).wait()[0]
         lengths = [handler.length(i) for i in items]
-        per_item = 1.0 if None in lengths else sum(lengths) / len(lengths)  # type: ignore[arg-type]
+        padded = None not in lengths
+        per_item = sum(lengths) / len(lengths) if padded else 1.0  # type: ignore[arg-type]
         return Warm(replica, describe_outputs(results),
-                    _measure(handler, replica, executor, items, limit), per_item)
+                    _measure(handler, replica, executor, items, limit), per_item, padded)
 
 
 def _measure(handler: ModelHandler, replica: Replica, executor: DeviceExecutor,
@@ -111,23 +116,46 @@ class Slot:
     replica: Replica
     batch_limit: int  # lowered after an out-of-memory
     cost: CostModel
+    padded: bool  # its batches are padded to their longest item (text): it has lengths
     rate: ArrivalRate = field(default_factory=ArrivalRate)
 
-    def work(self, items: list[Any]) -> int:
-        """What a batch of these decoded items costs in the cost model's unit: items, or
-        padded tokens (items x the longest) for a model that pads to its longest item."""
+    def lengths(self, data: list[Any]) -> list[int]:
+        """Each decoded item's length (tokens), for a model that pads to its longest."""
         length = self.model.handler.length
-        if not items or length(items[0]) is None:
-            return len(items)
-        return len(items) * max(length(i) or 0 for i in items)
+        return [length(d) or 0 for d in data] if self.padded else [1] * len(data)
 
     def pricing(self, items: list[PendingItem]) -> Price | None:
-        """The cost model's price of a batch like ``items`` grown to n items (None: unknown)."""
+        """The cost model's price of a batch like ``items`` grown to n items (None: unknown):
+        items, or padded tokens (items x the longest) for a model that pads."""
         cost = self.cost
         if not cost.known:
             return None
-        per_item = self.work([i.data for i in items]) / len(items)
+        per_item = max(self.lengths([i.data for i in items]))
         return lambda n: cost.predict(n * per_item)
+
+
+@dataclass
+class SimilarLengths:
+    """An ItemSource for a text model: batches of items of similar length (app/queues.py). The
+    first take sets the length to match; later takes (after a nap) add to that batch."""
+
+    queue: ModelQueue
+    length: Callable[[Any], int | None]
+    window: int
+    max_tokens: int | None
+    due: float  # items due before this join first
+    anchor: int | None = None
+    held: tuple[int, int] = (0, 0)  # items taken so far, and the longest
+
+    def take(self, limit: int) -> list[PendingItem]:
+        items = self.queue.take_similar(limit, self.length, self.window, self.max_tokens,
+                                        self.due, self.anchor, self.held)
+        if items:
+            lengths = [self.length(i.data) or 0 for i in items]
+            if self.anchor is None:
+                self.anchor = lengths[0]
+            self.held = (self.held[0] + len(items), max(self.held[1], *lengths))
+        return items
 
 
 @dataclass
@@ -185,7 +213,8 @@ class DeviceWorker:
         """Serve ``model`` with a warmed replica from the next batch on; ``done`` runs on the
         loop."""
         def run() -> None:
-            self._slots[model] = Slot(model, warm.replica, model.batch_limit, warm.cost)
+            self._slots[model] = Slot(model, warm.replica, model.batch_limit, warm.cost,
+                                      warm.padded)
             self._loop.call_soon_threadsafe(done)
 
         self._command(run)
@@ -250,12 +279,12 @@ class DeviceWorker:
                     else:
                         self._doze()
                     continue
-                queue = slot.model.queue
+                source = self._source(slot)
                 if flights:  # the device is busy: take what is queued, no waiting
-                    in_hand = queue.take(slot.batch_limit)
+                    in_hand = source.take(slot.batch_limit)
                 else:
                     in_hand = collect_batch(
-                        queue, slot.model.policy, slot.batch_limit, slot.rate,
+                        source, slot.model.policy, slot.batch_limit, slot.rate,
                         slot.model.concurrency, slot.pricing, slot.model.latency_target_s,
                         nap=functools.partial(self._nap, slot.model))
                 if not in_hand:
@@ -273,6 +302,22 @@ class DeviceWorker:
                 report = BatchReport(self.label, [(item, ModelError()) for item in items], 0.0)
                 self._loop.call_soon_threadsafe(held.model.deliver, report)
             self._fail(f"{type(exc).__name__}: {exc}")
+
+    def _source(self, slot: Slot) -> ItemSource:
+        """Where the slot's next batch comes from: its queue in arrival order, or batches of
+        similar lengths within a padded-token budget for a model that pads to its longest item
+        (docs/scheduler.md, section 5)."""
+        model = slot.model
+        settings = model.settings
+        window = settings.length_window
+        if not slot.padded or (window <= 1 and settings.max_batch_tokens is None):
+            return model.queue
+        budget = settings.max_batch_tokens
+        if budget is None:  # the typical batch's tokens, with room for longer items
+            budget = round(BUDGET_SLACK * slot.batch_limit * model.tokens_per_item)
+        full = slot.cost.predict(slot.batch_limit * model.work_per_item)
+        return SimilarLengths(model.queue, model.handler.length, max(window, slot.batch_limit),
+                              budget, time.monotonic() + 2 * full)
 
     def _choose(self) -> Slot | None:
         """The model whose batch runs next, or None when no model has anything waiting."""
@@ -365,14 +410,19 @@ class DeviceWorker:
             except Exception:
                 self._model_failed(flight.slot, items, report)
                 continue
+            slot, model = flight.slot, flight.slot.model
             self.busy_s += seconds
-            self._fairness.charge(flight.slot.model, seconds)
-            work = flight.slot.work([i.data for i in items])
-            flight.slot.cost.observe(work, seconds)
-            model = flight.slot.model
+            self._fairness.charge(model, seconds)
+            lengths = slot.lengths([i.data for i in items])
+            work = len(items) * max(lengths) if slot.padded else len(items)
+            slot.cost.observe(work, seconds)
             model.work_per_item += WORK_WEIGHT * (work / len(items) - model.work_per_item)
+            mean = sum(lengths) / len(items)
+            model.tokens_per_item += WORK_WEIGHT * (mean - model.tokens_per_item)
             report.sizes.append(len(items))
             report.compute_s.append(seconds)
+            if slot.padded:
+                report.padding_waste.append(1.0 - sum(lengths) / work)
             report.results.extend(zip(items, outputs, strict=True))
         self._loop.call_soon_threadsafe(flight.slot.model.deliver, report)
 

@@ -81,3 +81,53 @@ async def test_an_urgent_item_overtakes_a_backlog_of_less_urgent_ones() -> None:
     assert [i.data for i in q.take(3)] == [4.0, 6.0, 3.0]  # level 1, then 2, in arrival order
     assert q.depth_through(1) == 0 and q.depth == 3
     assert [i.data for i in q.take(9)] == [1.0, 2.0, 5.0]
+
+
+def texts(q: ModelQueue, *specs: tuple[int, int, float]) -> None:
+    """Items of (length, level, deadline); the data is an array of that many tokens."""
+    loop = asyncio.get_running_loop()
+    for length, level, deadline in specs:
+        request = PendingRequest(loop.create_future(), 1, deadline, 0.0, level)
+        q.put(PendingItem(request, 0, [0] * length))
+
+
+def lengths_of(items: list[PendingItem]) -> list[int]:
+    return [len(i.data) for i in items]
+
+
+async def test_a_batch_gathers_the_lengths_closest_to_the_oldest_item() -> None:
+    q = ModelQueue(capacity=32)
+    q.open()
+    texts(q, *[(n, 1, 1e9) for n in (20, 150, 18, 160, 22, 19, 140, 21)])
+    first = q.take_similar(4, len, 64, None, due=0.0)
+    assert lengths_of(first) == [20, 18, 19, 21]  # the oldest and the 3 closest, by age
+    assert lengths_of(q.take_similar(4, len, 64, None, due=0.0)) == [150, 160, 22, 140]
+    assert q.depth == 0
+
+
+async def test_the_window_and_the_token_budget_bound_the_batch() -> None:
+    q = ModelQueue(capacity=32)
+    q.open()
+    texts(q, *[(n, 1, 1e9) for n in (20, 150, 160, 19, 21)])
+    assert lengths_of(q.take_similar(3, len, 3, None, due=0.0)) == [20, 150, 160]  # sees 3
+    texts(q, (100, 1, 1e9), (100, 1, 1e9), (100, 1, 1e9))
+    # 19, 21, 100 x 3 waiting; 200 padded tokens at most: 21 x 3 fits, a 100 does not join
+    assert lengths_of(q.take_similar(8, len, 64, 200, due=0.0)) == [19, 21]
+    assert lengths_of(q.take_similar(8, len, 64, 150, due=0.0)) == [100]  # alone, whatever size
+
+
+async def test_urgent_levels_then_items_near_their_deadline_come_first() -> None:
+    q = ModelQueue(capacity=32, levels=2)
+    q.open()
+    texts(q, (20, 2, 1e9), (150, 2, 5.0), (21, 2, 1e9), (160, 1, 1e9))
+    batch = q.take_similar(3, len, 64, None, due=10.0)
+    assert lengths_of(batch) == [160, 150, 21]  # level 1; the item due before 10; the closest
+
+
+async def test_a_batch_being_filled_keeps_its_length_and_budget() -> None:
+    q = ModelQueue(capacity=32)
+    q.open()
+    texts(q, (20, 1, 1e9), (118, 1, 1e9), (119, 1, 1e9))
+    # two items of up to 120 tokens are in the batch already; 400 padded tokens at most
+    more = q.take_similar(2, len, 64, 400, due=0.0, anchor=120, held=(2, 120))
+    assert lengths_of(more) == [119]  # the closest; 3 x 120 = 360 fits, a fourth (480) not
