@@ -7,6 +7,7 @@ import json
 import time
 
 from app.config import Settings
+from app.cost import CostModel
 from app.errors import ModelLoadError
 from app.service import InferenceService, build_service
 
@@ -47,6 +48,30 @@ async def check_model(settings: Settings) -> list[str]:
         lines.append(f"batch: {len(items)} items in {took_ms:.1f} ms")
         for spec in model.output_specs or []:
             lines.append(f"output {spec.name}: {spec.datatype} shape {list(spec.shape or [])}")
+        for device, cost in model.costs.items():
+            lines += cost_lines(device, cost, text=model.handler.length(items[0]) is not None)
         return lines
     finally:
         await service.stop()
+
+
+def cost_lines(device: str, cost: CostModel, text: bool) -> list[str]:
+    """The cost curve as the scheduler believes it (docs/scheduler.md): latency and throughput
+    per batch, and the batch it would pick: the one with the most throughput (what a saturated
+    queue gets), and the smallest that reaches 90 % of that (past it, waiting for more items
+    buys little)."""
+    unit = "tokens" if text else "items"
+    curve = [(work, seconds) for work, seconds in cost.curve() if seconds > 0]
+    if not curve:
+        return [f"cost on {device}: not measured (no examples)"]
+    lines = [f"cost on {device} ({'padded ' if text else ''}{unit} per batch, measured):",
+             f"  {'batch':>8} {'latency ms':>11} {unit + '/s':>12}"]
+    rates = [(work / seconds, work, seconds) for work, seconds in curve]
+    for rate, work, seconds in rates:
+        lines.append(f"  {work:>8g} {seconds * 1000:>11.2f} {rate:>12.0f}")
+    best = max(rates)
+    knee = next(r for r in rates if r[0] >= 0.9 * best[0])
+    lines.append(f"  picks: under load, batches of {best[1]:g} {unit} ({best[0]:.0f} {unit}/s); "
+                 f"the smallest batch within 90 % of that: {knee[1]:g} "
+                 f"({knee[2] * 1000:.1f} ms)")
+    return lines

@@ -34,6 +34,7 @@ class Metrics:
     device_busy: Gauge
     batch_limit: Gauge
     model_state: Gauge
+    cost: Gauge
 
     def for_model(self, model: str, version: str) -> ModelMetrics:
         """The children of one model (version); ``model=""`` counts requests for no known model.
@@ -103,6 +104,11 @@ class Metrics:
             model_state=Gauge(
                 "batchserve_model_state", "1 for the state a model version is in",
                 ["model", "version", "state"], registry=r,
+            ),
+            cost=Gauge(
+                "batchserve_cost_seconds",
+                "What the scheduler believes a batch takes, by work (items, or padded tokens)",
+                ["model", "device", "work"], registry=r,
             ),
         )
 

@@ -9,6 +9,7 @@ the event loop's thread; device threads talk back only through callbacks they sc
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -193,6 +194,9 @@ class InferenceService:
             self._check_stranded()
         self.metrics.batch_limit.labels(model=model.name, device=worker.label).set_function(
             lambda: worker.batch_limit(model))
+        for index, (work, _) in enumerate(warm.cost.curve()):
+            self.metrics.cost.labels(model.name, worker.label, f"{work:g}").set_function(
+                functools.partial(warm.cost.seconds.__getitem__, index))
 
     async def remove(self, model: ServedModel) -> None:
         """Detach ``model`` from every device thread and let its replicas go."""

@@ -163,3 +163,5 @@ def test_check_model_prints_schema_timing_and_outputs() -> None:
     assert proc.returncode == 0, proc.stderr
     assert '"minItems": 4' in proc.stdout and "batch: 1 items in" in proc.stdout
     assert "output OUTPUT0: FP32 shape [2]" in proc.stdout
+    assert "cost on cpu (items per batch, measured):" in proc.stdout
+    assert "picks: under load, batches of 32 items" in proc.stdout

@@ -17,6 +17,7 @@ import torch
 
 from app.errors import DeadlineExceeded, ModelError, NotFound, Unavailable
 from app.models.base import ModelHandler
+from app.models.builtin import linear_handler
 from app.service import InferenceService, build_service
 from app.worker import WorkerState
 from tests.conftest import make_settings, sample, wait_until
@@ -120,6 +121,17 @@ async def test_the_effective_batch_limit_is_exported() -> None:
         assert limit <= 2
         assert sample(service.metrics.registry, "batchserve_effective_batch_limit",
                       model="echo", device="cpu") == limit
+
+
+@pytest.mark.asyncio
+async def test_the_believed_cost_curve_is_exported() -> None:
+    async with running(linear_handler(), max_batch_size=4) as service:
+        cost = service.repository.get().costs["cpu"]
+        for work, seconds in cost.curve():
+            assert sample(service.metrics.registry, "batchserve_cost_seconds",
+                          model=service.repository.get().name, device="cpu",
+                          work=f"{work:g}") == seconds > 0
+        assert [work for work, _ in cost.curve()] == [1, 2, 4]
 
 
 @pytest.mark.asyncio
