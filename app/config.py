@@ -51,8 +51,8 @@ class BatchSettings(BaseModel):
     )
     max_wait_ms: float = Field(
         DEFAULT_MAX_WAIT_MS, ge=0,
-        description="longest an item waits for its batch to fill (ceiling; default 5, at most "
-        "half of request_timeout_s)",
+        description="longest the device stays idle while a batch fills (a ceiling; default 5, "
+        "at most half of request_timeout_s)",
     )
     queue_capacity: int = Field(
         DEFAULT_QUEUE_CAPACITY, ge=1, description="items the bounded queue holds"
@@ -76,7 +76,8 @@ class BatchSettings(BaseModel):
         None, ge=1, description="level of a request that names none (default: the lowest)"
     )
     max_batch_tokens: int | None = Field(
-        None, ge=1, description="text models: most padded tokens in one batch (default: none)"
+        None, ge=1, description="text models: most padded tokens in one batch (default: twice "
+        "max_batch_size x a typical item's tokens)"
     )
     length_window: int = Field(
         256, ge=1, description="text models: waiting items looked at to batch similar lengths "

@@ -25,7 +25,8 @@ _ERRORS = {
     413: "body or instance count over the limit",
     422: "malformed body or instance",
     500: "the model failed on this request's batch",
-    503: "busy, loading, unloading or draining; see Retry-After",
+    503: "busy, deadline (would be answered too late), loading, unloading or draining; see "
+         "Retry-After",
     504: "deadline passed before the answer",
 }
 

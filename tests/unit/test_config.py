@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,12 @@ def test_shipped_example_config_is_valid() -> None:
     root = Path(__file__).resolve().parents[2]
     for path in sorted((root / "config").glob("*.toml")):
         load_settings(path)
+
+
+def test_the_shipped_config_documents_every_setting() -> None:
+    text = (Path(__file__).resolve().parents[2] / "config" / "default.toml").read_text()
+    keys = set(re.findall(r"^(?:# )?([a-z_]+) *=", text, re.MULTILINE))
+    assert set(Settings.model_fields) <= keys
 
 
 def test_every_setting_has_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
