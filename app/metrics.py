@@ -32,6 +32,8 @@ class Metrics:
     rejected: Counter
     dropped: Counter
     device_busy: Gauge
+    device_up: Gauge
+    device_restarts: Counter
     batch_limit: Gauge
     model_state: Gauge
     cost: Gauge
@@ -95,6 +97,14 @@ class Metrics:
             ),
             device_busy=Gauge(
                 "batchserve_device_busy_ratio", "Share of time the device spent computing",
+                ["device"], registry=r,
+            ),
+            device_up=Gauge(
+                "batchserve_device_up", "1 while the device thread runs, 0 while it is down",
+                ["device"], registry=r,
+            ),
+            device_restarts=Counter(
+                "batchserve_device_restarts", "Device threads restarted after they died",
                 ["device"], registry=r,
             ),
             batch_limit=Gauge(

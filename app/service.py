@@ -87,6 +87,8 @@ class InferenceService:
         worker = DeviceWorker(device, label, self._loop, self._worker_changed)
         self.workers.append(worker)
         self.metrics.device_busy.labels(device=label).set_function(_busy_ratio(worker))
+        self.metrics.device_up.labels(device=label).set_function(
+            lambda: worker.state is not WorkerState.FAILED)
         worker.start()
         return worker
 
@@ -105,6 +107,7 @@ class InferenceService:
             return
         held = [m for m in self.repository.models() if dead.holds(m)]
         self.workers.remove(dead)
+        self.metrics.device_restarts.labels(device=dead.label).inc()
         fresh = self._spawn(dead.device, dead.label)
         assert self._loop is not None
         for model in held:

@@ -295,13 +295,15 @@ class DeviceWorker:
                     self._complete(flights.pop(0))
             self.state = WorkerState.STOPPED
         except BaseException as exc:  # noqa: BLE001 - a dying thread must never be silent
+            # The death is reported before the lost items' answers, so a client that retries
+            # on its 500 already finds the model marked as served by no live thread.
+            self._fail(f"{type(exc).__name__}: {exc}")
             lost = [(flight.slot, flight.items()) for flight in flights]
             if slot is not None and in_hand:
                 lost.append((slot, in_hand))
             for held, items in lost:  # every item held gets its answer
                 report = BatchReport(self.label, [(item, ModelError()) for item in items], 0.0)
                 self._loop.call_soon_threadsafe(held.model.deliver, report)
-            self._fail(f"{type(exc).__name__}: {exc}")
 
     def _source(self, slot: Slot) -> ItemSource:
         """Where the slot's next batch comes from: its queue in arrival order, or batches of

@@ -146,8 +146,12 @@ async def test_a_dead_device_thread_is_reported_and_restarted() -> None:
         with pytest.raises(Unavailable) as info:
             service.repository.get().check_admissible(1)
         assert info.value.type == "unhealthy"
+        registry = service.metrics.registry
+        assert sample(registry, "batchserve_device_up", device="cpu") == 0
         await wait_until(lambda: service.status == "ready", "restarted")
         assert service.workers[0] is not first
+        assert sample(registry, "batchserve_device_up", device="cpu") == 1
+        assert sample(registry, "batchserve_device_restarts_total", device="cpu") == 1
         assert [float(x) for x in await call(service, [1])] == [2.0]
 
 

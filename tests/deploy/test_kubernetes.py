@@ -1,0 +1,198 @@
+"""deploy/kubernetes: every kustomization renders and passes the Kubernetes schemas, and what the
+manifests say about the app (probe paths and ports, settings, the KEDA trigger, the KServe
+runtime's flags) agrees with the app itself."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from app.cli import _settings, build_parser
+from app.config import Settings
+from tests.conftest import app_client, make_settings, queued, wait_until
+from tests.fakes import GatedHandler, SlowLoadHandler
+
+ROOT = Path(__file__).resolve().parents[2]
+KUBE = ROOT / "deploy" / "kubernetes"
+TARGETS = ["overlays/cpu", "overlays/gpu", "workers"]  # and kserve: only CRDs, checked below
+KUBERNETES_VERSION = "1.30.0"  # the oldest release still supported when this was written
+CUSTOM_GROUPS = ("keda.sh/", "serving.kserve.io/")  # CRDs: checked by the cross-checks below
+
+
+def render(target: str) -> list[dict[str, Any]]:
+    """``kubectl kustomize`` of one kustomization: its resources, as applied."""
+    kubectl = shutil.which("kubectl") or shutil.which("kubectl", path=Path(sys.executable).parent)
+    if kubectl is None:
+        pytest.skip("needs kubectl (.ci/run installs it)")
+    out = subprocess.run([kubectl, "kustomize", str(KUBE / target)], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def find(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    matches = [d for d in docs if d["kind"] == kind
+               and (name is None or d["metadata"]["name"] == name)]
+    assert len(matches) == 1, f"one {kind} {name or ''} expected, got {len(matches)}"
+    return matches[0]
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def environment(docs: list[dict[str, Any]], spec: dict[str, Any]) -> dict[str, str]:
+    """A container's environment: its ConfigMaps (envFrom), then its own plain values."""
+    env: dict[str, str] = {}
+    for source in spec.get("envFrom", []):
+        env.update(find(docs, "ConfigMap", source["configMapRef"]["name"])["data"])
+    env.update({e["name"]: e["value"] for e in spec.get("env", []) if "value" in e})
+    return env
+
+
+def settings_from(env: dict[str, str], args: list[str], monkeypatch: pytest.MonkeyPatch
+                  ) -> Settings:
+    """The settings the server would start with, given this environment and these flags."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return _settings(build_parser().parse_args(["serve", *args]))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_kustomization_renders_and_passes_the_schemas(target: str) -> None:
+    docs = render(target)
+    checked = [d for d in docs if not d["apiVersion"].startswith(CUSTOM_GROUPS)]
+    assert checked, "nothing to check"
+    for doc in checked:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_schema_check_catches_a_mistake() -> None:
+    deployment = find(render("overlays/cpu"), "Deployment")
+    broken = copy.deepcopy(deployment)
+    container(broken)["readinessProbe"]["httpGet"]["pathh"] = "/health_check"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+def probes(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {kind: spec[kind + "Probe"]["httpGet"] for kind in ("readiness", "liveness", "startup")
+            if kind + "Probe" in spec}
+
+
+def test_the_servers_probes_ports_and_grace_agree_with_the_app(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = render("overlays/cpu")
+    deployment = find(docs, "Deployment", "batchserve")
+    spec = container(deployment)
+    settings = settings_from(environment(docs, spec), [], monkeypatch)
+    named = {p["name"]: p["containerPort"] for p in spec["ports"]}
+    for probe in probes(spec).values():
+        assert named[probe["port"]] == settings.port
+    service = find(docs, "Service", "batchserve")
+    assert all(p["targetPort"] in named for p in service["spec"]["ports"])
+    assert service["spec"]["selector"].items() <= \
+        deployment["spec"]["template"]["metadata"]["labels"].items()
+    # The models the ConfigMap volume holds are the repository the settings point at.
+    mount = next(m for m in spec["volumeMounts"] if m["name"] == "models")
+    assert mount["mountPath"] == settings.model_repository
+    # SIGTERM drains for up to request_timeout_s + 5 s, after the preStop sleep.
+    pod = deployment["spec"]["template"]["spec"]
+    pre_stop = int(spec["lifecycle"]["preStop"]["exec"]["command"][-1])
+    assert pod["terminationGracePeriodSeconds"] > pre_stop + settings.request_timeout_s + 5
+    assert spec["securityContext"]["readOnlyRootFilesystem"] is True
+    assert spec["env"][[e["name"] for e in spec["env"]].index("BATCHSERVE_API_KEY")][
+        "valueFrom"]["secretKeyRef"]["optional"] is True
+
+
+def test_the_shipped_model_configs_are_the_repository_examples() -> None:
+    for name in ("embed", "classify"):
+        shipped = (KUBE / "base" / "models" / f"{name}.toml").read_text()
+        assert shipped == (ROOT / "config" / "repository" / name / "config.toml").read_text()
+
+
+@pytest.mark.asyncio
+async def test_the_probe_paths_answer_as_their_roles_need() -> None:
+    """Readiness takes a busy or loading pod out of the Service; liveness never restarts a busy
+    one; the startup probe waits for the models: tried on the app with the manifest's paths."""
+    paths = probes(container(find(render("overlays/cpu"), "Deployment", "batchserve")))
+    ready, live, startup = (paths[k]["path"] for k in ("readiness", "liveness", "startup"))
+    handler = GatedHandler()
+    async with app_client(make_settings(queue_capacity=1, max_instances=1), handler) as client:
+        assert [(await client.get(p)).status_code for p in (ready, live, startup)] == [200] * 3
+        first = asyncio.create_task(client.post("/predict", json={"instances": [1]}))
+        await wait_until(handler.entered.is_set, "device busy")
+        held = asyncio.create_task(client.post("/predict", json={"instances": [2]}))
+        await wait_until(lambda: queued(client) == 1, "queue full")
+        assert (await client.get(ready)).status_code == 503  # busy: no new traffic
+        assert (await client.get(live)).status_code == 200  # but alive
+        assert (await client.get(startup)).status_code == 200  # and started
+        handler.gate.set()
+        await asyncio.gather(first, held)
+    loading = SlowLoadHandler()
+    async with app_client(make_settings(), loading, wait_ready=False) as client:
+        assert (await client.get(startup)).status_code == 503  # liveness waits for the models
+        assert (await client.get(live)).status_code == 200
+        loading.loaded.set()
+
+
+def test_the_hpa_scales_on_a_metric_the_adapter_serves() -> None:
+    hpa = find(render("overlays/cpu"), "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "batchserve"
+    names = {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]}
+    adapter = yaml.safe_load((ROOT / "deploy" / "prometheus" / "adapter-rules.yaml").read_text())
+    served = {rule["name"]["as"] for rule in adapter["rules"]}
+    assert names and names <= served
+
+
+def test_the_keda_trigger_reads_the_stream_the_workers_serve(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = render("workers")
+    scaled = find(docs, "ScaledObject")
+    workers = find(docs, "Deployment", scaled["spec"]["scaleTargetRef"]["name"])
+    spec = container(workers)
+    assert spec["command"] == ["batchserve", "worker"]
+    settings = settings_from(environment(docs, spec), [], monkeypatch)
+    (trigger,) = scaled["spec"]["triggers"]
+    meta = trigger["metadata"]
+    assert trigger["type"] == "redis-streams" and int(meta["lagCount"]) > 0
+    assert meta["stream"] == settings.job_stream and meta["consumerGroup"] == settings.job_group
+    host, port = meta["address"].split(":")
+    assert settings.redis_url.startswith(f"redis://{host}:{port}/")
+    redis = find(docs, "Service", host)
+    assert int(port) in [p["port"] for p in redis["spec"]["ports"]]
+    assert settings.worker_metrics_port == workers["spec"]["template"]["spec"]["containers"][0][
+        "ports"][0]["containerPort"]
+
+
+def test_the_kserve_runtime_starts_the_server_on_its_port(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = render("kserve")
+    runtime = find(docs, "ClusterServingRuntime")
+    service = find(docs, "InferenceService")
+    (spec,) = runtime["spec"]["containers"]
+    assert spec["name"] == "kserve-container"  # the name KServe injects storage and env into
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "runtime"},
+           "spec": {"containers": [spec]}}
+    kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
+    settings = settings_from(environment(docs, spec), spec["args"], monkeypatch)
+    assert settings.model_repository == "/mnt/models"  # where KServe's storage initializer puts it
+    assert [p["containerPort"] for p in spec["ports"]] == [settings.port]
+    assert settings.host == "0.0.0.0"
+    assert {k: v["path"] for k, v in probes(spec).items()} == {
+        "readiness": "/health_check", "liveness": "/v2/health/live"}
+    assert "v2" in runtime["spec"]["protocolVersions"]
+    model = service["spec"]["predictor"]["model"]
+    assert model["runtime"] == runtime["metadata"]["name"]
+    assert model["modelFormat"]["name"] in [f["name"] for f in
+                                            runtime["spec"]["supportedModelFormats"]]
