@@ -29,7 +29,7 @@ class PendingRequest:
     """
 
     __slots__ = ("future", "size", "deadline", "enqueued_at", "results", "remaining", "timer",
-                 "level")
+                 "level", "trace")
 
     def __init__(
         self, future: asyncio.Future[list[Any]], size: int, deadline: float, enqueued_at: float,
@@ -43,6 +43,7 @@ class PendingRequest:
         self.results: list[Any] = [None] * size
         self.remaining = size
         self.timer: asyncio.TimerHandle | None = None  # the deadline's (event loop only)
+        self.trace: Any = None  # its server span when tracing is on (app/tracing.py)
 
     def abandoned(self, now: float) -> bool:
         return self.future.done() or now >= self.deadline

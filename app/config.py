@@ -168,6 +168,10 @@ class Settings(BaseSettings, BatchSettings):
     port: int = Field(8000, ge=0, le=65535, description="port to bind (0: any free port)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     log_format: Literal["text", "json"] = Field("text", description="log line format")
+    otel_endpoint: str | None = Field(
+        None, description="send OpenTelemetry traces to this OTLP/HTTP base URL (default: "
+        "OTEL_EXPORTER_OTLP_ENDPOINT if set, else no traces; needs the otel extra)",
+    )
     # Job-queue mode (``batchserve worker``, app/jobs/)
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="job mode: the Redis server")
     job_stream: str = Field("batchserve:jobs", description="job mode: stream of jobs")

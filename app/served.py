@@ -32,6 +32,7 @@ from app.metrics import ModelMetrics
 from app.models.base import ModelHandler
 from app.models.signature import INPUT_NAME, OUTPUT_NAME, TensorSpec
 from app.queues import ModelQueue
+from app.tracing import Tracing
 
 INLINE_DECODE_MAX_ITEMS = 64  # light decodes of small requests stay on the loop
 PEAK_DECAY = 0.5  # per second: how fast the recent peak of requests in flight is forgotten
@@ -80,6 +81,7 @@ class ServedModel:
         self.wake_depth = 1  # ring them once this many items wait (a filling batch raises it)
         self._ring_due = False
         self.stranded = False  # no device thread serving it is alive (set by the service)
+        self.tracing: Tracing | None = None  # set by the service when traces are on
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: Executor | None = None
         self.set_state(ModelState.LOADING)
@@ -213,8 +215,8 @@ class ServedModel:
         assert self._loop is not None
         return await self._loop.run_in_executor(self._pool, self.handler.decode, instances)
 
-    def enqueue(self, items: list[Any], deadline: float, level: int | None = None
-                ) -> PendingRequest:
+    def enqueue(self, items: list[Any], deadline: float, level: int | None = None,
+                trace: Any = None) -> PendingRequest:
         """Admit a request whole at ``level`` (None: the default) or refuse it whole
         (Unavailable). Never waits.
 
@@ -226,6 +228,7 @@ class ServedModel:
         assert self._loop is not None
         now = time.monotonic()
         request = PendingRequest(self._loop.create_future(), len(items), deadline, now, level)
+        request.trace = trace
         key = self.handler.key
         put = self.queue.put
         # Only this thread puts, and device threads only take, so the capacity check above
@@ -284,6 +287,8 @@ class ServedModel:
             m.dropped("expired", report.expired)
         if report.cancelled:
             m.dropped("cancelled", report.cancelled)
+        if self.tracing is not None:
+            self.tracing.batch(self.name, report)
 
 
 def _expire(future: asyncio.Future[list[Any]]) -> None:

@@ -28,6 +28,7 @@ from app.models.base import ModelHandler
 from app.models.registry import load_handler
 from app.repository import ModelRepository
 from app.served import ModelState, ServedModel
+from app.tracing import Tracing
 from app.worker import DeviceWorker, WorkerState, warm_replica
 
 log = logging.getLogger("batchserve.service")
@@ -42,17 +43,20 @@ def build_service(settings: Settings, handler: ModelHandler | None = None) -> In
     devices = resolve_devices(settings.devices)
     if settings.model_repository is None and handler is None:
         handler = load_handler(settings.model, settings.model_name)
-    return InferenceService(settings, devices, Metrics.create(), Catalog(settings, handler))
+    tracing = Tracing.configure(settings.otel_endpoint)
+    return InferenceService(settings, devices, Metrics.create(), Catalog(settings, handler),
+                            tracing)
 
 
 class InferenceService:
     """Admission happens in each ServedModel; this owns what they share. Event-loop thread only."""
 
     def __init__(self, settings: Settings, devices: list[torch.device], metrics: Metrics,
-                 catalog: Catalog) -> None:
+                 catalog: Catalog, tracing: Tracing | None = None) -> None:
         self.settings = settings
         self.devices = devices
         self.metrics = metrics
+        self.tracing = tracing
         startup = settings.load_model if settings.model_control_mode == "explicit" else None
         if catalog.single:
             startup = None  # the one --model always loads
@@ -121,10 +125,15 @@ class InferenceService:
             model.draining = True
 
     async def stop(self, timeout_s: float | None = None) -> None:
-        """Answer everything admitted, then stop the device threads."""
+        """Answer everything admitted, then stop the device threads (and send the spans still
+        buffered, when tracing)."""
         self.begin_drain()
-        if not self._started:
-            return
+        if self._started:
+            await self._stop_threads(timeout_s)
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)
+
+    async def _stop_threads(self, timeout_s: float | None) -> None:
         if self._startup is not None and not self._startup.done():
             self._startup.cancel()
         models = self.repository.models()
@@ -158,6 +167,7 @@ class InferenceService:
     def open(self, model: ServedModel) -> None:
         assert self._loop is not None and self._pool is not None
         model.open(self._loop, self._pool)
+        model.tracing = self.tracing
 
     def _share_devices(self) -> None:
         """Tell each model which models share its device threads (its deadline predictions

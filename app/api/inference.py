@@ -24,6 +24,7 @@ from app.batching import PendingRequest
 from app.errors import InvalidInput, NotFound, ServeError, Unauthorized
 from app.served import ServedModel
 from app.service import InferenceService
+from app.tracing import carrier_of
 
 TIMEOUT_HEADER = "x-request-timeout"
 PRIORITY_HEADER = "x-priority"
@@ -123,8 +124,13 @@ async def run_inference(
         model, missing = None, exc
     metrics = model.metrics if model is not None else service.unknown
     status = 500
+    headers = dict(scope["headers"])
+    tracing = service.tracing
+    span = None
+    if tracing is not None:
+        span = tracing.start(f"{scope['method']} {scope['path']}", carrier_of(headers), arrived,
+                             {"batchserve.model": model.name if model is not None else ""})
     try:
-        headers = dict(scope["headers"])
         check_auth(headers.get(b"authorization"), settings.api_key)
         if model is None:
             assert missing is not None
@@ -138,7 +144,7 @@ async def run_inference(
         level = model.level_of(asked)
         model.check_admissible(len(instances), level, deadline)  # refuse before decoding
         items = await model.decode(instances)
-        pending = model.enqueue(items, deadline, level)
+        pending = model.enqueue(items, deadline, level, span)
         watch = DisconnectWatch(receive, pending)
         try:
             results = await model.result(pending)
@@ -162,4 +168,8 @@ async def run_inference(
             metrics.rejected(exc.type)
         raise
     finally:
-        metrics.answered(status, time.monotonic() - arrived)
+        ended = time.monotonic()
+        metrics.answered(status, ended - arrived)
+        if span is not None:
+            assert tracing is not None
+            tracing.end(span, status, ended)

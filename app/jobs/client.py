@@ -12,8 +12,21 @@ import orjson
 import redis.asyncio as aioredis
 
 from app.jobs.protocol import RESULT_KEY, RESULTS_STREAM
+from app.tracing import CONTEXT_HEADERS
 
 IDLE_CHECK_S = 5.0  # with no announcement for this long, look the missing results up directly
+
+
+def trace_context() -> dict[str, str]:
+    """The caller's current W3C trace context, if it uses OpenTelemetry: the jobs carry it, so
+    a worker's spans join the caller's trace."""
+    try:
+        from opentelemetry.propagate import inject
+    except ImportError:
+        return {}
+    carrier: dict[str, str] = {}
+    inject(carrier)
+    return {k: v for k, v in carrier.items() if k in CONTEXT_HEADERS}
 
 
 async def submit_async(
@@ -33,11 +46,13 @@ async def submit_async(
         last = await client.xrevrange(RESULTS_STREAM, count=1)
         cursor: Any = last[0][0] if last else b"0-0"  # announcements after this one are new
         ids = [uuid.uuid4().hex for _ in jobs]
+        context = trace_context()
         for start in range(0, len(jobs), 500):
             pipe = client.pipeline(transaction=False)
             for job_id, instances in zip(ids[start:start + 500], jobs[start:start + 500],
                                          strict=True):
-                pipe.xadd(stream, {"job": orjson.dumps({"id": job_id, "instances": instances})})
+                job = {"id": job_id, "instances": instances, **context}
+                pipe.xadd(stream, {"job": orjson.dumps(job)})
             await pipe.execute()
         missing = set(ids)
         results: dict[str, dict[str, Any]] = {}

@@ -1,19 +1,21 @@
 """What a job and its result look like in Redis; shared by workers and clients (no torch here).
 
 A job is a stream entry with one field ``job``: JSON ``{"id", "instances"}``, and optionally
-``"priority"`` (a level of the model's, 1 the most urgent). Its result is stored
+``"priority"`` (a level of the model's, 1 the most urgent) and the W3C trace context of its
+sender (``"traceparent"``, ``"tracestate"``). Its result is stored
 at ``batchserve:result:<id>`` and announced on ``batchserve:results``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from app.errors import InvalidInput, ServeError
 from app.payload import instances_of
+from app.tracing import CONTEXT_HEADERS
 
 RESULT_KEY = "batchserve:result:"
 RESULTS_STREAM = "batchserve:results"
@@ -34,6 +36,7 @@ class Job:
     error: ServeError | None
     raw: bytes
     priority: int | None = None  # the job's priority level (None: the model's default)
+    trace: dict[str, str] = field(default_factory=dict)  # the sender's trace context
 
 
 def parse_job(entry: str, fields: dict[bytes, bytes], max_instances: int) -> Job:
@@ -51,8 +54,10 @@ def parse_job(entry: str, fields: dict[bytes, bytes], max_instances: int) -> Job
                                  or priority < 0):
         error = InvalidInput(f"'priority' must be a whole number >= 0, got {priority!r}")
         return Job(entry, job_id, None, error, raw)
+    trace = {k: v for k in CONTEXT_HEADERS if isinstance(v := payload.get(k), str)}
     try:
-        return Job(entry, job_id, instances_of(payload, max_instances), None, raw, priority)
+        return Job(entry, job_id, instances_of(payload, max_instances), None, raw, priority,
+                   trace)
     except ServeError as exc:
         return Job(entry, job_id, None, exc, raw)
 

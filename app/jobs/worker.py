@@ -191,33 +191,43 @@ class JobWorker:
             elif job.error is not None:
                 await self._finish(job, error_result(job.id, job.error.type, job.error.message))
             else:
-                await self._finish(job, await self._infer(job.id, job.instances or [],
-                                                          job.priority))
+                await self._finish(job, await self._infer(job))
         except asyncio.CancelledError:
             raise
         except Exception:
             # Not acknowledged: the job stays pending and is taken over after its lease.
             log.exception("job entry %s could not be finished; it will be retried", job.entry)
 
-    async def _infer(self, job_id: str, instances: list[Any], priority: int | None
-                     ) -> dict[str, Any]:
-        deadline = time.monotonic() + self.settings.request_timeout_s
+    async def _infer(self, job: Job) -> dict[str, Any]:
+        assert job.id is not None
+        started = time.monotonic()
+        deadline = started + self.settings.request_timeout_s
+        tracing = self.service.tracing
+        span = None if tracing is None else tracing.start("job", job.trace, started,
+                                                          {"batchserve.job_id": job.id})
+        status = 500
         try:
             model = self.service.repository.get()
-            level = model.level_of(priority)
-            items = await model.decode(instances)
+            level = model.level_of(job.priority)
+            items = await model.decode(job.instances or [])
             while True:
                 try:
-                    pending = model.enqueue(items, deadline, level)
+                    pending = model.enqueue(items, deadline, level, span)
                     break
                 except Unavailable as exc:
                     if exc.type != "busy" or time.monotonic() > deadline:
                         raise
                     await asyncio.sleep(BUSY_RETRY_S)  # shared with HTTP traffic: wait for room
             predictions = await model.result(pending)
+            status = 200
         except ServeError as exc:
-            return error_result(job_id, exc.type, exc.message)
-        return {"id": job_id, "status": "ok", "predictions": predictions}
+            status = exc.status
+            return error_result(job.id, exc.type, exc.message)
+        finally:
+            if span is not None:
+                assert tracing is not None
+                tracing.end(span, status, time.monotonic())
+        return {"id": job.id, "status": "ok", "predictions": predictions}
 
     async def _finish(
         self, job: Job, result: dict[str, Any] | None, dead_reason: str | None = None

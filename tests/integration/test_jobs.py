@@ -25,6 +25,7 @@ from app.jobs.client import submit
 from app.jobs.protocol import RESULT_KEY, RESULTS_STREAM
 from app.models.builtin import linear_module
 from tests.conftest import ROOT, WAIT_S, free_socket, sample, wait_until_sync
+from tests.otlp import attributes, receiving
 
 pytestmark = [
     pytest.mark.slow,
@@ -250,3 +251,26 @@ def test_sigterm_finishes_what_is_held_then_exits_0(redis_url: str) -> None:
     done = results_of(r, ids)
     assert done and all(res["status"] == "ok" for res in done.values())
     assert r.xlen(STREAM) == len(ids) - len(done)  # the rest waits for the next worker
+
+
+def test_a_jobs_spans_join_its_senders_trace(redis_url: str) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    caller = TracerProvider().get_tracer("caller")
+    with receiving() as receiver:
+        # The standard OTLP variable turns tracing on in the worker.
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_SERVICE_NAME": "workers"}
+        with worker(redis_url, "--model", "linear", env=env) as proc:
+            with caller.start_as_current_span("caller") as span:
+                (result,) = submit(redis_url, [[[1, 2, 3, 4]]], timeout_s=WAIT_S)
+            proc.send_signal(signal.SIGTERM)  # it sends its buffered spans as it stops
+            assert proc.wait(WAIT_S) == 0
+    assert result["status"] == "ok"
+    context = span.get_span_context()
+    (job,) = receiver.named("job")
+    assert job.trace_id == context.trace_id.to_bytes(16, "big")
+    assert job.parent_span_id == context.span_id.to_bytes(8, "big")
+    assert attributes(job)["http.response.status_code"] == 200
+    assert sorted(s.name for s in receiver.spans if s.parent_span_id == job.span_id) == [
+        "device", "queue"]
+    assert len(receiver.named("batch")) == 1

@@ -17,7 +17,7 @@ LAYERS = [
     ["app.errors", "app.config", "app.payload", "app.logs", "app.process", "app.metrics",
      "app.schemas"],
     ["app.models", "app.devices", "app.batching", "app.scheduling", "app.cost",
-     "app.admission"],
+     "app.admission", "app.tracing"],
     ["app.transfer", "app.queues"],
     ["app.served"],
     ["app.worker"],
