@@ -1,14 +1,15 @@
 """What tracing costs (issue 13): ``python -m bench.tracing``.
 
-`linear` (or ``--model mlp``) at concurrency 64 (wrk), one server with tracing off and one with it on (every request
-traced: its server span, queue and device spans, one span per batch; exported over OTLP/HTTP to a
-sink in this process that answers 200 and counts requests), in alternating runs so both see the
-same machine. Needs wrk and the otel extra.
+`linear` (or ``--model mlp``) at concurrency 64 (wrk), one server with tracing off and one with
+it on (every request traced: its server span, queue and device spans, one span per batch;
+exported over OTLP/HTTP to a sink in this process that answers 200 and counts requests), in
+alternating runs so both see the same machine. Needs wrk and the otel extra.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -21,7 +22,7 @@ from typing import Any
 from bench.run import run_wrk, server_process
 
 BODIES = {"linear": '{"instances": [[1.0, 2.0, 3.0, 4.0]]}',
-          "mlp": '{"instances": [[%s]]}' % ", ".join(["0.5"] * 512)}
+          "mlp": json.dumps({"instances": [[0.5] * 512]})}
 
 
 class Sink:
