@@ -2,7 +2,7 @@
 
 `linear` (or ``--model mlp``) at concurrency 64 (wrk), one server with tracing off and one with
 it on (every request traced: its server span, queue and device spans, one span per batch;
-exported over OTLP/HTTP to a sink in this process that answers 200 and counts requests), in
+exported over OTLP/HTTP to a receiver in this process that answers 200 and only counts), in
 alternating runs so both see the same machine. Needs wrk and the otel extra.
 """
 
@@ -14,41 +14,14 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from bench.run import run_wrk, server_process
+from tests.otlp import Receiver, receiving
 
 BODIES = {"linear": '{"instances": [[1.0, 2.0, 3.0, 4.0]]}',
           "mlp": json.dumps({"instances": [[0.5] * 512]})}
-
-
-class Sink:
-    """An OTLP/HTTP endpoint that accepts everything: the exporter's requests and bytes."""
-
-    def __init__(self) -> None:
-        self.requests = 0
-        self.bytes = 0
-        sink = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the http.server interface
-                size = int(self.headers["Content-Length"])
-                self.rfile.read(size)
-                sink.requests += 1
-                sink.bytes += size
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,10 +38,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.sample is not None:
         os.environ["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
         os.environ["OTEL_TRACES_SAMPLER_ARG"] = str(args.sample)
-    sink = Sink()
+    with receiving(decode=False) as sink:
+        results = compare(args, sink.url)
+    report(results, sink)
+    return 0
+
+
+def compare(args: argparse.Namespace, endpoint: str) -> dict[str, list[dict[str, Any]]]:
     base = ["--model", args.model, "--devices", "cpu", "--torch-threads", "1",
             "--queue-capacity", "4096"]
-    configs = {"off": base, "on": [*base, "--otel-endpoint", sink.url]}
+    configs = {"off": base, "on": [*base, "--otel-endpoint", endpoint]}
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     with tempfile.TemporaryDirectory() as tmp:
         body = Path(tmp) / "body.json"
@@ -81,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
                 results[name].append({"req_s": r["requests"] / (r["duration_us"] / 1e6),
                                       "p50_ms": r["p50_us"] / 1000, "p99_ms": r["p99_us"] / 1000,
                                       "errors": r["non200"] + r["socket_errors"]})
+    return results
+
+
+def report(results: dict[str, list[dict[str, Any]]], sink: Receiver) -> None:
     for name, runs in results.items():
         print(f"tracing {name:<3}  req/s {[round(r['req_s']) for r in runs]}, "
               f"p50 ms {[round(r['p50_ms'], 2) for r in runs]}, "
@@ -94,7 +77,6 @@ def main(argv: list[str] | None = None) -> int:
           f"{statistics.median(ratios):.2f}), p99 {[round(x, 2) for x in p99]} (median "
           f"{statistics.median(p99):.2f}); the sink took {sink.requests} exports, "
           f"{sink.bytes / 1e6:.1f} MB")
-    return 0
 
 
 if __name__ == "__main__":
