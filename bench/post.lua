@@ -1,9 +1,26 @@
--- wrk script: POST the body in $BENCH_BODY_FILE to every request; print a JSON summary at the end.
-local f = assert(io.open(os.getenv("BENCH_BODY_FILE"), "rb"))
-wrk.method = "POST"
-wrk.body = f:read("*a")
-f:close()
-wrk.headers["Content-Type"] = "application/json"
+-- wrk script: POST JSON bodies and print a JSON summary at the end. The body is the one in
+-- $BENCH_BODY_FILE (formatted once by wrk), or, with $BENCH_BODIES_FILE, one line of that file
+-- per request in turn, each thread from its own random start.
+local bodies = {}
+local many = os.getenv("BENCH_BODIES_FILE")
+if many then
+  for line in io.lines(many) do
+    if #line > 0 then table.insert(bodies, line) end
+  end
+  local headers = {["Content-Type"] = "application/json"}
+  local next_body = 1
+  init = function() math.randomseed(seed or 1); next_body = math.random(1, #bodies) end
+  request = function()
+    next_body = next_body % #bodies + 1
+    return wrk.format("POST", nil, headers, bodies[next_body])
+  end
+else
+  local f = assert(io.open(os.getenv("BENCH_BODY_FILE"), "rb"))
+  wrk.method = "POST"
+  wrk.body = f:read("*a")
+  f:close()
+  wrk.headers["Content-Type"] = "application/json"
+end
 
 local non200 = 0
 response = function(status, headers, body)
@@ -12,7 +29,10 @@ end
 
 -- wrk runs response() in each thread's own Lua state; collect per-thread counts at the end.
 local threads = {}
-setup = function(thread) table.insert(threads, thread) end
+setup = function(thread)
+  thread:set("seed", math.random(1, 1000000))
+  table.insert(threads, thread)
+end
 
 done = function(summary, latency, requests)
   local bad = 0

@@ -216,12 +216,18 @@ def batch_totals(url: str) -> tuple[float, float]:
     return scrape(url, "batchserve_batch_size_sum"), scrape(url, "batchserve_batch_size_count")
 
 
+BODY_ENV, BODIES_ENV = "BENCH_BODY_FILE", "BENCH_BODIES_FILE"  # read by bench/post.lua
+
+
 def run_wrk(url: str, body_file: str, concurrency: int, seconds: float,
-            path: str = "/predict") -> dict[str, Any]:
+            path: str = "/predict", many: bool = False) -> dict[str, Any]:
+    """wrk with bench/post.lua: the one body in ``body_file``, or with ``many`` one of its lines
+    per request; its JSON summary."""
     cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--timeout", "30s",
            "-s", str(HERE / "post.lua"), url + path]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True,
-                         env={**os.environ, "BENCH_BODY_FILE": body_file}).stdout
+                         env={**os.environ, BODIES_ENV if many else BODY_ENV: body_file}
+                         ).stdout
     line = next(ln for ln in out.splitlines() if ln.startswith("BENCH_JSON "))
     result: dict[str, Any] = json.loads(line.removeprefix("BENCH_JSON "))
     return result

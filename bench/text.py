@@ -14,7 +14,6 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,7 +22,7 @@ from typing import Any
 
 import torch
 
-from bench.run import HERE, scrape, server_process
+from bench.run import run_wrk, scrape, server_process
 
 VOCABULARY = (
     "the of and to in a is that for it as was with be by on not he this are or his from at "
@@ -76,14 +75,7 @@ def offline(texts: list[str], batch: int) -> tuple[float, float]:
 
 
 def drive(url: str, bodies: Path, concurrency: int, seconds: float) -> dict[str, Any]:
-    out = subprocess.run(
-        ["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--timeout", "30s",
-         "-s", str(HERE / "mix.lua"), url + "/predict"],
-        capture_output=True, text=True, check=True, env={"BENCH_BODIES_FILE": str(bodies)},
-    ).stdout
-    line = next(ln for ln in out.splitlines() if ln.startswith("BENCH_JSON "))
-    result: dict[str, Any] = json.loads(line.removeprefix("BENCH_JSON "))
-    return result
+    return run_wrk(url, str(bodies), concurrency, seconds, many=True)
 
 
 def main(argv: list[str] | None = None) -> int:
