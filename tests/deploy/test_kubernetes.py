@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
 TARGETS = ["overlays/cpu", "overlays/gpu", "workers"]  # and kserve: only CRDs, checked below
 KUBERNETES_VERSION = "1.30.0"  # the oldest release still supported when this was written
+VERSIONS = [KUBERNETES_VERSION, kubernetes_validate.latest_version()]  # and the newest known
 CUSTOM_GROUPS = ("keda.sh/", "serving.kserve.io/")  # CRDs: checked by the cross-checks below
 
 
@@ -68,13 +69,14 @@ def settings_from(env: dict[str, str], args: list[str], monkeypatch: pytest.Monk
     return _settings(build_parser().parse_args(["serve", *args]))
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("target", TARGETS)
-def test_every_kustomization_renders_and_passes_the_schemas(target: str) -> None:
+def test_every_kustomization_renders_and_passes_the_schemas(target: str, version: str) -> None:
     docs = render(target)
     checked = [d for d in docs if not d["apiVersion"].startswith(CUSTOM_GROUPS)]
     assert checked, "nothing to check"
     for doc in checked:
-        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        kubernetes_validate.validate(doc, version, strict=True)
 
 
 def test_the_schema_check_catches_a_mistake() -> None:
