@@ -218,7 +218,7 @@ class ServedModel:
     def enqueue(self, items: list[Any], deadline: float, level: int | None = None,
                 trace: Any = None) -> PendingRequest:
         """Admit a request whole at ``level`` (None: the default) or refuse it whole
-        (Unavailable). Never waits.
+        (Unavailable). Never waits. ``trace``: the request's span, when tracing is on.
 
         From here the request's future resolves exactly once: to its results, to an error, or to
         DeadlineExceeded when its deadline passes first (one timer, cancelled in ``result``).
@@ -264,6 +264,8 @@ class ServedModel:
 
     def deliver(self, report: BatchReport) -> None:
         """Resolve futures from one batch (scheduled by a device thread on the loop)."""
+        if self.tracing is not None:  # first: requests already answered (timed out) get no spans
+            self.tracing.batch(self.name, report)
         m = self.metrics
         for item, value in report.results:
             request = item.request
@@ -287,8 +289,6 @@ class ServedModel:
             m.dropped("expired", report.expired)
         if report.cancelled:
             m.dropped("cancelled", report.cancelled)
-        if self.tracing is not None:
-            self.tracing.batch(self.name, report)
 
 
 def _expire(future: asyncio.Future[list[Any]]) -> None:

@@ -100,9 +100,11 @@ class Tracing:
     def batch(self, model: str, report: BatchReport) -> None:
         """The spans of one delivered batch: the batch's own, and each traced request's queue
         and device spans under its request span. Requests the sampler left out (the standard
-        OTEL_TRACES_SAMPLER settings) get none, and a batch of only such requests no span."""
+        OTEL_TRACES_SAMPLER settings) or already answered (their deadline passed in the queue)
+        get none, and a batch of only such requests no span."""
         requests = {id(item.request): item.request for item, _ in report.results
-                    if item.request.trace is not None and item.request.trace.is_recording()}
+                    if item.request.trace is not None and item.request.trace.is_recording()
+                    and not item.request.future.done()}
         if not requests:
             return
         start = report.started_at

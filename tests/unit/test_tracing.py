@@ -3,12 +3,15 @@ protobuf requests are decoded with opentelemetry-proto and the spans checked."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from app.errors import ConfigError
 from app.jobs.protocol import parse_job
 from app.tracing import Tracing
-from tests.conftest import app_client, make_settings
+from tests.conftest import app_client, make_settings, wait_until
+from tests.fakes import GatedHandler
 from tests.otlp import PARENT_ID, TRACE_ID, TRACEPARENT, attributes, receiving
 
 
@@ -83,3 +86,22 @@ def test_a_job_carries_its_senders_trace_context() -> None:
         TRACEPARENT.encode())
     job = parse_job("1-0", {b"job": raw}, max_instances=8)
     assert job.error is None and job.trace == {"traceparent": TRACEPARENT}
+
+
+@pytest.mark.asyncio
+async def test_a_request_that_timed_out_in_the_queue_has_no_device_span() -> None:
+    handler = GatedHandler()
+    with receiving() as receiver:
+        async with app_client(make_settings(otel_endpoint=receiver.url), handler) as client:
+            first = asyncio.create_task(client.post("/predict", json={"instances": [1]}))
+            await wait_until(handler.entered.is_set, "device busy")
+            late = await client.post("/predict", json={"instances": [2]},
+                                     headers={"traceparent": TRACEPARENT,
+                                              "X-Request-Timeout": "0.05"})
+            assert late.status_code == 504
+            handler.gate.set()
+            assert (await first).status_code == 200
+    (timed_out,) = [s for s in receiver.named("POST /predict") if s.trace_id.hex() == TRACE_ID]
+    assert attributes(timed_out)["http.response.status_code"] == 504
+    assert not [s for s in receiver.spans if s.parent_span_id == timed_out.span_id]
+    assert len(receiver.named("device")) == 1  # the first request's
