@@ -189,9 +189,9 @@ class ServedModel:
             if health != "busy":
                 reason = f": {self.reason}" if self.reason else ""
                 raise Unavailable(health, f"model '{self.name}' is {health}{reason}")
-        room = self.room(level)
-        if depth + n > room:
-            raise busy(self.settings.queue_capacity, level, room)
+        limit = self.room(level)
+        if depth + n > limit:
+            raise busy(self.settings.queue_capacity, level, limit)
         if deadline is not None:
             self._check_deadline(n, level, deadline)
 

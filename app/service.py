@@ -29,7 +29,8 @@ from app.models.registry import load_handler
 from app.repository import ModelRepository
 from app.served import ModelState, ServedModel
 from app.tracing import Tracing
-from app.worker import DeviceWorker, WorkerState, warm_replica
+from app.warmup import warm_replica
+from app.worker import DeviceWorker, WorkerState
 
 log = logging.getLogger("batchserve.service")
 

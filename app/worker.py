@@ -1,7 +1,8 @@
 """DeviceWorker: one thread per device, serving every model placed on it (docs/models.md).
 
-It chooses whose batch runs next (app/scheduling.py), collects that batch from the model's queue,
-launches it, and hands the results to the model on the event loop. On CUDA one batch stays in
+It chooses whose batch runs next (app/scheduling.py), collects that batch from where the model's
+slot says (app/slot.py), launches it, and hands the results to the model on the event loop.
+Replicas arrive loaded and measured (app/warmup.py). On CUDA one batch stays in
 flight while the next is collected and launched (app/transfer.py), whichever models they are of.
 """
 
@@ -17,27 +18,15 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-import numpy as np
 import torch
 
-from app.batching import (
-    ArrivalRate,
-    BatchReport,
-    ItemSource,
-    PendingItem,
-    Price,
-    collect_batch,
-    group_by,
-    split_live,
-)
-from app.cost import CostModel, grid
+from app.batching import BatchReport, PendingItem, collect_batch, group_by, split_live
 from app.errors import DeadlineExceeded, ModelError
-from app.models.base import ModelHandler, Replica
-from app.models.signature import TensorSpec, describe_outputs
-from app.queues import ModelQueue
 from app.scheduling import Fairness
 from app.served import ServedModel
+from app.slot import Slot
 from app.transfer import DeviceExecutor, Launch
+from app.warmup import Warm
 
 log = logging.getLogger("batchserve.worker")
 
@@ -49,113 +38,6 @@ class WorkerState(Enum):
     READY = "ready"
     FAILED = "failed"
     STOPPED = "stopped"
-
-
-TEXT_LENGTHS = (16, 128)  # tokens per item when measuring a text model's cost
-WORK_WEIGHT = 0.05  # how far one batch moves a model's typical work per item
-BUDGET_SLACK = 2.0  # a text batch's default token budget: this x limit x typical item length
-
-
-@dataclass
-class Warm:
-    """A replica loaded and warmed up: its outputs and its measured cost (docs/scheduler.md)."""
-
-    replica: Replica
-    outputs: list[TensorSpec] | None
-    cost: CostModel
-    work_per_item: float = 1.0  # the examples' (their tokens, for a text model)
-    padded: bool = False  # the handler gives lengths: batches are padded to the longest
-
-
-def warm_replica(handler: ModelHandler, device: torch.device, limit: int) -> Warm:
-    """Load ``handler``'s replica for ``device``, run its examples through it (warm-up), and
-    time a small grid of batch sizes up to ``limit`` (for a text model, of two item lengths).
-    Runs on a loader thread, so that a device thread keeps serving its other models meanwhile."""
-    with torch.inference_mode():
-        replica = handler.load(device)
-        examples = handler.examples()
-        if not examples:
-            return Warm(replica, None, CostModel())
-        executor = DeviceExecutor(device)
-        items = handler.decode(examples)
-        results: list[Any] = []
-        for group in group_by(items, handler.key):
-            results += executor.launch(handler, replica, group).wait()[0]
-        lengths = [handler.length(i) for i in items]
-        padded = None not in lengths
-        per_item = sum(lengths) / len(lengths) if padded else 1.0  # type: ignore[arg-type]
-        return Warm(replica, describe_outputs(results),
-                    _measure(handler, replica, executor, items, limit), per_item, padded)
-
-
-def _measure(handler: ModelHandler, replica: Replica, executor: DeviceExecutor,
-             items: list[Any], limit: int) -> CostModel:
-    """The cost grid, from batches of the warm-up items (repeated, or cut to each length)."""
-    first = items[0]
-    text = handler.length(first) is not None
-    lengths = TEXT_LENGTHS if text else (None,)
-
-    def batch(n: int, length: int | None) -> list[Any]:
-        if length is None:
-            return [items[i % len(items)] for i in range(n)]
-        return [np.resize(first, length) for _ in range(n)]
-
-    def seconds(n: int, length: int | None) -> float:
-        return executor.launch(handler, replica, batch(n, length)).wait()[1]
-
-    samples = [(n * (length or 1), seconds(n, length))
-               for length in lengths for n in grid(limit) for _ in range(3)]
-    return CostModel.measured(samples)
-
-
-@dataclass(eq=False)
-class Slot:
-    """A model placed on this device: its replica, and this device's batching state for it."""
-
-    model: ServedModel
-    replica: Replica
-    batch_limit: int  # lowered after an out-of-memory
-    cost: CostModel
-    padded: bool  # its batches are padded to their longest item (text): it has lengths
-    rate: ArrivalRate = field(default_factory=ArrivalRate)
-
-    def lengths(self, data: list[Any]) -> list[int]:
-        """Each decoded item's length (tokens), for a model that pads to its longest."""
-        length = self.model.handler.length
-        return [length(d) or 0 for d in data] if self.padded else [1] * len(data)
-
-    def pricing(self, items: list[PendingItem]) -> Price | None:
-        """The cost model's price of a batch like ``items`` grown to n items (None: unknown):
-        items, or padded tokens (items x the longest) for a model that pads."""
-        cost = self.cost
-        if not cost.known:
-            return None
-        per_item = max(self.lengths([i.data for i in items]))
-        return lambda n: cost.predict(n * per_item)
-
-
-@dataclass
-class SimilarLengths:
-    """An ItemSource for a text model: batches of items of similar length (app/queues.py). The
-    first take sets the length to match; later takes (after a nap) add to that batch."""
-
-    queue: ModelQueue
-    length: Callable[[Any], int | None]
-    window: int
-    max_tokens: int | None
-    due: float  # items due before this join first
-    anchor: int | None = None
-    held: tuple[int, int] = (0, 0)  # items taken so far, and the longest
-
-    def take(self, limit: int) -> list[PendingItem]:
-        items = self.queue.take_similar(limit, self.length, self.window, self.max_tokens,
-                                        self.due, self.anchor, self.held)
-        if items:
-            lengths = [self.length(i.data) or 0 for i in items]
-            if self.anchor is None:
-                self.anchor = lengths[0]
-            self.held = (self.held[0] + len(items), max(self.held[1], *lengths))
-        return items
 
 
 @dataclass
@@ -279,7 +161,7 @@ class DeviceWorker:
                     else:
                         self._doze()
                     continue
-                source = self._source(slot)
+                source = slot.source()
                 if flights:  # the device is busy: take what is queued, no waiting
                     in_hand = source.take(slot.batch_limit)
                 else:
@@ -304,22 +186,6 @@ class DeviceWorker:
             for held, items in lost:  # every item held gets its answer
                 report = BatchReport(self.label, [(item, ModelError()) for item in items], 0.0)
                 self._loop.call_soon_threadsafe(held.model.deliver, report)
-
-    def _source(self, slot: Slot) -> ItemSource:
-        """Where the slot's next batch comes from: its queue in arrival order, or batches of
-        similar lengths within a padded-token budget for a model that pads to its longest item
-        (docs/scheduler.md, section 5)."""
-        model = slot.model
-        settings = model.settings
-        window = settings.length_window
-        if not slot.padded or (window <= 1 and settings.max_batch_tokens is None):
-            return model.queue
-        budget = settings.max_batch_tokens
-        if budget is None:  # the typical batch's tokens, with room for longer items
-            budget = round(BUDGET_SLACK * slot.batch_limit * model.tokens_per_item)
-        full = slot.cost.predict(slot.batch_limit * model.work_per_item)
-        return SimilarLengths(model.queue, model.handler.length, max(window, slot.batch_limit),
-                              budget, time.monotonic() + 2 * full)
 
     def _choose(self) -> Slot | None:
         """The model whose batch runs next, or None when no model has anything waiting."""
@@ -415,16 +281,11 @@ class DeviceWorker:
             slot, model = flight.slot, flight.slot.model
             self.busy_s += seconds
             self._fairness.charge(model, seconds)
-            lengths = slot.lengths([i.data for i in items])
-            work = len(items) * max(lengths) if slot.padded else len(items)
-            slot.cost.observe(work, seconds)
-            model.work_per_item += WORK_WEIGHT * (work / len(items) - model.work_per_item)
-            mean = sum(lengths) / len(items)
-            model.tokens_per_item += WORK_WEIGHT * (mean - model.tokens_per_item)
+            waste = slot.served(items, seconds)
             report.sizes.append(len(items))
             report.compute_s.append(seconds)
-            if slot.padded:
-                report.padding_waste.append(1.0 - sum(lengths) / work)
+            if waste is not None:
+                report.padding_waste.append(waste)
             report.results.extend(zip(items, outputs, strict=True))
         self._loop.call_soon_threadsafe(flight.slot.model.deliver, report)
 

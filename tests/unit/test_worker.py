@@ -17,10 +17,9 @@ from app.config import BatchSettings
 from app.errors import DeadlineExceeded, ModelError
 from app.metrics import Metrics
 from app.models.base import ModelHandler
-from app.models.builtin import linear_handler
-from app.models.signature import TensorSpec
 from app.served import ServedModel
-from app.worker import DeviceWorker, WorkerState, warm_replica
+from app.warmup import warm_replica
+from app.worker import DeviceWorker, WorkerState
 from tests.conftest import wait_until
 from tests.fakes import (
     CrashingHandler,
@@ -100,21 +99,6 @@ async def device(*handlers: ModelHandler, max_batch_size: int = 8) -> AsyncItera
             model.queue.shutdown()
         worker.stop()
         assert await asyncio.to_thread(worker.join, 30)
-
-
-async def test_warm_up_teaches_the_outputs_and_the_cost() -> None:
-    warm = await asyncio.to_thread(warm_replica, linear_handler(), CPU, 8)
-    assert callable(warm.replica) and warm.outputs == [TensorSpec("OUTPUT0", "FP32", (2,))]
-    assert [work for work, _ in warm.cost.curve()] == [1, 2, 4, 8]
-    assert all(seconds > 0 for _, seconds in warm.cost.curve())
-
-
-async def test_a_text_models_cost_is_by_padded_tokens() -> None:
-    from app.models.minilm import MiniLMHandler
-
-    warm = await asyncio.to_thread(warm_replica, MiniLMHandler(), CPU, 4)
-    works = [work for work, _ in warm.cost.curve()]
-    assert works == sorted({n * length for n in (1, 2, 4) for length in (16, 128)})
 
 
 async def test_queued_items_ride_one_batch_in_order() -> None:

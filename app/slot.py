@@ -1,0 +1,100 @@
+"""Slot: a model placed on a device thread, with that device's batching state for it.
+
+What the device thread needs per model to form its batches: the replica, the batch limit (lowered
+after an out-of-memory), the cost model and the recent arrival rate; where the next batch comes
+from (the queue in arrival order, or similar lengths for a text model, docs/scheduler.md section
+5); and what each batch served teaches about the model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.batching import ArrivalRate, ItemSource, PendingItem, Price
+from app.cost import CostModel
+from app.models.base import Replica
+from app.queues import ModelQueue
+from app.served import ServedModel
+
+WORK_WEIGHT = 0.05  # how far one batch moves a model's typical work per item
+BUDGET_SLACK = 2.0  # a text batch's default token budget: this x limit x typical item length
+
+
+@dataclass(eq=False)
+class Slot:
+    """A model placed on this device: its replica, and this device's batching state for it."""
+
+    model: ServedModel
+    replica: Replica
+    batch_limit: int  # lowered after an out-of-memory
+    cost: CostModel
+    padded: bool  # its batches are padded to their longest item (text): it has lengths
+    rate: ArrivalRate = field(default_factory=ArrivalRate)
+
+    def lengths(self, data: list[Any]) -> list[int]:
+        """Each decoded item's length (tokens), for a model that pads to its longest."""
+        length = self.model.handler.length
+        return [length(d) or 0 for d in data] if self.padded else [1] * len(data)
+
+    def pricing(self, items: list[PendingItem]) -> Price | None:
+        """The cost model's price of a batch like ``items`` grown to n items (None: unknown):
+        items, or padded tokens (items x the longest) for a model that pads."""
+        cost = self.cost
+        if not cost.known:
+            return None
+        per_item = max(self.lengths([i.data for i in items]))
+        return lambda n: cost.predict(n * per_item)
+
+    def source(self) -> ItemSource:
+        """Where the next batch comes from: its queue in arrival order, or batches of
+        similar lengths within a padded-token budget for a model that pads to its longest item
+        (docs/scheduler.md, section 5)."""
+        model = self.model
+        settings = model.settings
+        window = settings.length_window
+        if not self.padded or (window <= 1 and settings.max_batch_tokens is None):
+            return model.queue
+        budget = settings.max_batch_tokens
+        if budget is None:  # the typical batch's tokens, with room for longer items
+            budget = round(BUDGET_SLACK * self.batch_limit * model.tokens_per_item)
+        full = self.cost.predict(self.batch_limit * model.work_per_item)
+        return SimilarLengths(model.queue, model.handler.length, max(window, self.batch_limit),
+                              budget, time.monotonic() + 2 * full)
+
+    def served(self, items: list[PendingItem], seconds: float) -> float | None:
+        """A batch of ``items`` took ``seconds``: refine the cost model and the model's typical
+        item. Returns the batch's padding waste (1 - real / padded tokens; None: not padded)."""
+        lengths = self.lengths([i.data for i in items])
+        work = len(items) * max(lengths) if self.padded else len(items)
+        self.cost.observe(work, seconds)
+        model = self.model
+        model.work_per_item += WORK_WEIGHT * (work / len(items) - model.work_per_item)
+        model.tokens_per_item += WORK_WEIGHT * (sum(lengths) / len(items) - model.tokens_per_item)
+        return 1.0 - sum(lengths) / work if self.padded else None
+
+
+@dataclass
+class SimilarLengths:
+    """An ItemSource for a text model: batches of items of similar length (app/queues.py). The
+    first take sets the length to match; later takes (after a nap) add to that batch."""
+
+    queue: ModelQueue
+    length: Callable[[Any], int | None]
+    window: int
+    max_tokens: int | None
+    due: float  # items due before this join first
+    anchor: int | None = None
+    held: tuple[int, int] = (0, 0)  # items taken so far, and the longest
+
+    def take(self, limit: int) -> list[PendingItem]:
+        items = self.queue.take_similar(limit, self.length, self.window, self.max_tokens,
+                                        self.due, self.anchor, self.held)
+        if items:
+            lengths = [self.length(i.data) or 0 for i in items]
+            if self.anchor is None:
+                self.anchor = lengths[0]
+            self.held = (self.held[0] + len(items), max(self.held[1], *lengths))
+        return items

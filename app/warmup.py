@@ -1,0 +1,75 @@
+"""Loading a replica and learning what it costs, before a device thread serves it.
+
+``warm_replica`` runs on a loader thread (docs/models.md), so a device thread keeps serving its
+other models meanwhile: it loads the replica, runs the model's examples through it (warm-up, and
+the outputs' real shapes), and times a small grid of batch sizes (the cost model,
+docs/scheduler.md, section 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from app.batching import group_by
+from app.cost import CostModel, grid
+from app.models.base import ModelHandler, Replica
+from app.models.signature import TensorSpec, describe_outputs
+from app.transfer import DeviceExecutor
+
+TEXT_LENGTHS = (16, 128)  # tokens per item when measuring a text model's cost
+
+
+@dataclass
+class Warm:
+    """A replica loaded and warmed up: its outputs and its measured cost (docs/scheduler.md)."""
+
+    replica: Replica
+    outputs: list[TensorSpec] | None
+    cost: CostModel
+    work_per_item: float = 1.0  # the examples' (their tokens, for a text model)
+    padded: bool = False  # the handler gives lengths: batches are padded to the longest
+
+
+def warm_replica(handler: ModelHandler, device: torch.device, limit: int) -> Warm:
+    """Load ``handler``'s replica for ``device``, run its examples through it (warm-up), and
+    time a small grid of batch sizes up to ``limit`` (for a text model, of two item lengths).
+    Runs on a loader thread, so that a device thread keeps serving its other models meanwhile."""
+    with torch.inference_mode():
+        replica = handler.load(device)
+        examples = handler.examples()
+        if not examples:
+            return Warm(replica, None, CostModel())
+        executor = DeviceExecutor(device)
+        items = handler.decode(examples)
+        results: list[Any] = []
+        for group in group_by(items, handler.key):
+            results += executor.launch(handler, replica, group).wait()[0]
+        lengths = [handler.length(i) for i in items]
+        padded = None not in lengths
+        per_item = sum(lengths) / len(lengths) if padded else 1.0  # type: ignore[arg-type]
+        return Warm(replica, describe_outputs(results),
+                    measure(handler, replica, executor, items, limit), per_item, padded)
+
+
+def measure(handler: ModelHandler, replica: Replica, executor: DeviceExecutor,
+             items: list[Any], limit: int) -> CostModel:
+    """The cost grid, from batches of the warm-up items (repeated, or cut to each length)."""
+    first = items[0]
+    text = handler.length(first) is not None
+    lengths = TEXT_LENGTHS if text else (None,)
+
+    def batch(n: int, length: int | None) -> list[Any]:
+        if length is None:
+            return [items[i % len(items)] for i in range(n)]
+        return [np.resize(first, length) for _ in range(n)]
+
+    def seconds(n: int, length: int | None) -> float:
+        return executor.launch(handler, replica, batch(n, length)).wait()[1]
+
+    samples = [(n * (length or 1), seconds(n, length))
+               for length in lengths for n in grid(limit) for _ in range(3)]
+    return CostModel.measured(samples)
