@@ -65,6 +65,11 @@ class DeviceExecutor:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        # OpenMP's thread count is per thread, and ATen gives a new thread the process's
+        # torch.set_num_threads only at its first parallel op, which small batches never reach:
+        # until then MKL called from this thread runs on every core. Asking for the count
+        # applies it now.
+        torch.get_num_threads()
         self.pipelined = device.type == "cuda"
         if self.pipelined:
             torch.cuda.set_device(device)

@@ -3,6 +3,11 @@ pipelined CUDA path (streams, events, pinned host memory)."""
 
 from __future__ import annotations
 
+import ctypes
+import os
+import threading
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -34,6 +39,39 @@ def test_cpu_launch_is_complete_at_once() -> None:
     results, seconds = launch.wait()
     assert seconds > 0
     np.testing.assert_allclose(np.stack(results), reference(handler, data), rtol=1e-5)
+
+
+def openmp() -> ctypes.CDLL:
+    """The OpenMP runtime torch computes with (loaded already: this opens the same copy)."""
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("torch is not built with OpenMP")
+    found = sorted((Path(torch.__file__).parent / "lib").glob("libgomp*.so*"))
+    if not found:
+        pytest.skip("torch's OpenMP runtime is not a file beside it")
+    return ctypes.CDLL(str(found[0]))
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: every count is 1")
+def test_an_executor_thread_computes_with_the_torch_thread_setting() -> None:
+    """torch.set_num_threads(1) on one thread, an executor made on another: MKL called from the
+    executor's thread must use one OpenMP thread, not one per core (before its first large
+    batch, ATen had not told that thread's OpenMP runtime yet)."""
+    runtime = openmp()
+    before = torch.get_num_threads()
+    seen: list[int] = []
+
+    def device_thread() -> None:
+        DeviceExecutor(torch.device("cpu"))
+        seen.append(runtime.omp_get_max_threads())
+
+    torch.set_num_threads(1)
+    try:
+        thread = threading.Thread(target=device_thread)
+        thread.start()
+        thread.join()
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1]
 
 
 @pytest.mark.gpu
