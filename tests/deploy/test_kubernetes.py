@@ -1,14 +1,17 @@
 """deploy/kubernetes: every kustomization renders and passes the Kubernetes schemas, and what the
 manifests say about the app (probe paths and ports, settings, the KEDA trigger, the KServe
-runtime's flags) agrees with the app itself."""
+runtime's flags) agrees with the app itself. The custom resources (KEDA, KServe) are checked
+against their projects' API types (tests/deploy/custom_resources.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import operator
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +22,15 @@ import yaml
 from app.cli import _settings, build_parser
 from app.config import Settings
 from tests.conftest import app_client, make_settings, queued, wait_until
+from tests.deploy import custom_resources
 from tests.fakes import GatedHandler, SlowLoadHandler
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
-TARGETS = ["overlays/cpu", "overlays/gpu", "workers"]  # and kserve: only CRDs, checked below
+TARGETS = ["overlays/cpu", "overlays/gpu", "workers"]  # and kserve: only custom resources
 KUBERNETES_VERSION = "1.30.0"  # the oldest release still supported when this was written
 VERSIONS = [KUBERNETES_VERSION, kubernetes_validate.latest_version()]  # and the newest known
-CUSTOM_GROUPS = ("keda.sh/", "serving.kserve.io/")  # CRDs: checked by the cross-checks below
+CUSTOM_GROUPS = ("keda.sh/", "serving.kserve.io/")  # checked by tests/deploy/custom_resources.py
 
 
 def render(target: str) -> list[dict[str, Any]]:
@@ -85,6 +89,61 @@ def test_the_schema_check_catches_a_mistake() -> None:
     container(broken)["readinessProbe"]["httpGet"]["pathh"] = "/health_check"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("target", ["workers", "kserve"])
+def test_every_custom_resource_passes_its_projects_api_types(target: str) -> None:
+    custom = [d for d in render(target) if d["apiVersion"].startswith(CUSTOM_GROUPS)]
+    assert custom, "nothing to check"
+    for doc in custom:
+        custom_resources.check(doc)
+
+
+def _parent(doc: dict[str, Any], path: str) -> tuple[Any, Any]:
+    """The container of the field at ``path`` (dots; a number indexes a list), and its key."""
+    *parents, last = [int(p) if p.isdigit() else p for p in path.split(".")]
+    node: Any = doc
+    for key in parents:
+        node = node[key]
+    return node, last
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda doc: operator.setitem(*_parent(doc, path), value)
+
+
+def _drop(path: str) -> Callable[[dict[str, Any]], None]:
+    return lambda doc: operator.delitem(*_parent(doc, path))
+
+
+@pytest.mark.parametrize(("target", "kind", "change"), [
+    ("workers", "ScaledObject", _set("spec.scaleTargetRef.nmae", "batchserve-worker")),
+    ("workers", "ScaledObject", _set("spec.triggers.0.metadata.lagCount", 64)),  # KEDA: strings
+    ("workers", "ScaledObject", _set("spec.minReplicaCount", "0")),
+    ("workers", "ScaledObject", _drop("spec.triggers.0.type")),
+    ("kserve", "ClusterServingRuntime", _set("spec.containers.0.imagee", "batchserve")),
+    ("kserve", "ClusterServingRuntime", _set("spec.supportedModelFormats.0.autoSelect", "true")),
+    ("kserve", "ClusterServingRuntime", _drop("spec.containers.0.name")),
+    ("kserve", "ClusterServingRuntime",
+     _set("spec.containers.0.readinessProbe.httpGet.pathh", "/health_check")),
+    ("kserve", "InferenceService", _set("spec.predictor.model.storageURI", "pvc://x")),
+    ("kserve", "InferenceService", _set("spec.predictor.minReplicas", "1")),
+], ids=["unknown field", "number for string", "string for number", "required field missing",
+        "container typo", "string for bool", "container without name", "probe typo",
+        "model field typo", "replicas as string"])
+def test_the_custom_resource_check_catches_a_mistake(
+        target: str, kind: str, change: Callable[[dict[str, Any]], None]) -> None:
+    doc = copy.deepcopy(find(render(target), kind))
+    custom_resources.check(doc)
+    change(doc)
+    with pytest.raises(custom_resources.SchemaError):
+        custom_resources.check(doc)
+
+
+def test_a_custom_kind_without_a_schema_is_an_error() -> None:
+    with pytest.raises(custom_resources.SchemaError, match="no schema"):
+        custom_resources.check({"apiVersion": "keda.sh/v1alpha1", "kind": "ClusterScaledThing",
+                                "metadata": {"name": "x"}})
 
 
 def probes(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
