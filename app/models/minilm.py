@@ -119,6 +119,9 @@ class MiniLMHandler(ModelHandler):
         hf_logging.enable_propagation()
 
         encoder = AutoModel.from_pretrained(str(self._path), local_files_only=True)
+        # Serving computes no loss. Tracing reads every attribute, and transformers warns at
+        # startup that the (unset) training loss will be a causal-LM one unless it has a value.
+        encoder.loss_function = None
         model = _MeanPooled(encoder).to(device).eval()
         example = map_tensors(lambda t: t.to(device), self.collate(self.decode(self.examples())))
         with torch.inference_mode():

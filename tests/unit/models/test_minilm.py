@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -39,6 +40,20 @@ def test_minilm_matches_sentence_transformers() -> None:
     assert (alone[0] - ours[0]).abs().max().item() < 1e-5
     assert torch.allclose(ours.norm(dim=1), torch.ones(5), atol=1e-5)
     assert not math.isnan(ours.sum().item())
+
+
+@pytest.mark.slow
+def test_loading_minilm_logs_no_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """A server's startup on the default model says nothing alarming (transformers warned that
+    the training loss, which serving never computes, defaults to a causal-LM one)."""
+    from app.models.minilm import MiniLMHandler
+
+    warning_once = getattr(logging.Logger, "warning_once", None)  # transformers adds it
+    if warning_once is not None:
+        warning_once.cache_clear()  # it warns once per process: earlier loads said it already
+    with caplog.at_level(logging.WARNING):
+        MiniLMHandler().load(torch.device("cpu"))
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 def test_minilm_refuses_non_strings() -> None:
