@@ -147,14 +147,16 @@ def live_server(settings: Settings, handler: ModelHandler | None = None) -> Iter
 
 @contextmanager
 def serve(
-    *args: str, env: dict[str, str] | None = None, stderr: int | None = None
+    *args: str, env: dict[str, str] | None = None, stderr: int | None = None,
+    wrap: tuple[str, ...] = (),
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """``python -m app serve`` as a real process on an inherited socket bound to a free
-    loopback port; killed on exit if still running."""
+    loopback port (started through ``wrap``, a command such as strace, if given); killed on exit
+    if still running."""
     sock = free_socket()
     port = sock.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", "--fd", str(sock.fileno()), *args],
+        [*wrap, sys.executable, "-m", "app", "serve", "--fd", str(sock.fileno()), *args],
         cwd=ROOT, pass_fds=[sock.fileno()], stderr=stderr,
         env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
     )

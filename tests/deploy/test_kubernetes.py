@@ -1,27 +1,32 @@
 """deploy/kubernetes: every kustomization renders and passes the Kubernetes schemas, and what the
 manifests say about the app (probe paths and ports, settings, the KEDA trigger, the KServe
-runtime's flags) agrees with the app itself. The custom resources (KEDA, KServe) are checked
-against their projects' API types (tests/deploy/custom_resources.py)."""
+runtime's flags) agrees with the app itself; the server, run with the pod's settings and volumes,
+writes nothing outside its writable /tmp. The custom resources (KEDA, KServe) are checked against
+their projects' API types (tests/deploy/custom_resources.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
 import operator
+import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import kubernetes_validate
 import pytest
 import yaml
 
 from app.cli import _settings, build_parser
 from app.config import Settings
-from tests.conftest import app_client, make_settings, queued, wait_until
+from tests.conftest import WAIT_S, app_client, make_settings, queued, serve, wait_ready, wait_until
 from tests.deploy import custom_resources
 from tests.fakes import GatedHandler, SlowLoadHandler
 
@@ -174,6 +179,80 @@ def test_the_servers_probes_ports_and_grace_agree_with_the_app(
     assert spec["securityContext"]["readOnlyRootFilesystem"] is True
     assert spec["env"][[e["name"] for e in spec["env"]].index("BATCHSERVE_API_KEY")][
         "valueFrom"]["secretKeyRef"]["optional"] is True
+
+
+WRITES = re.compile(r"^(openat|open|creat|mkdir|mkdirat|rename|renameat2?|unlink|unlinkat|"
+                    r"rmdir|truncate|symlink|symlinkat|link|linkat)\((.*)\)\s+=\s+(-?\d+)")
+
+
+def _written(trace_dir: Path) -> set[str]:
+    """Paths that a traced process tree changed or opened for writing (strace -ff files)."""
+    paths: set[str] = set()
+    for log in trace_dir.iterdir():
+        for line in log.read_text(errors="replace").splitlines():
+            call = WRITES.match(line)
+            if call is None or call[3].startswith("-"):
+                continue
+            name, args = call[1], call[2]
+            if name in ("openat", "open") and not re.search(r"O_WRONLY|O_RDWR|O_CREAT|O_TRUNC",
+                                                            args):
+                continue
+            paths.update(re.findall(r'"([^"]*)"', args))
+    return paths
+
+
+def test_the_server_writes_only_where_the_pod_lets_it(tmp_path: Path) -> None:
+    """The Deployment's read-only root filesystem holds: the server, started with the pod's
+    settings and its volumes, serves both models and drains on SIGTERM, writing nowhere but its
+    emptyDir /tmp. Pod paths are mapped into ``tmp_path``; strace records every write."""
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("needs strace (.ci/run installs it)")
+    docs = render("overlays/cpu")
+    deployment = find(docs, "Deployment", "batchserve")
+    spec = container(deployment)
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    mounts = {}
+    for mount in spec["volumeMounts"]:
+        local = tmp_path / mount["name"]
+        local.mkdir()
+        source = volumes[mount["name"]]
+        if "configMap" in source:  # the models: each item's key as a file at its path
+            data = find(docs, "ConfigMap", source["configMap"]["name"])["data"]
+            for item in source["configMap"]["items"]:
+                (local / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+                (local / item["path"]).write_text(data[item["key"]])
+        mounts[mount["mountPath"]] = str(local)
+    writable = mounts["/tmp"]  # the emptyDir; everything else is read-only in the pod
+
+    def local(value: str) -> str:
+        for pod_path, path in mounts.items():
+            if value == pod_path or value.startswith(pod_path + "/"):
+                return path + value[len(pod_path):]
+        return value
+
+    env = {name: local(value) for name, value in environment(docs, spec).items()}
+    env.update(TMPDIR=writable, PYTHONDONTWRITEBYTECODE="1")  # the image has its .pyc files
+    traces = tmp_path / "strace"
+    traces.mkdir()
+    wrap = (strace, "-qq", "-f", "-ff", "--seccomp-bpf", "-o", str(traces / "t"),
+            "-e", "trace=%file")
+    with serve(env=env, wrap=wrap) as (proc, url):
+        wait_ready(url)
+        embed = httpx.post(url + "/predict", json={"instances": ["a pod", "on a cluster"]})
+        assert embed.status_code == 200 and len(embed.json()["predictions"]) == 2
+        classify = httpx.post(url + "/v2/models/classify/infer", json={"inputs": [
+            {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+        assert classify.status_code == 200, classify.text
+        assert httpx.get(url + "/metrics").status_code == 200
+        # SIGTERM to the server itself (strace's child); strace exits with its status.
+        (server,) = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        os.kill(int(server), signal.SIGTERM)
+        assert proc.wait(WAIT_S) == 0
+    written = _written(traces)
+    outside = sorted(p for p in written
+                     if not p.startswith((writable + "/", "/dev/", "/proc/")) and p != writable)
+    assert outside == [], f"writes outside the pod's writable /tmp: {outside}"
 
 
 def test_the_shipped_model_configs_are_the_repository_examples() -> None:
