@@ -1,6 +1,6 @@
 """The custom resources in deploy/kubernetes, checked against their projects' own API types, as
 strictly as kubernetes-validate checks the built-in kinds: a field the type lacks, a value of the
-wrong type or a required field missing is an error.
+wrong type, or a field the models mark as required missing is an error.
 
 - KEDA (``keda.sh``): cloudcoil's pydantic models, generated from KEDA's CRDs. A field they do not
   know is dropped by pydantic, and a value of the wrong type may be coerced ("0" to 0), so a
