@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -151,13 +153,13 @@ def serve(
     wrap: tuple[str, ...] = (),
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """``python -m app serve`` as a real process on an inherited socket bound to a free
-    loopback port (started through ``wrap``, a command such as strace, if given); killed on exit
-    if still running."""
+    loopback port (started through ``wrap``, a command such as strace, if given). On exit
+    whatever is left of it is killed: its own process group, so a wrapped server goes too."""
     sock = free_socket()
     port = sock.getsockname()[1]
     proc = subprocess.Popen(
         [*wrap, sys.executable, "-m", "app", "serve", "--fd", str(sock.fileno()), *args],
-        cwd=ROOT, pass_fds=[sock.fileno()], stderr=stderr,
+        cwd=ROOT, pass_fds=[sock.fileno()], stderr=stderr, start_new_session=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
     )
     sock.close()
@@ -165,8 +167,8 @@ def serve(
     try:
         yield proc, url
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(WAIT_S)
         if proc.stderr is not None:
             proc.stderr.close()
