@@ -2,10 +2,14 @@
 # A/B two builds side by side: both servers up at once (core 0), alternating 3 s wrk runs
 # (core 1), then the per-pair ratios of requests/s and their median.
 #   bench/ab.sh OLD_CHECKOUT NEW_CHECKOUT   (e.g. a `git worktree add /tmp/old <commit>`)
-# Env: C (concurrency, 64), N (pairs, 6), W (workload, linear), BODY (the request body).
+# Env: C (concurrency, 64), N (pairs, 6), W (workload, linear), BODY (the request body),
+# PIN (1; 0 leaves servers and wrk unpinned, as `python -m bench` runs them: then the event
+# loop and the device thread of a server run on different cores at once).
 set -euo pipefail
 old=$(realpath "$1"); new=$(realpath "$2")
-C=${C:-64}; N=${N:-6}; W=${W:-linear}
+C=${C:-64}; N=${N:-6}; W=${W:-linear}; PIN=${PIN:-1}
+server_cpu=(taskset -c 0); wrk_cpu=(taskset -c 1)
+[ "$PIN" = 1 ] || { server_cpu=(); wrk_cpu=(); }
 BODY=${BODY:-'{"instances": [[1.0, 2.0, 3.0, 4.0]]}'}
 py="$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python"
 lua=$(realpath "$(dirname "$0")/post.lua")
@@ -14,7 +18,7 @@ echo "$BODY" > "$tmp/body.json"
 export HF_HUB_OFFLINE=1 BENCH_BODY_FILE="$tmp/body.json"
 for side in old new; do
   dir=${!side}; port=$([ $side = old ] && echo 8101 || echo 8102)
-  (cd "$dir" && exec taskset -c 0 "$py" -m app serve --model "$W" --devices cpu --port $port \
+  (cd "$dir" && exec "${server_cpu[@]}" "$py" -m app serve --model "$W" --devices cpu --port $port \
      --log-level warning --torch-threads 1) > "$tmp/$side.log" 2>&1 &
 done
 for port in 8101 8102; do
@@ -22,7 +26,7 @@ for port in 8101 8102; do
 done
 for i in $(seq "$N"); do
   for port in 8101 8102; do
-    echo "$port $(taskset -c 1 wrk -t1 -c"$C" -d3s -s "$lua" "http://127.0.0.1:$port/predict" \
+    echo "$port $("${wrk_cpu[@]}" wrk -t1 -c"$C" -d3s -s "$lua" "http://127.0.0.1:$port/predict" \
       | grep BENCH_JSON)"
   done
 done | "$py" -c "
