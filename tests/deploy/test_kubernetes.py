@@ -181,6 +181,35 @@ def test_the_servers_probes_ports_and_grace_agree_with_the_app(
         "valueFrom"]["secretKeyRef"]["optional"] is True
 
 
+@pytest.mark.parametrize(("overlay", "dockerfile"), [("cpu", "Dockerfile"),
+                                                     ("gpu", "Dockerfile.cuda")])
+def test_each_overlays_pods_are_guarded_and_sized(overlay: str, dockerfile: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = render(f"overlays/{overlay}")
+    deployment = find(docs, "Deployment", "batchserve")
+    pod, spec = deployment["spec"]["template"]["spec"], container(deployment)
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    # The PodDisruptionBudget covers these pods (without a selector it would cover none).
+    selector = find(docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"]
+    assert selector and selector.items() <= labels.items()
+    # Non-root, as the image's own user.
+    uid = re.search(r"useradd .*--uid (\d+)", (ROOT / "docker" / dockerfile).read_text())
+    assert uid is not None
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == int(uid[1])
+    # Requests and limits set; the startup probe allows the 5 minutes the docs promise.
+    assert spec["resources"]["requests"] and spec["resources"]["limits"]
+    startup = spec["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
+    settings = settings_from(environment(docs, spec), [], monkeypatch)
+    tag = spec["image"].rsplit(":", 1)[1]
+    if overlay == "cpu":
+        assert tag == "cpu" and settings.torch_threads == int(spec["resources"]["limits"]["cpu"])
+    else:
+        assert tag == "cuda" and spec["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        assert settings.devices == "cuda"
+
+
 WRITE_CALLS = ("openat", "open", "creat", "mkdir", "mkdirat", "rename", "renameat", "renameat2",
                "unlink", "unlinkat", "rmdir", "truncate", "symlink", "symlinkat", "link", "linkat")
 WRITES = re.compile(rf"^({'|'.join(WRITE_CALLS)})\((.*)\)\s+=\s+(-?\d+)")
