@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from app.metrics import JobMetrics, Metrics
 from tests.conftest import app_client, make_settings
@@ -86,3 +87,13 @@ def test_the_dashboard_covers_what_the_issue_asks() -> None:
                    "batchserve_rejected_total"):
         assert metric in exprs
     assert 'model=~"$model"' in exprs  # per model, chosen on the dashboard
+    # Provisioned: the ${datasource} its panels use is a Prometheus one, and Grafana is given
+    # a Prometheus data source and a file provider for the dashboards folder.
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    provisioning = ROOT / "deploy" / "grafana" / "provisioning"
+    sources = yaml.safe_load((provisioning / "datasources" / "prometheus.yaml").read_text())
+    assert [d["type"] for d in sources["datasources"]] == ["prometheus"]
+    providers = yaml.safe_load((provisioning / "dashboards" / "batchserve.yaml").read_text())
+    assert [p["type"] for p in providers["providers"]] == ["file"]
