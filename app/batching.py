@@ -195,10 +195,11 @@ def collect_batch(
             slack = min(slack, oldest + latency_target_s - now)
         others = None if concurrency is None else max(0, concurrency() - len(requests))
         price = pricing(batch) if pricing is not None else None
-        wait = effective.wait_s(len(batch), now - started, rate.gap_s, others, price, slack)
+        gap = rate.gap_s
+        wait = effective.wait_s(len(batch), now - started, gap, others, price, slack)
         if wait <= 0.0:
             return batch
-        expected = int(wait / rate.gap_s) if rate.gap_s else 1  # the arrivals it waits for
+        expected = int(wait / gap) if gap else 1  # the arrivals it waits for
         nap(max(wait, MIN_NAP_S), max(1, expected))
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 REFINE_WEIGHT = 0.1  # how far one observed batch moves the nearest point
@@ -64,12 +64,6 @@ class CostModel:
 
     def curve(self) -> list[tuple[float, float]]:
         return list(zip(self.work, self.seconds, strict=True))
-
-
-def measure_grid(work_sizes: Iterable[float], run: Callable[[float], float],
-                 repeats: int = 3) -> CostModel:
-    """Time ``run(work)`` ``repeats`` times for each work size; the medians make the model."""
-    return CostModel.measured((w, run(w)) for w in work_sizes for _ in range(repeats))
 
 
 def grid(limit: int) -> list[int]:

@@ -29,6 +29,16 @@ def json_object(text: bytes | str, what: str = "request") -> dict[str, Any]:
     return value
 
 
+def priority_of(value: Any, what: str) -> int | None:
+    """A priority a JSON body asks for (``what`` names the field): None if absent, else a whole
+    number >= 0 (0: the model's default level; app/served.py checks the range)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInput(f"{what} must be a whole number >= 0, got {value!r}")
+    return value
+
+
 def instances_of(payload: Any, max_instances: int) -> list[Any]:
     """``payload["instances"]``, checked: a non-empty list of at most ``max_instances``."""
     if not isinstance(payload, dict):

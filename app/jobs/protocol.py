@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from app.errors import InvalidInput, ServeError
-from app.payload import instances_of
+from app.errors import ServeError
+from app.payload import instances_of, priority_of
 from app.tracing import CONTEXT_HEADERS
 
 RESULT_KEY = "batchserve:result:"
@@ -49,13 +49,9 @@ def parse_job(entry: str, fields: dict[bytes, bytes], max_instances: int) -> Job
     job_id = payload.get("id") if isinstance(payload, dict) else None
     if not isinstance(job_id, str) or not job_id:
         return Job(entry, None, None, None, raw)
-    priority = payload.get("priority")
-    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
-                                 or priority < 0):
-        error = InvalidInput(f"'priority' must be a whole number >= 0, got {priority!r}")
-        return Job(entry, job_id, None, error, raw)
     trace = {k: v for k in CONTEXT_HEADERS if isinstance(v := payload.get(k), str)}
     try:
+        priority = priority_of(payload.get("priority"), "'priority'")
         return Job(entry, job_id, instances_of(payload, max_instances), None, raw, priority,
                    trace)
     except ServeError as exc:

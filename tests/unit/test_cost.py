@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.cost import CostModel, grid, measure_grid
+from app.cost import CostModel, grid
 
 
 def test_between_points_it_interpolates_beyond_it_extrapolates() -> None:
@@ -20,9 +20,6 @@ def test_between_points_it_interpolates_beyond_it_extrapolates() -> None:
 def test_measurements_keep_the_median() -> None:
     cost = CostModel.measured([(1, 0.001), (1, 0.005), (1, 0.002), (4, 0.003)])
     assert cost.curve() == [(1, 0.002), (4, 0.003)]
-    times = iter([0.001, 0.009, 0.002] * 3)
-    assert measure_grid([1, 2, 4], lambda w: next(times)).curve() == [
-        (1, 0.002), (2, 0.002), (4, 0.002)]
     assert grid(32) == [1, 2, 4, 8, 16, 32] and grid(5) == [1, 2, 4, 5] and grid(1) == [1]
 
 

@@ -17,7 +17,7 @@ import orjson
 
 from app.errors import InvalidInput, PayloadTooLarge
 from app.models.signature import DATATYPES, TensorSpec, datatype_of, output_columns
-from app.payload import json_object
+from app.payload import json_object, priority_of
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -61,10 +61,7 @@ def parse_request(
     if not isinstance(request_params, dict):
         raise InvalidInput("'parameters' must be an object")
     binary_all = request_params.get("binary_data_output") is True
-    priority = request_params.get("priority")
-    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
-                                 or priority < 0):
-        raise InvalidInput(f"parameter 'priority' must be a whole number >= 0, got {priority!r}")
+    priority = priority_of(request_params.get("priority"), "parameter 'priority'")
     request_id = payload.get("id")
     return InferRequest(request_id if isinstance(request_id, str) else None, rows, names,
                         binary_out, binary_all, priority)
