@@ -51,6 +51,7 @@ class Point:
     errors: int
     mean_batch: float
     server_cpu: float  # cores used by the server process, averaged over the run
+    loop_us: float  # CPU of the server's main (event-loop) thread per request, microseconds
     sm_util: float | None = None  # mean GPU SM utilisation (%), CUDA devices only
 
 
@@ -198,8 +199,10 @@ def server_process(flags: list[str]) -> Iterator[tuple[str, int]]:
         proc.wait(60)
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """CPU time of process ``pid``, or of its thread ``thread`` (the main thread's id is pid)."""
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -237,17 +240,18 @@ def measure(config: str, url: str, pid: int, body_file: str, concurrency: int,
             args: argparse.Namespace) -> Point:
     run_wrk(url, body_file, concurrency, max(1.0, args.seconds / 5))  # warm the path up
     sum0, count0 = batch_totals(url)
-    cpu0, t0 = cpu_seconds(pid), time.monotonic()
+    loop0, cpu0, t0 = cpu_seconds(pid, pid), cpu_seconds(pid), time.monotonic()
     with SmSampler(args.devices) as sm:
         r = run_wrk(url, body_file, concurrency, args.seconds)
-    cpu1, t1 = cpu_seconds(pid), time.monotonic()
+    loop1, cpu1, t1 = cpu_seconds(pid, pid), cpu_seconds(pid), time.monotonic()
     sum1, count1 = batch_totals(url)
     seconds = r["duration_us"] / 1e6
     req_s = r["requests"] / seconds
     return Point(
         config, concurrency, req_s, req_s * args.instances, r["p50_us"] / 1000,
         r["p90_us"] / 1000, r["p99_us"] / 1000, r["non200"] + r["socket_errors"],
-        (sum1 - sum0) / max(1.0, count1 - count0), (cpu1 - cpu0) / (t1 - t0), sm.mean,
+        (sum1 - sum0) / max(1.0, count1 - count0), (cpu1 - cpu0) / (t1 - t0),
+        (loop1 - loop0) / max(1, r["requests"]) * 1e6, sm.mean,
     )
 
 
@@ -274,7 +278,7 @@ def ratio_lines(report: Report) -> list[str]:
 
 def table(report: Report) -> str:
     head = (f"{'config':<11}{'conc':>5}{'req/s':>10}{'items/s':>10}{'p50 ms':>9}{'p90 ms':>9}"
-            f"{'p99 ms':>9}{'errors':>8}{'batch':>7}{'cpu':>6}"
+            f"{'p99 ms':>9}{'errors':>8}{'batch':>7}{'cpu':>6}{'loop us':>8}"
             + (f"{'SM':>7}" if any(p.sm_util is not None for p in report.points) else ""))
     rows = [head, "-" * len(head)]
     rows += [f"{'offline b' + str(b):<11}{'-':>5}{'-':>10}{v:>10.0f}"
@@ -282,7 +286,7 @@ def table(report: Report) -> str:
     for p in report.points:
         rows.append(f"{p.config:<11}{p.concurrency:>5}{p.req_s:>10.0f}{p.items_s:>10.0f}"
                     f"{p.p50_ms:>9.2f}{p.p90_ms:>9.2f}{p.p99_ms:>9.2f}{p.errors:>8}"
-                    f"{p.mean_batch:>7.1f}{p.server_cpu:>6.2f}"
+                    f"{p.mean_batch:>7.1f}{p.server_cpu:>6.2f}{p.loop_us:>8.0f}"
                     + (f"{p.sm_util:>6.0f}%" if p.sm_util is not None else ""))
     return "\n".join(rows + [""] + ratio_lines(report))
 
