@@ -52,15 +52,15 @@ def warm_replica(handler: ModelHandler, device: torch.device, limit: int) -> War
         padded = None not in lengths
         per_item = sum(lengths) / len(lengths) if padded else 1.0  # type: ignore[arg-type]
         return Warm(replica, describe_outputs(results),
-                    measure(handler, replica, executor, items, limit), per_item, padded)
+                    measure(handler, replica, executor, items, limit, padded), per_item, padded)
 
 
 def measure(handler: ModelHandler, replica: Replica, executor: DeviceExecutor,
-             items: list[Any], limit: int) -> CostModel:
-    """The cost grid, from batches of the warm-up items (repeated, or cut to each length)."""
+            items: list[Any], limit: int, padded: bool) -> CostModel:
+    """The cost grid, from batches of the warm-up items: repeated, or for a model that pads
+    (``padded``) the first one cut to each of TEXT_LENGTHS."""
     first = items[0]
-    text = handler.length(first) is not None
-    lengths = TEXT_LENGTHS if text else (None,)
+    lengths = TEXT_LENGTHS if padded else (None,)
 
     def batch(n: int, length: int | None) -> list[Any]:
         if length is None:
