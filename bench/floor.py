@@ -1,62 +1,220 @@
 """The HTTP floor: what uvicorn (httptools, uvloop) alone does on this machine.
 
-A raw ASGI app that reads the body and returns a fixed answer, served by the same uvicorn as
-batchserve, driven by the same wrk script and body as ``python -m bench --workload linear``.
-No serving stack can beat this number, so it is the reference for the `linear` targets.
+``python -m bench.floor``: a raw ASGI app that reads the body and returns a fixed answer, served
+by the same uvicorn as batchserve, driven by the same wrk script and body as ``python -m bench
+--workload linear``. No serving stack can beat this number, so it is the reference for the
+`linear` targets.
 
-    python bench/floor.py
+``python -m bench.floor --group 8``: the same for a closed loop on ``mlp``. The raw app holds
+requests until eight are waiting and hands them to one thread that runs the real model on a batch
+of eight (the server's own device code) and resolves them: the fixed shape (uvicorn, an event
+loop, a device thread) with none of batchserve's work. Rounds alternate offline at batch 8, this
+floor and batchserve at concurrency 8, and the medians of the ratios show how much of the gap to
+offline is the shape's and how much is batchserve's. ``--decode`` makes the floor parse and
+decode every body as batchserve must.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
+import os
+import queue
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.run import instance_for, run_wrk
+import orjson
+
+from bench.run import build_parser, cpu_seconds, instance_for, offline_items_s, run_wrk, server
 
 ANSWER = b'{"predictions":[[0.1,0.2]]}'
+GROUP_ENV = "BENCH_FLOOR_GROUP"
+DECODE_ENV = "BENCH_FLOOR_DECODE"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def read_all(receive: Any) -> bytes:
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    return body
+
+
+async def answer(send: Any, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] != "http":
         return
-    more = True
-    while more:
-        message = await receive()
-        more = message.get("more_body", False)
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": ANSWER})
+    await read_all(receive)
+    await answer(send, ANSWER)
 
 
-def main() -> None:
+def grouped_app() -> Callable[..., Any]:
+    """The ``--group`` floor (a uvicorn factory): ``$BENCH_FLOOR_GROUP`` requests per `mlp`
+    batch, bodies parsed and decoded when ``$BENCH_FLOOR_DECODE`` is 1."""
+    import torch
+
+    from app.models.registry import load_handler
+    from app.transfer import DeviceExecutor
+
+    group = int(os.environ[GROUP_ENV])
+    decode = os.environ.get(DECODE_ENV) == "1"
+    torch.set_num_threads(1)
+    handler = load_handler("mlp")
+    replica = handler.load(torch.device("cpu"))
+    executor = DeviceExecutor(torch.device("cpu"))
+    fixed = handler.decode([instance_for("mlp", i) for i in range(group)])
+    batches: queue.SimpleQueue[tuple[list[asyncio.Future[Any]], list[Any]]] = queue.SimpleQueue()
+    waiting: list[tuple[asyncio.Future[Any], list[Any]]] = []
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def resolve(futures: list[asyncio.Future[Any]], results: list[Any]) -> None:
+        for future, result in zip(futures, results, strict=True):
+            future.set_result(result)
+
+    def device() -> None:
+        torch.get_num_threads()  # this thread's OpenMP count, as DeviceExecutor's thread does
+        while True:
+            futures, items = batches.get()
+            results, _ = executor.launch(handler, replica, items).wait()
+            assert loop is not None
+            loop.call_soon_threadsafe(resolve, futures, results)
+
+    threading.Thread(target=device, daemon=True).start()
+
+    async def serve(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        nonlocal loop
+        if scope["type"] != "http":
+            return
+        body = await read_all(receive)
+        loop = asyncio.get_running_loop()
+        items = handler.decode(orjson.loads(body)["instances"]) if decode else []
+        future = loop.create_future()
+        waiting.append((future, items))
+        if len(waiting) == group:
+            batch = [item for _, its in waiting for item in its] if decode else fixed
+            batches.put(([f for f, _ in waiting], batch))
+            waiting.clear()
+        result = await future
+        await answer(send, orjson.dumps({"predictions": [result]},
+                                        option=orjson.OPT_SERIALIZE_NUMPY))
+
+    return serve
+
+
+def free_port() -> int:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
+    port: int = sock.getsockname()[1]
     sock.close()
-    cmd = [sys.executable, "-m", "uvicorn", "bench.floor:app", "--port", str(port),
-           "--log-level", "warning", "--no-access-log", "--loop", "uvloop", "--http", "httptools"]
-    server = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parent.parent)
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"instances": [instance_for("linear", 0)]}, f)
+    return port
+
+
+@contextmanager
+def floor_server(target: list[str], env: dict[str, str]) -> Iterator[tuple[str, int]]:
+    """uvicorn serving ``target`` on a free loopback port: (url, pid)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "uvicorn", *target, "--port", str(port), "--log-level",
+           "warning", "--no-access-log", "--loop", "uvloop", "--http", "httptools"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env})
     url = f"http://127.0.0.1:{port}"
     try:
-        time.sleep(3)
-        run_wrk(url, f.name, 64, 2)  # warm up
-        for concurrency in (1, 64):
-            r = run_wrk(url, f.name, concurrency, 10)
-            print(f"floor c={concurrency}: {r['requests'] / (r['duration_us'] / 1e6):.0f} req/s, "
-                  f"p50 {r['p50_us'] / 1000:.2f} ms", flush=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise SystemExit("bench.floor: the floor server did not start") from None
+                time.sleep(0.2)
+        yield url, proc.pid
     finally:
-        server.terminate()
-        server.wait(10)
-        Path(f.name).unlink()
+        proc.terminate()
+        proc.wait(10)
+
+
+def body_file(workload: str) -> str:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"instances": [instance_for(workload, 0)]}, f)
+    return f.name
+
+
+def http_floor() -> None:
+    body = body_file("linear")
+    try:
+        with floor_server(["bench.floor:app"], {}) as (url, _):
+            run_wrk(url, body, 64, 2)  # warm up
+            for concurrency in (1, 64):
+                r = run_wrk(url, body, concurrency, 10)
+                print(f"floor c={concurrency}: {r['requests'] / (r['duration_us'] / 1e6):.0f} "
+                      f"req/s, p50 {r['p50_us'] / 1000:.2f} ms", flush=True)
+    finally:
+        Path(body).unlink()
+
+
+def grouped_floor(group: int, rounds: int, seconds: float, decode: bool) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    body = body_file("mlp")
+    env = {GROUP_ENV: str(group), DECODE_ENV: "1" if decode else "0"}
+    ratios: dict[str, list[float]] = {"floor": [], "batchserve": [], "batchserve/floor": []}
+    try:
+        with floor_server(["--factory", "bench.floor:grouped_app"], env) as floor, \
+                server("mlp", 32, build_parser().parse_args([])) as batchserve:
+            for url, _ in (floor, batchserve):
+                run_wrk(url, body, group, 2)  # warm up
+            for _ in range(rounds):
+                offline = offline_items_s("mlp", group, 2.0, 1, torch.device("cpu"))
+                line = [f"offline b{group} {offline:.0f} items/s"]
+                got = {}
+                for name, (url, pid) in (("floor", floor), ("batchserve", batchserve)):
+                    loop0 = cpu_seconds(pid, pid)
+                    r = run_wrk(url, body, group, seconds)
+                    loop_us = (cpu_seconds(pid, pid) - loop0) / r["requests"] * 1e6
+                    got[name] = r["requests"] / (r["duration_us"] / 1e6)
+                    ratios[name].append(got[name] / offline)
+                    line.append(f"{name} {got[name]:.0f} ({got[name] / offline:.2f} x, "
+                                f"loop {loop_us:.0f} us)")
+                ratios["batchserve/floor"].append(got["batchserve"] / got["floor"])
+                print("  ".join(line), flush=True)
+    finally:
+        Path(body).unlink()
+    print("medians: " + ", ".join(f"{name} {statistics.median(values):.3f}"
+                                   for name, values in ratios.items())
+          + f" (floor and batchserve as x offline at batch {group})")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.floor", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--group", type=int, default=0,
+                        help="closed loop on mlp at this concurrency, batches of this size")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--seconds", type=float, default=4.0, help="per wrk run")
+    parser.add_argument("--decode", action="store_true", help="the floor decodes every body")
+    args = parser.parse_args(argv)
+    if args.group > 0:
+        grouped_floor(args.group, args.rounds, args.seconds, args.decode)
+    else:
+        http_floor()
 
 
 if __name__ == "__main__":
