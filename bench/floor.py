@@ -18,29 +18,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import queue
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import orjson
 
-from bench.run import build_parser, cpu_seconds, instance_for, offline_items_s, run_wrk, server
+from bench.run import (
+    body_file,
+    build_parser,
+    cpu_seconds,
+    instance_for,
+    listening,
+    offline_items_s,
+    run_wrk,
+    server,
+)
 
 ANSWER = b'{"predictions":[[0.1,0.2]]}'
 GROUP_ENV = "BENCH_FLOOR_GROUP"
 DECODE_ENV = "BENCH_FLOOR_DECODE"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 async def read_all(receive: Any) -> bytes:
@@ -103,6 +105,9 @@ def grouped_app() -> Callable[..., Any]:
         if scope["type"] != "http":
             return
         body = await read_all(receive)
+        if scope["method"] != "POST":  # readiness
+            await answer(send, ANSWER)
+            return
         loop = asyncio.get_running_loop()
         items = handler.decode(orjson.loads(body)["instances"]) if decode else []
         future = loop.create_future()
@@ -118,85 +123,50 @@ def grouped_app() -> Callable[..., Any]:
     return serve
 
 
-def free_port() -> int:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port: int = sock.getsockname()[1]
-    sock.close()
-    return port
-
-
 @contextmanager
-def floor_server(target: list[str], env: dict[str, str]) -> Iterator[tuple[str, int]]:
-    """uvicorn serving ``target`` on a free loopback port: (url, pid)."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "uvicorn", *target, "--port", str(port), "--log-level",
-           "warning", "--no-access-log", "--loop", "uvloop", "--http", "httptools"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise SystemExit("bench.floor: the floor server did not start") from None
-                time.sleep(0.2)
-        yield url, proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-def body_file(workload: str) -> str:
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"instances": [instance_for(workload, 0)]}, f)
-    return f.name
+def floor_server(target: str, env: dict[str, str]) -> Iterator[tuple[str, int]]:
+    """uvicorn serving ``target`` as batchserve is served: (url, pid)."""
+    cmd = [sys.executable, "-m", "uvicorn", *target.split(), "--log-level", "warning",
+           "--no-access-log", "--loop", "uvloop", "--http", "httptools"]
+    with listening(cmd, "/", env, inherit=False) as started:
+        yield started
 
 
 def http_floor() -> None:
-    body = body_file("linear")
-    try:
-        with floor_server(["bench.floor:app"], {}) as (url, _):
-            run_wrk(url, body, 64, 2)  # warm up
-            for concurrency in (1, 64):
-                r = run_wrk(url, body, concurrency, 10)
-                print(f"floor c={concurrency}: {r['requests'] / (r['duration_us'] / 1e6):.0f} "
-                      f"req/s, p50 {r['p50_us'] / 1000:.2f} ms", flush=True)
-    finally:
-        Path(body).unlink()
+    with body_file([instance_for("linear", 0)]) as body, \
+            floor_server("bench.floor:app", {}) as (url, _):
+        run_wrk(url, body, 64, 2)  # warm up
+        for concurrency in (1, 64):
+            r = run_wrk(url, body, concurrency, 10)
+            print(f"floor c={concurrency}: {r['requests'] / (r['duration_us'] / 1e6):.0f} "
+                  f"req/s, p50 {r['p50_us'] / 1000:.2f} ms", flush=True)
 
 
 def grouped_floor(group: int, rounds: int, seconds: float, decode: bool) -> None:
     import torch
 
     torch.set_num_threads(1)
-    body = body_file("mlp")
     env = {GROUP_ENV: str(group), DECODE_ENV: "1" if decode else "0"}
     ratios: dict[str, list[float]] = {"floor": [], "batchserve": [], "batchserve/floor": []}
-    try:
-        with floor_server(["--factory", "bench.floor:grouped_app"], env) as floor, \
-                server("mlp", 32, build_parser().parse_args([])) as batchserve:
-            for url, _ in (floor, batchserve):
-                run_wrk(url, body, group, 2)  # warm up
-            for _ in range(rounds):
-                offline = offline_items_s("mlp", group, 2.0, 1, torch.device("cpu"))
-                line = [f"offline b{group} {offline:.0f} items/s"]
-                got = {}
-                for name, (url, pid) in (("floor", floor), ("batchserve", batchserve)):
-                    loop0 = cpu_seconds(pid, pid)
-                    r = run_wrk(url, body, group, seconds)
-                    loop_us = (cpu_seconds(pid, pid) - loop0) / r["requests"] * 1e6
-                    got[name] = r["requests"] / (r["duration_us"] / 1e6)
-                    ratios[name].append(got[name] / offline)
-                    line.append(f"{name} {got[name]:.0f} ({got[name] / offline:.2f} x, "
-                                f"loop {loop_us:.0f} us)")
-                ratios["batchserve/floor"].append(got["batchserve"] / got["floor"])
-                print("  ".join(line), flush=True)
-    finally:
-        Path(body).unlink()
+    with body_file([instance_for("mlp", 0)]) as body, \
+            floor_server("--factory bench.floor:grouped_app", env) as floor, \
+            server("mlp", 32, build_parser().parse_args([])) as batchserve:
+        for url, _ in (floor, batchserve):
+            run_wrk(url, body, group, 2)  # warm up
+        for _ in range(rounds):
+            offline = offline_items_s("mlp", group, 2.0, 1, torch.device("cpu"))
+            line = [f"offline b{group} {offline:.0f} items/s"]
+            got = {}
+            for name, (url, pid) in (("floor", floor), ("batchserve", batchserve)):
+                loop0 = cpu_seconds(pid, pid)
+                r = run_wrk(url, body, group, seconds)
+                loop_us = (cpu_seconds(pid, pid) - loop0) / r["requests"] * 1e6
+                got[name] = r["requests"] / (r["duration_us"] / 1e6)
+                ratios[name].append(got[name] / offline)
+                line.append(f"{name} {got[name]:.0f} ({got[name] / offline:.2f} x, "
+                            f"loop {loop_us:.0f} us)")
+            ratios["batchserve/floor"].append(got["batchserve"] / got["floor"])
+            print("  ".join(line), flush=True)
     print("medians: " + ", ".join(f"{name} {statistics.median(values):.3f}"
                                    for name, values in ratios.items())
           + f" (floor and batchserve as x offline at batch {group})")

@@ -169,6 +169,18 @@ def server(workload: str, max_batch: int, args: argparse.Namespace) -> Iterator[
 @contextmanager
 def server_process(flags: list[str]) -> Iterator[tuple[str, int]]:
     """``batchserve serve FLAGS`` on a free loopback port, ready: (url, pid)."""
+    cmd = [sys.executable, "-m", "app", "serve", "--log-level", "warning", *flags]
+    with listening(cmd, "/health_check", {"HF_HUB_OFFLINE": "1"}) as started:
+        yield started
+
+
+@contextmanager
+def listening(cmd: list[str], ready_path: str, env: dict[str, str],
+              inherit: bool = True) -> Iterator[tuple[str, int]]:
+    """``cmd`` serving on a free loopback port, with ``env`` added to the environment: (url,
+    pid) once ``GET ready_path`` answers 200; terminated on exit. With ``inherit`` the bound
+    socket is passed (``--fd N``, as batchserve takes it); else the port is (``--port N``):
+    uvicorn's own ``--fd`` takes any socket for a Unix one and leaves Nagle's algorithm on."""
     import socket
 
     sock = socket.socket()
@@ -176,17 +188,19 @@ def server_process(flags: list[str]) -> Iterator[tuple[str, int]]:
     sock.bind(("127.0.0.1", 0))
     sock.listen(1024)
     port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "app", "serve", "--fd", str(sock.fileno()), "--log-level",
-           "warning", *flags]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(cmd, pass_fds=[sock.fileno()], env=env)
+    if inherit:
+        where, fds = ["--fd", str(sock.fileno())], [sock.fileno()]
+    else:
+        sock.close()  # the server binds the port itself
+        where, fds = ["--port", str(port)], []
+    proc = subprocess.Popen([*cmd, *where], pass_fds=fds, env={**os.environ, **env})
     sock.close()
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
         while True:
             try:
-                if httpx.get(url + "/health_check", timeout=2).status_code == 200:
+                if httpx.get(url + ready_path, timeout=2).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
@@ -197,6 +211,17 @@ def server_process(flags: list[str]) -> Iterator[tuple[str, int]]:
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+@contextmanager
+def body_file(instances: list[Any]) -> Iterator[str]:
+    """A temporary file holding the request body ``{"instances": instances}``, for wrk."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"instances": instances}, f)
+    try:
+        yield f.name
+    finally:
+        os.unlink(f.name)
 
 
 def cpu_seconds(pid: int, thread: int | None = None) -> float:
@@ -377,11 +402,7 @@ def run(args: argparse.Namespace) -> int:
                     offline_by_batch=by_batch,
                     machine={"cpus": os.cpu_count(), "torch": torch.__version__,
                              "python": sys.version.split()[0]})
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"instances": [instance_for(args.workload, i) for i in range(args.instances)]},
-                  f)
-        body_file = f.name
-    try:
+    with body_file([instance_for(args.workload, i) for i in range(args.instances)]) as body:
         for config in args.configs.split(","):
             max_batch = 1 if config == "unbatched" else args.max_batch_size
             with server(args.workload, max_batch, args) as (url, pid):
@@ -389,13 +410,11 @@ def run(args: argparse.Namespace) -> int:
                 for c in concurrencies:
                     print(f"[{args.workload}] {config} concurrency {c} ({args.seconds:.0f}s) ...",
                           flush=True)
-                    point = measure(config, url, pid, body_file, c, args)
+                    point = measure(config, url, pid, body, c, args)
                     report.points.append(point)
                     print(f"  {point.req_s:.0f} req/s, p50 {point.p50_ms:.2f} ms, "
                           f"p99 {point.p99_ms:.2f} ms, batch {point.mean_batch:.1f}, "
                           f"errors {point.errors}", flush=True)
-    finally:
-        os.unlink(body_file)
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = args.out / f"{args.workload}-{stamp}"
@@ -413,20 +432,15 @@ def run_soak(args: argparse.Namespace) -> int:
     from bench.soak import soak
 
     instance = instance_for(args.workload, 0)
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"instances": [instance] * args.soak_instances}, f)
-        body_file = f.name
-    try:
-        with server(args.workload, args.max_batch_size, args) as (url, pid):
-            check_answers(url, args.workload)
-            print(f"[{args.workload}] capacity: wrk, concurrency 64, {args.seconds:.0f}s ...",
-                  flush=True)
-            run_wrk(url, body_file, 64, max(1.0, args.seconds / 5))  # warm the path up
-            r = run_wrk(url, body_file, 64, args.seconds)
-            capacity = r["requests"] / (r["duration_us"] / 1e6) * args.soak_instances
-            report = soak(args, url, pid, capacity, instance)
-    finally:
-        os.unlink(body_file)
+    with body_file([instance] * args.soak_instances) as body, \
+            server(args.workload, args.max_batch_size, args) as (url, pid):
+        check_answers(url, args.workload)
+        print(f"[{args.workload}] capacity: wrk, concurrency 64, {args.seconds:.0f}s ...",
+              flush=True)
+        run_wrk(url, body, 64, max(1.0, args.seconds / 5))  # warm the path up
+        r = run_wrk(url, body, 64, args.seconds)
+        capacity = r["requests"] / (r["duration_us"] / 1e6) * args.soak_instances
+        report = soak(args, url, pid, capacity, instance)
     return 0 if report.windows else 1
 
 
