@@ -122,7 +122,9 @@ class MiniLMHandler(ModelHandler):
         # Serving computes no loss. Tracing reads every attribute, and transformers warns at
         # startup that the (unset) training loss will be a causal-LM one unless it has a value.
         encoder.loss_function = None
-        model = _MeanPooled(encoder).to(device).eval()
+        # float32 whatever the weights are stored as: transformers 5 loads them in their own
+        # dtype, and the server's contract is FP32 (OUTPUT0).
+        model = _MeanPooled(encoder).to(device=device, dtype=torch.float32).eval()
         example = map_tensors(lambda t: t.to(device), self.collate(self.decode(self.examples())))
         with torch.inference_mode():
             forward = _traced(model, example)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -72,7 +74,7 @@ def test_minilm_runs_traced_and_equals_eager(caplog: pytest.LogCaptureFixture) -
     assert "running eagerly" not in caplog.text  # the trace was exact at load
     from transformers import AutoModel
 
-    eager = _MeanPooled(AutoModel.from_pretrained(str(handler._path))).eval()
+    eager = _MeanPooled(AutoModel.from_pretrained(str(handler._path))).float().eval()
     words = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
     texts = [" ".join(words[: i % 10]) * (1 + i % 7) for i in range(64)]
     with torch.inference_mode():
@@ -80,3 +82,25 @@ def test_minilm_runs_traced_and_equals_eager(caplog: pytest.LogCaptureFixture) -
             b = handler.collate(handler.decode(batch))
             want = eager(b["input_ids"], b["attention_mask"])
             assert (replica(b) - want).abs().max().item() < 1e-6
+
+
+@pytest.mark.slow
+def test_minilm_computes_in_float32_whatever_its_weights_are_stored_as(tmp_path: Path) -> None:
+    """transformers 5 loads weights in their stored dtype; the server's contract is FP32."""
+    from safetensors.torch import load_file, save_file
+
+    from app.models.minilm import MiniLMHandler, model_dir
+
+    stored = tmp_path / "model"
+    shutil.copytree(model_dir(), stored)
+    weights = load_file(stored / "model.safetensors")
+    save_file({k: v.half() if v.is_floating_point() else v for k, v in weights.items()},
+              stored / "model.safetensors", metadata={"format": "pt"})
+    texts = ["Hello, world.", "Weights stored as float16."]
+    outputs = []
+    for handler in (MiniLMHandler(stored), MiniLMHandler()):
+        with torch.inference_mode():
+            outputs.append(handler.load(torch.device("cpu"))(
+                handler.collate(handler.decode(texts))))
+    assert outputs[0].dtype == torch.float32
+    assert (outputs[0] - outputs[1]).abs().max().item() < 1e-3  # float16 rounding of weights
