@@ -32,27 +32,31 @@ OUT = Path(".carry")
 # version does (uvloop, pygments); wheels of them would not fit the 64 MiB.
 ON_DEVICE = {"torch", "numpy", "transformers", "tokenizers", "safetensors", "huggingface-hub",
              "uvloop", "pygments"}
-ROOTS = ["batchserve", "pytest", "pytest-asyncio", "asgi-lifespan", "httpx"]
+ROOTS = ["batchserve[jobs,otel]", "pytest", "pytest-asyncio", "asgi-lifespan", "httpx"]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64"]
 LUAJIT = "libluajit-5.1.so.2"
 
 
 def pins() -> list[str]:
-    """``name==version`` for every package ROOTS need on CPython 3.12 on Linux (extras off),
-    as this environment has it, not descending into ON_DEVICE."""
+    """``name==version`` for every package ROOTS need on CPython 3.12 on Linux, as this
+    environment has it, not descending into ON_DEVICE."""
     env = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.3",
-           "sys_platform": "linux", "platform_system": "Linux", "extra": ""}
+           "sys_platform": "linux", "platform_system": "Linux"}
     todo = [Requirement(name) for name in ROOTS]
     found: dict[str, str] = {}
     while todo:
         req = todo.pop()
         name = canonicalize_name(req.name)
-        if name in ON_DEVICE or name in found or (req.marker and not req.marker.evaluate(env)):
+        if name in ON_DEVICE or name in found:
             continue
         dist = metadata.distribution(req.name)
         found[name] = dist.version
-        todo.extend(Requirement(r) for r in dist.requires or [])
+        for line in dist.requires or []:
+            need = Requirement(line)  # its marker may name one of the extras asked of req
+            if need.marker is None or any(need.marker.evaluate({**env, "extra": extra})
+                                          for extra in ("", *req.extras)):
+                todo.append(need)
     found.pop("batchserve")  # travels as source, in the working tree
     return [f"{name}=={version}" for name, version in sorted(found.items())]
 

@@ -12,29 +12,16 @@ DEVICES=${DEVICES:-cuda}
 SECONDS_PER_POINT=${SECONDS_PER_POINT:-5}
 OUT=${OUT:?OUT: where the logs and results go}
 mkdir -p "$OUT"
-exec > >(tee "$OUT/gpu.log") 2>&1
 
 if [ "${INSTALL:-1}" = 1 ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .carry/whl/*.whl || exit 1
+    --target /tmp/site .carry/whl/*.whl 2>&1 | tee "$OUT/install.log" || exit 1
   export PYTHONPATH=/tmp/site:$PWD/.carry/site:$PWD
 else
   export PYTHONPATH=$PWD/.carry/site:$PWD
 fi
 export PATH=$PWD/.carry/bin:$PATH LD_LIBRARY_PATH=$PWD/.carry/lib HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total \
-  --format=csv
-"$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__,
-  "cuda", torch.cuda.is_available())'
-
-echo "== tests (unit and API; the server's default devices are auto, so CUDA where present)"
-# The MiniLM weights travel stored as float16 (bench/carry.py): sentence-transformers would
-# compute in float16 from them, so the parity test against it is left to CI.
-timeout 150 "$PY" -m pytest -q -p no:cacheprovider -W default --continue-on-collection-errors \
-  --junitxml="$OUT/tests.xml" tests/unit tests/api \
-  --deselect tests/unit/models/test_minilm.py::test_minilm_matches_sentence_transformers
-echo "== tests exit $?"
 
 sweep() {  # workload, max batch, concurrencies, extra flags
   echo "== sweep $1, max batch $2, concurrency $3 ${4:-}"
@@ -45,6 +32,24 @@ sweep() {  # workload, max batch, concurrencies, extra flags
   echo "== sweep exit $?"
   cp /tmp/results/*.json "$OUT/" 2>/dev/null
 }
-sweep mlp 256 1,8,64,256
-sweep mlp 256 1,8,64 "--instances 32 --configs batchserve"
-sweep minilm 128 1,8,64,256
+
+main() {
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total \
+    --format=csv
+  "$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__,
+    "cuda", torch.cuda.is_available())'
+
+  echo "== tests (unit and API; the server's default devices are auto, so CUDA where present)"
+  # The MiniLM weights travel stored as float16 (bench/carry.py): sentence-transformers would
+  # compute in float16 from them, so the parity test against it is left to CI.
+  timeout 150 "$PY" -m pytest -q -p no:cacheprovider -W default --continue-on-collection-errors \
+    --junitxml="$OUT/tests.xml" tests/unit tests/api \
+    --deselect tests/unit/models/test_minilm.py::test_minilm_matches_sentence_transformers
+  echo "== tests exit $?"
+
+  sweep mlp 256 1,8,64,256
+  sweep mlp 256 1,8,64 "--instances 32 --configs batchserve"
+  sweep minilm 128 1,8,64,256
+}
+
+main 2>&1 | tee "$OUT/gpu.log"
