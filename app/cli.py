@@ -63,6 +63,13 @@ def check_model(args: argparse.Namespace) -> int:
 
     from app.check import check_model as check
 
+    # The model is the argument, or ``--model`` as ``serve`` takes it; not two different ones.
+    if args.model is not None and args.model_flag not in (None, args.model):
+        raise ConfigError(f"check-model got two models: {args.model!r} and --model "
+                          f"{args.model_flag!r}; name one")
+    args.model = args.model or args.model_flag
+    if args.model is None:
+        raise ConfigError("check-model needs a model: batchserve check-model MODEL")
     for line in asyncio.run(check(_settings(args))):
         print(line)
     return 0
@@ -146,7 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_submit.add_argument("--quiet", action="store_true", help="no progress bar")
     p_submit.set_defaults(func=submit_jobs)
     p_check = sub.add_parser("check-model", help="load a model, run one batch, print its schema")
-    p_check.add_argument("model", help="builtin name, module:callable, or a .pt / .pt2 file")
+    p_check.add_argument("model", nargs="?",
+                         help="builtin name, module:callable, or a .pt / .pt2 file")
+    p_check.add_argument("--model", dest="model_flag", metavar="MODEL",
+                         help="the same, as a flag (as serve takes it)")
     add_setting_flags(p_check, skip=frozenset({"model"}))
     p_check.set_defaults(func=check_model)
     return parser
