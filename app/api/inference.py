@@ -31,6 +31,20 @@ PRIORITY_HEADER = "x-priority"
 CLIENT_CLOSED = 499  # nginx's convention; never reaches the (gone) client, only metrics
 WATCH_AFTER_S = 0.02  # a request still unanswered after this starts watching for a disconnect
 
+# The headers above as OpenAPI parameters, for the inference routes' operations.
+TIMEOUT_PARAMETER: dict[str, Any] = {
+    "name": "X-Request-Timeout", "in": "header", "required": False,
+    "description": "seconds from arrival to answer; shortens, never lengthens, the model's "
+                   "request_timeout_s",
+    "schema": {"type": "number", "exclusiveMinimum": 0},
+}
+PRIORITY_PARAMETER: dict[str, Any] = {
+    "name": "X-Priority", "in": "header", "required": False,
+    "description": "priority level: 1 the most urgent, up to the model's priority_levels; "
+                   "0 or absent: the model's default_priority_level",
+    "schema": {"type": "integer", "minimum": 0},
+}
+
 Parsed = TypeVar("Parsed")
 
 

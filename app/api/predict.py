@@ -12,7 +12,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from app.api.inference import run_inference
+from app.api.inference import PRIORITY_PARAMETER, TIMEOUT_PARAMETER, run_inference
 from app.api.routing import RawRoute
 from app.payload import instances_of, parse_json
 from app.schemas import ErrorResponse, PredictRequest, PredictResponse
@@ -23,7 +23,7 @@ _ERRORS = {
     401: "missing or wrong bearer token",
     404: "unknown model or version",
     413: "body or instance count over the limit",
-    422: "malformed body or instance",
+    422: "malformed body, instance or header",
     500: "the model failed on this request's batch",
     503: "busy, deadline (would be answered too late), loading, unloading or draining; see "
          "Retry-After",
@@ -59,11 +59,12 @@ def routes(service: InferenceService, default_schema: dict[str, Any]) -> list[Ra
     and ``POST /models/{name}[/versions/{version}]/predict``."""
     endpoint = Predict(service)
     by_name = openapi_operation({}, "predict_model")
-    by_name["parameters"] = [{"name": "name", "in": "path", "required": True,
-                              "schema": {"type": "string"}}]
-    by_version = {**by_name, "operationId": "predict_model_version", "parameters": [
-        *by_name["parameters"],
-        {"name": "version", "in": "path", "required": True, "schema": {"type": "string"}}]}
+    name, version = ({"name": key, "in": "path", "required": True, "schema": {"type": "string"}}
+                     for key in ("name", "version"))
+    headers = by_name["parameters"]
+    by_version = {**by_name, "operationId": "predict_model_version",
+                  "parameters": [name, version, *headers]}
+    by_name["parameters"] = [name, *headers]
     return [
         RawRoute("/predict", endpoint, "POST", openapi_operation(default_schema, "predict")),
         RawRoute("/models/{name}/predict", endpoint, "POST", by_name),
@@ -88,6 +89,7 @@ def openapi_operation(instance_schema: dict[str, Any], operation_id: str) -> dic
     return {
         "summary": "Run the model on a list of instances",
         "operationId": operation_id,
+        "parameters": [PRIORITY_PARAMETER, TIMEOUT_PARAMETER],
         "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
         "responses": responses,
     }

@@ -222,6 +222,16 @@ async def test_openapi_documents_the_contract() -> None:
         assert schema["properties"]["instances"]["items"]["maxItems"] == 4
         assert "/health_check" in doc["paths"]
         assert (await client.get("/docs")).status_code == 200
+    # The request headers the inference routes read, and v2's priority parameter.
+    headers = {"X-Priority", "X-Request-Timeout"}
+    for path in ("/predict", "/models/{name}/predict", "/models/{name}/versions/{version}/predict"):
+        parameters = doc["paths"][path]["post"]["parameters"]
+        assert headers == {p["name"] for p in parameters if p["in"] == "header"}, path
+        assert {p["name"] for p in parameters if p["in"] == "path"} <= {"name", "version"}
+    infer = doc["paths"]["/v2/models/{name}/infer"]["post"]
+    assert {"X-Request-Timeout"} == {p["name"] for p in infer["parameters"] if p["in"] == "header"}
+    body = infer["requestBody"]["content"]["application/json"]["schema"]
+    assert body["properties"]["parameters"]["properties"]["priority"]["type"] == "integer"
 
 
 @pytest.mark.parametrize(("header", "contains"), [

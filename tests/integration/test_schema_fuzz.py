@@ -1,5 +1,6 @@
 """schemathesis against the server's own OpenAPI schema, with inputs that fit the schema and
-inputs that break it: no 5xx, no hang, and no traceback or internal path in any error body."""
+inputs that break it: no server error (a 5xx the route does not document), no hang, and no
+traceback or internal path in any error body."""
 
 from __future__ import annotations
 
@@ -47,13 +48,19 @@ def test_no_server_error_and_no_hang(
         # The model's own name, so that infer requests reach the parser and the model.
         names = {"name": "linear"} if "{name}" in operation.path else None
         strategy = operation.as_strategy(generation_mode=mode, path_parameters=names)
+        # A 503 or 504 is an answer where the route documents it: a short X-Request-Timeout
+        # is refused at arrival (503 deadline) or times out (504). A 500 never is.
+        answers = {int(code) for code in operation.definition.raw["responses"]
+                   if code.isdigit() and code != "500"}
 
         @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck),
                   database=None)
         @given(case=strategy)
         def check(case: Any) -> None:
             response = case.call(base_url=server.url, timeout=30)  # a hang fails here
-            assert response.status_code < 500, (case.path, response.text[:300])
+            status = response.status_code
+            ok = status < 500 or status in answers  # noqa: B023 (check() runs in this pass)
+            assert ok, (case.path, status, response.text[:300])
             if response.status_code >= 400:
                 assert not any(leak in response.text for leak in LEAKS), response.text[:300]
 

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 import app as package
 from app.api.deps import ServiceDep
 from app.api.errors import V2Route
-from app.api.inference import run_inference
+from app.api.inference import TIMEOUT_PARAMETER, run_inference
 from app.api.v2 import describe
 from app.api.v2.codec import (
     HEADER_LENGTH,
@@ -73,8 +73,12 @@ _INFER_BODY = {
                 "parameters": {"type": "object",
                                "properties": {"binary_data": {"type": "boolean"}}},
             }}},
-            "parameters": {"type": "object",
-                           "properties": {"binary_data_output": {"type": "boolean"}}},
+            "parameters": {"type": "object", "properties": {
+                "binary_data_output": {"type": "boolean"},
+                "priority": {"type": "integer", "minimum": 0,
+                             "description": "1 the most urgent, up to the model's "
+                                            "priority_levels; 0: its default level"},
+            }},
         },
     }}},
 }
@@ -85,7 +89,8 @@ _INFER_ERRORS: dict[int | str, dict[str, Any]] = {
     for status, text in [(400, "malformed request"), (401, "missing or wrong bearer token"),
                          (404, "unknown model"), (413, "body or rows over the limit"),
                          (500, "the model failed on this request's batch"),
-                         (503, "busy, loading or draining; see Retry-After"),
+                         (503, "busy, deadline (would be answered too late), loading or "
+                               "draining; see Retry-After"),
                          (504, "deadline passed before the answer")]
 }
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {
@@ -153,7 +158,7 @@ def _render(model: ServedModel, results: list[Any], parsed: InferRequest) -> Res
 @router.post(
     "/models/{name}/infer",
     summary="Inference; each batch row is one item",
-    openapi_extra={"requestBody": _INFER_BODY},
+    openapi_extra={"requestBody": _INFER_BODY, "parameters": [TIMEOUT_PARAMETER]},
     responses=_INFER_ERRORS,
 )
 @router.post("/models/{name}/versions/{version}/infer", include_in_schema=False)
