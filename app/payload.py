@@ -29,9 +29,9 @@ def json_object(text: bytes | str, what: str = "request") -> dict[str, Any]:
     return value
 
 
-def priority_of(value: Any, what: str) -> int | None:
-    """A priority a JSON body asks for (``what`` names the field): None if absent, else a whole
-    number >= 0 (0: the model's default level; app/served.py checks the range)."""
+def whole_number_of(value: Any, what: str) -> int | None:
+    """A whole number >= 0 a JSON body gives (``what`` names the field), or None if absent: a
+    priority (0: the model's default level; app/served.py checks the range) or a timeout."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -14,6 +14,7 @@ import asyncio
 import hmac
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from starlette.responses import Response
@@ -46,6 +47,18 @@ PRIORITY_PARAMETER: dict[str, Any] = {
 }
 
 Parsed = TypeVar("Parsed")
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a request's body asks for besides its instances; None leaves it to the headers and
+    the model's settings."""
+
+    priority: int | None = None  # 0: the model's default level
+    timeout_s: float | None = None  # shortens the deadline, never lengthens it; 0: none asked
+
+
+NOTHING_ASKED = Asked()
 
 
 def check_auth(header: bytes | None, api_key: str | None) -> None:
@@ -121,12 +134,13 @@ async def run_inference(
     service: InferenceService,
     name: str | None,
     version: str | None,
-    parse: Callable[[ServedModel, bytes], tuple[list[Any], Parsed, int | None]],
+    parse: Callable[[ServedModel, bytes], tuple[list[Any], Parsed, Asked]],
     render: Callable[[ServedModel, list[Any], Parsed], Response],
 ) -> Response:
     """Serve one inference request for model ``name`` (None: the default) at ``version`` (None:
-    the one taking its default traffic); ``parse`` gives (instances, context for ``render``, the
-    priority the body asks for, if it does: else the ``X-Priority`` header says it).
+    the one taking its default traffic); ``parse`` gives (instances, context for ``render``, what
+    the body asks for: its priority wins over ``X-Priority``, and the shortest of its timeout,
+    ``X-Request-Timeout`` and the model's ``request_timeout_s`` sets the deadline).
 
     Raises ServeError for the caller's error conversion (app/api/errors.py)."""
     arrived = time.monotonic()
@@ -153,9 +167,12 @@ async def run_inference(
                                                model.settings.request_timeout_s)
         body = await read_body(receive, settings.max_body_bytes, headers.get(b"content-length"))
         instances, context, asked = parse(model, body)
-        if asked is None:
-            asked = priority_header(headers.get(b"x-priority"))
-        level = model.level_of(asked)
+        priority = asked.priority
+        if priority is None:
+            priority = priority_header(headers.get(b"x-priority"))
+        if asked.timeout_s:
+            deadline = min(deadline, arrived + asked.timeout_s)
+        level = model.level_of(priority)
         model.check_admissible(len(instances), level, deadline)  # refuse before decoding
         items = await model.decode(instances)
         pending = model.enqueue(items, deadline, level, span)

@@ -12,7 +12,13 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from app.api.inference import PRIORITY_PARAMETER, TIMEOUT_PARAMETER, run_inference
+from app.api.inference import (
+    NOTHING_ASKED,
+    PRIORITY_PARAMETER,
+    TIMEOUT_PARAMETER,
+    Asked,
+    run_inference,
+)
 from app.api.routing import RawRoute
 from app.payload import instances_of, parse_json
 from app.schemas import ErrorResponse, PredictRequest, PredictResponse
@@ -31,8 +37,8 @@ _ERRORS = {
 }
 
 
-def _parse(model: ServedModel, body: bytes) -> tuple[list[Any], None, None]:
-    return instances_of(parse_json(body), model.settings.max_instances), None, None
+def _parse(model: ServedModel, body: bytes) -> tuple[list[Any], None, Asked]:
+    return instances_of(parse_json(body), model.settings.max_instances), None, NOTHING_ASKED
 
 
 def _render(_: ServedModel, results: list[Any], __: None) -> Response:

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from app.errors import ServeError
-from app.payload import instances_of, priority_of
+from app.payload import instances_of, whole_number_of
 from app.tracing import CONTEXT_HEADERS
 
 RESULT_KEY = "batchserve:result:"
@@ -51,7 +51,7 @@ def parse_job(entry: str, fields: dict[bytes, bytes], max_instances: int) -> Job
         return Job(entry, None, None, None, raw)
     trace = {k: v for k in CONTEXT_HEADERS if isinstance(v := payload.get(k), str)}
     try:
-        priority = priority_of(payload.get("priority"), "'priority'")
+        priority = whole_number_of(payload.get("priority"), "'priority'")
         return Job(entry, job_id, instances_of(payload, max_instances), None, raw, priority,
                    trace)
     except ServeError as exc:

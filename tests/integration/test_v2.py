@@ -111,6 +111,8 @@ def one_input(**fields: object) -> dict[str, object]:
         ({**one_input(), "parameters": {"priority": 3}}, "priority 3 is out of range"),
         ({**one_input(), "parameters": {"priority": "high"}}, "'priority' must be a whole"),
         ({**one_input(), "parameters": "fast"}, "'parameters' must be an object"),
+        ({**one_input(), "parameters": {"timeout": -1}}, "'timeout' must be a whole number"),
+        ({**one_input(), "parameters": {"timeout": 0.5}}, "'timeout' must be a whole number"),
     ],
 )
 def test_client_mistakes_get_400(server, body: object, contains: str) -> None:  # type: ignore[no-untyped-def]
@@ -146,6 +148,22 @@ def test_tritonclients_priority_is_the_requests_level(server) -> None:  # type: 
         np.testing.assert_allclose(got.as_numpy("OUTPUT0"), expected(x), rtol=1e-6)
     with pytest.raises(InferenceServerException, match="priority 7 is out of range"):
         client_for(server.url).infer("linear", [inp], priority=7)
+
+
+def test_tritonclients_timeout_is_the_requests_deadline(server) -> None:  # type: ignore[no-untyped-def]
+    """tritonclient's ``timeout`` (microseconds) shortens the deadline as X-Request-Timeout
+    does: one microsecond cannot be met (refused at arrival, or timed out), a minute can, and 0
+    means the model's own timeout."""
+    x = np.ones((1, 4), dtype=np.float32)
+    inp = triton.InferInput("INPUT0", [1, 4], "FP32")
+    inp.set_data_from_numpy(x)
+    client = client_for(server.url)
+    for timeout in (60_000_000, 0):
+        got = client.infer("linear", [inp], timeout=timeout)
+        np.testing.assert_allclose(got.as_numpy("OUTPUT0"), expected(x), rtol=1e-6)
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("linear", [inp], timeout=1)
+    assert refused.value.status() in ("503", "504"), refused.value
 
 
 def test_errors_use_the_protocol_form(server) -> None:  # type: ignore[no-untyped-def]

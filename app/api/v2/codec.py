@@ -17,7 +17,7 @@ import orjson
 
 from app.errors import InvalidInput, PayloadTooLarge
 from app.models.signature import DATATYPES, TensorSpec, datatype_of, output_columns
-from app.payload import json_object, priority_of
+from app.payload import json_object, whole_number_of
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -30,6 +30,7 @@ class InferRequest:
     binary: dict[str, bool]  # an output's own binary_data choice, where it made one
     binary_all: bool = False  # the request's binary_data_output
     priority: int | None = None  # the request's priority parameter (0: the model's default)
+    timeout_us: int | None = None  # its timeout parameter, microseconds (0: the model's own)
 
     def wants_binary(self, name: str) -> bool:
         """An output's own ``binary_data`` wins over the request's ``binary_data_output``."""
@@ -61,10 +62,11 @@ def parse_request(
     if not isinstance(request_params, dict):
         raise InvalidInput("'parameters' must be an object")
     binary_all = request_params.get("binary_data_output") is True
-    priority = priority_of(request_params.get("priority"), "parameter 'priority'")
+    priority = whole_number_of(request_params.get("priority"), "parameter 'priority'")
+    timeout_us = whole_number_of(request_params.get("timeout"), "parameter 'timeout'")
     request_id = payload.get("id")
     return InferRequest(request_id if isinstance(request_id, str) else None, rows, names,
-                        binary_out, binary_all, priority)
+                        binary_out, binary_all, priority, timeout_us)
 
 
 def _rows(tensor: dict[str, Any], binary: bytes, max_rows: int, model: str,

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 import app as package
 from app.api.deps import ServiceDep
 from app.api.errors import V2Route
-from app.api.inference import TIMEOUT_PARAMETER, run_inference
+from app.api.inference import TIMEOUT_PARAMETER, Asked, run_inference
 from app.api.v2 import describe
 from app.api.v2.codec import (
     HEADER_LENGTH,
@@ -78,6 +78,10 @@ _INFER_BODY = {
                 "priority": {"type": "integer", "minimum": 0,
                              "description": "1 the most urgent, up to the model's "
                                             "priority_levels; 0: its default level"},
+                "timeout": {"type": "integer", "minimum": 0,
+                            "description": "microseconds from arrival to answer; shortens, "
+                                           "never lengthens, the model's request_timeout_s; "
+                                           "0: that timeout"},
             }},
         },
     }}},
@@ -137,11 +141,12 @@ async def model_ready(model: ModelDep) -> Response:
 
 
 def _parse(header_length: str | None) -> Callable[[ServedModel, bytes],
-                                                  tuple[list[Any], InferRequest, int | None]]:
-    def parse(model: ServedModel, body: bytes) -> tuple[list[Any], InferRequest, int | None]:
+                                                  tuple[list[Any], InferRequest, Asked]]:
+    def parse(model: ServedModel, body: bytes) -> tuple[list[Any], InferRequest, Asked]:
         parsed = parse_request(body, header_length, model.settings.max_instances, model.name,
                                model.input_spec, model.output_specs)
-        return parsed.rows, parsed, parsed.priority
+        timeout_s = parsed.timeout_us / 1e6 if parsed.timeout_us is not None else None
+        return parsed.rows, parsed, Asked(parsed.priority, timeout_s)
 
     return parse
 
