@@ -72,7 +72,12 @@ def test_config_is_tritons(server) -> None:  # type: ignore[no-untyped-def]
         == config["input"][0]
     assert [(o["name"], o["data_type"], o["dims"]) for o in config["output"]] \
         == [("OUTPUT0", "TYPE_FP32", [2])]
-    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 5000
+    batching = config["dynamic_batching"]
+    assert batching["max_queue_delay_microseconds"] == 5000
+    assert (batching["priority_levels"], batching["default_priority_level"]) == (2, 2)
+    assert batching["default_queue_policy"] == {
+        "timeout_action": "REJECT", "default_timeout_microseconds": 30_000_000,
+        "allow_timeout_override": True, "max_queue_size": 64}
     assert config["instance_group"][0]["kind"] == "KIND_CPU"
     assert httpx.get(server.url + "/v2/models/linear/versions/1/config").json() == config
     r = httpx.get(server.url + "/v2/models/linear/versions/7/config")

@@ -29,6 +29,10 @@ class ModelView:
     max_batch_size: int
     max_wait_ms: float
     devices: list[torch.device]
+    priority_levels: int
+    default_priority_level: int
+    request_timeout_s: float
+    queue_capacity: int
 
 
 def _dims(spec: TensorSpec) -> list[int]:
@@ -79,8 +83,16 @@ def config(view: ModelView) -> dict[str, Any]:
             "preferred_batch_size": [],
             "max_queue_delay_microseconds": round(view.max_wait_ms * 1000),
             "preserve_ordering": False,
-            "priority_levels": 0,
-            "default_priority_level": 0,
+            "priority_levels": view.priority_levels,
+            "default_priority_level": view.default_priority_level,
+            # As Triton's queue policy reads: a request past its timeout is refused (503 at
+            # arrival when predicted, else 504), and its own timeout may only shorten this one.
+            "default_queue_policy": {
+                "timeout_action": "REJECT",
+                "default_timeout_microseconds": round(view.request_timeout_s * 1e6),
+                "allow_timeout_override": True,
+                "max_queue_size": view.queue_capacity,
+            },
             "priority_queue_policy": {},
         },
         "instance_group": [_instance_group(view.name, i, d) for i, d in enumerate(view.devices)],
