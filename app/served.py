@@ -204,9 +204,10 @@ class ServedModel:
         left = deadline - time.monotonic()
         if wait > left:
             drain = self.predicted_wait_s(self.queue.depth) or wait
+            when = f"in {_duration(left)}" if left > 0 else "already passed"
             raise WouldMissDeadline(
-                f"model '{self.name}' would answer in about {wait:.3f}s, after the request's "
-                f"deadline (in {max(0.0, left):.3f}s)", retry_after_s(drain))
+                f"model '{self.name}' would answer in about {_duration(wait)}, after the "
+                f"request's deadline ({when})", retry_after_s(drain))
 
     async def decode(self, instances: list[Any]) -> list[Any]:
         """Validate and pre-process; heavy or large decodes run in the bounded decode pool."""
@@ -289,6 +290,11 @@ class ServedModel:
             m.dropped("expired", report.expired)
         if report.cancelled:
             m.dropped("cancelled", report.cancelled)
+
+
+def _duration(seconds: float) -> str:
+    """``1.25 s`` or ``3.2 ms``: readable whether a deadline is seconds or microseconds away."""
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1000:.4g} ms"
 
 
 def _expire(future: asyncio.Future[list[Any]]) -> None:

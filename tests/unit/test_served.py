@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Any
 
@@ -91,6 +92,9 @@ async def test_a_request_that_would_miss_its_deadline_is_refused_at_once() -> No
             model.check_admissible(1, None, time.monotonic() + 0.1)
         assert time.monotonic() - started < 0.05  # refused at once, not after the deadline
         assert info.value.status == 503 and info.value.type == "deadline"
+        # Durations read as ms below a second (not "0.000s" for a deadline microseconds away).
+        assert re.search(r"would answer in about [\d.]+ m?s, after the request's deadline "
+                         r"\((in [\d.]+ ms|already passed)\)$", info.value.message), info.value
         assert info.value.retry_after_s is not None and info.value.retry_after_s >= 1
         model.check_admissible(1, None, time.monotonic() + 10.0)
         model.check_admissible(1, 1, time.monotonic() + 0.2)
