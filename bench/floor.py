@@ -11,7 +11,8 @@ of eight (the server's own device code) and resolves them: the fixed shape (uvic
 loop, a device thread) with none of batchserve's work. Rounds alternate offline at batch 8, this
 floor and batchserve at concurrency 8, and the medians of the ratios show how much of the gap to
 offline is the shape's and how much is batchserve's. ``--decode`` makes the floor parse and
-decode every body as batchserve must.
+decode every body as batchserve must. ``--group 32 --concurrency 64`` measures the saturated case
+the same way: two batches' worth of clients, so the next batch waits while one computes.
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ def http_floor() -> None:
                   f"req/s, p50 {r['p50_us'] / 1000:.2f} ms", flush=True)
 
 
-def grouped_floor(group: int, rounds: int, seconds: float, decode: bool) -> None:
+def grouped_floor(group: int, concurrency: int, rounds: int, seconds: float,
+                  decode: bool) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -152,14 +154,14 @@ def grouped_floor(group: int, rounds: int, seconds: float, decode: bool) -> None
             floor_server("--factory bench.floor:grouped_app", env) as floor, \
             server("mlp", 32, build_parser().parse_args([])) as batchserve:
         for url, _ in (floor, batchserve):
-            run_wrk(url, body, group, 2)  # warm up
+            run_wrk(url, body, concurrency, 2)  # warm up
         for _ in range(rounds):
             offline = offline_items_s("mlp", group, 2.0, 1, torch.device("cpu"))
             line = [f"offline b{group} {offline:.0f} items/s"]
             got = {}
             for name, (url, pid) in (("floor", floor), ("batchserve", batchserve)):
                 loop0 = cpu_seconds(pid, pid)
-                r = run_wrk(url, body, group, seconds)
+                r = run_wrk(url, body, concurrency, seconds)
                 loop_us = (cpu_seconds(pid, pid) - loop0) / r["requests"] * 1e6
                 got[name] = r["requests"] / (r["duration_us"] / 1e6)
                 ratios[name].append(got[name] / offline)
@@ -169,7 +171,8 @@ def grouped_floor(group: int, rounds: int, seconds: float, decode: bool) -> None
             print("  ".join(line), flush=True)
     print("medians: " + ", ".join(f"{name} {statistics.median(values):.3f}"
                                    for name, values in ratios.items())
-          + f" (floor and batchserve as x offline at batch {group})")
+          + f" (floor and batchserve at concurrency {concurrency} as x offline at batch "
+            f"{group})")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -177,12 +180,15 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--group", type=int, default=0,
                         help="closed loop on mlp at this concurrency, batches of this size")
+    parser.add_argument("--concurrency", type=int, default=0,
+                        help="clients in the closed loop (default: the group)")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=4.0, help="per wrk run")
     parser.add_argument("--decode", action="store_true", help="the floor decodes every body")
     args = parser.parse_args(argv)
     if args.group > 0:
-        grouped_floor(args.group, args.rounds, args.seconds, args.decode)
+        grouped_floor(args.group, args.concurrency or args.group, args.rounds, args.seconds,
+                      args.decode)
     else:
         http_floor()
 
