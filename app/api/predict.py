@@ -64,22 +64,19 @@ def routes(service: InferenceService, default_schema: dict[str, Any]) -> list[Ra
     """``POST /predict`` (the default model, whose per-instance schema is ``default_schema``)
     and ``POST /models/{name}[/versions/{version}]/predict``."""
     endpoint = Predict(service)
-    by_name = openapi_operation({}, "predict_model")
-    name, version = ({"name": key, "in": "path", "required": True, "schema": {"type": "string"}}
-                     for key in ("name", "version"))
-    headers = by_name["parameters"]
-    by_version = {**by_name, "operationId": "predict_model_version",
-                  "parameters": [name, version, *headers]}
-    by_name["parameters"] = [name, *headers]
     return [
         RawRoute("/predict", endpoint, "POST", openapi_operation(default_schema, "predict")),
-        RawRoute("/models/{name}/predict", endpoint, "POST", by_name),
-        RawRoute("/models/{name}/versions/{version}/predict", endpoint, "POST", by_version),
+        RawRoute("/models/{name}/predict", endpoint, "POST",
+                 openapi_operation({}, "predict_model", "name")),
+        RawRoute("/models/{name}/versions/{version}/predict", endpoint, "POST",
+                 openapi_operation({}, "predict_model_version", "name", "version")),
     ]
 
 
-def openapi_operation(instance_schema: dict[str, Any], operation_id: str) -> dict[str, Any]:
-    """The OpenAPI operation of a predict route, with the model's per-instance schema."""
+def openapi_operation(instance_schema: dict[str, Any], operation_id: str,
+                      *path: str) -> dict[str, Any]:
+    """The OpenAPI operation of a predict route with these ``path`` parameters, with the
+    model's per-instance schema."""
     body = PredictRequest.model_json_schema()
     body["properties"]["instances"]["items"] = instance_schema
     ref = "#/components/schemas/"
@@ -95,7 +92,11 @@ def openapi_operation(instance_schema: dict[str, Any], operation_id: str) -> dic
     return {
         "summary": "Run the model on a list of instances",
         "operationId": operation_id,
-        "parameters": [PRIORITY_PARAMETER, TIMEOUT_PARAMETER],
+        "parameters": [
+            *({"name": key, "in": "path", "required": True, "schema": {"type": "string"}}
+              for key in path),
+            PRIORITY_PARAMETER, TIMEOUT_PARAMETER,
+        ],
         "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
         "responses": responses,
     }

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from app.config import BatchSettings
 from app.models.signature import TensorSpec
 
 PLATFORM = "pytorch_libtorch"
@@ -26,13 +27,9 @@ class ModelView:
     versions: list[str]
     input: TensorSpec
     outputs: list[TensorSpec] | None  # None: unknown until the model has run
-    max_batch_size: int
-    max_wait_ms: float
+    max_batch_size: int  # the batch limit in force (lowered after an out-of-memory error)
     devices: list[torch.device]
-    priority_levels: int
-    default_priority_level: int
-    request_timeout_s: float
-    queue_capacity: int
+    settings: BatchSettings  # the model's own: batching, queue, priorities, timeout
 
 
 def _dims(spec: TensorSpec) -> list[int]:
@@ -62,6 +59,7 @@ def metadata(view: ModelView) -> dict[str, Any]:
 
 def config(view: ModelView) -> dict[str, Any]:
     """Triton's model configuration (``GET /v2/models/{name}/config``), as Triton writes it."""
+    settings = view.settings
     return {
         "name": view.name,
         "platform": PLATFORM,
@@ -81,17 +79,17 @@ def config(view: ModelView) -> dict[str, Any]:
         "batch_output": [],
         "dynamic_batching": {
             "preferred_batch_size": [],
-            "max_queue_delay_microseconds": round(view.max_wait_ms * 1000),
+            "max_queue_delay_microseconds": round(settings.max_wait_ms * 1000),
             "preserve_ordering": False,
-            "priority_levels": view.priority_levels,
-            "default_priority_level": view.default_priority_level,
+            "priority_levels": settings.priority_levels,
+            "default_priority_level": settings.default_level,
             # As Triton's queue policy reads: a request past its timeout is refused (503 at
             # arrival when predicted, else 504), and its own timeout may only shorten this one.
             "default_queue_policy": {
                 "timeout_action": "REJECT",
-                "default_timeout_microseconds": round(view.request_timeout_s * 1e6),
+                "default_timeout_microseconds": round(settings.request_timeout_s * 1e6),
                 "allow_timeout_override": True,
-                "max_queue_size": view.queue_capacity,
+                "max_queue_size": settings.queue_capacity,
             },
             "priority_queue_policy": {},
         },

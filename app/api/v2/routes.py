@@ -44,12 +44,8 @@ def _view(model: ServedModel, service: InferenceService) -> describe.ModelView:
                       key=int)
     return describe.ModelView(
         name=model.name, version=model.version, versions=versions, input=model.input_spec,
-        outputs=model.output_specs, max_batch_size=model.batch_limit,
-        max_wait_ms=model.settings.max_wait_ms, devices=model.devices,
-        priority_levels=model.settings.priority_levels,
-        default_priority_level=model.settings.default_level,
-        request_timeout_s=model.settings.request_timeout_s,
-        queue_capacity=model.settings.queue_capacity,
+        outputs=model.output_specs, max_batch_size=model.batch_limit, devices=model.devices,
+        settings=model.settings,
     )
 
 
