@@ -66,9 +66,13 @@ class BatchReport:
     device: str
     results: list[tuple[PendingItem, Any]]  # a result, or a ServeError for that item
     started_at: float
-    sizes: list[int] = field(default_factory=list)  # one per model call (key group)
+    # One entry per model call (key group): its items, seconds, cost-model work (items, or
+    # padded tokens for a model that pads) and real tokens (items, for a model that does not).
+    sizes: list[int] = field(default_factory=list)
     compute_s: list[float] = field(default_factory=list)
-    padding_waste: list[float] = field(default_factory=list)  # text: 1 - real / padded tokens
+    work: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    padded: bool = False  # the model pads each batch to its longest item (text)
     expired: int = 0
     cancelled: int = 0
 

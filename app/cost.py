@@ -50,10 +50,11 @@ class CostModel:
         return max(0.0, y0 + (y1 - y0) * (work - x0) / (x1 - x0))
 
     def observe(self, work: float, seconds: float) -> None:
-        """A batch of ``work`` took ``seconds``: move the nearest point towards it (device
-        thread; the event loop only reads)."""
+        """A batch of ``work`` took ``seconds``: move the nearest point towards it (the event
+        loop; device threads read it meanwhile)."""
         if not self.work:
-            self.work, self.seconds = [work], [seconds]
+            self.seconds = [seconds]  # before ``work``: a reader that sees a point sees both
+            self.work = [work]
             return
         i = min(range(len(self.work)), key=lambda j: abs(self.work[j] - work))
         expected = self.predict(work)

@@ -36,6 +36,7 @@ from app.tracing import Tracing
 
 INLINE_DECODE_MAX_ITEMS = 64  # light decodes of small requests stay on the loop
 PEAK_DECAY = 0.5  # per second: how fast the recent peak of requests in flight is forgotten
+WORK_WEIGHT = 0.05  # how far one batch moves the model's typical work and tokens per item
 
 
 class ModelState(Enum):
@@ -72,7 +73,7 @@ class ServedModel:
         self._peak = 0.0  # recent peak of in_flight (concurrency), and when it was read
         self._peak_at = 0.0
         self.outputs: list[TensorSpec] | None = None  # learned from the warm-up results
-        self.costs: dict[str, CostModel] = {}  # per device (label), refined by its thread
+        self.costs: dict[str, CostModel] = {}  # per device (label); refined on the loop
         self.work_per_item = 1.0  # cost-model work of a typical item (padded tokens, for text)
         self.tokens_per_item = 1.0  # a typical item's own length (tokens, for text)
         self.neighbours: list[ServedModel] = []  # the models sharing its devices (itself too)
@@ -264,10 +265,11 @@ class ServedModel:
                 request.future.cancel()  # drop its queued items before they reach the device
 
     def deliver(self, report: BatchReport) -> None:
-        """Resolve futures from one batch (scheduled by a device thread on the loop)."""
+        """Resolve futures from one batch (scheduled by a device thread on the loop), then count
+        and learn from it once their answers are written."""
         if self.tracing is not None:  # first: requests already answered (timed out) get no spans
             self.tracing.batch(self.name, report)
-        m = self.metrics
+        waits = []
         for item, value in report.results:
             request = item.request
             future = request.future
@@ -280,12 +282,28 @@ class ServedModel:
             request.remaining -= 1
             if request.remaining == 0:
                 future.set_result(request.results)
-            m.queue_wait.observe(report.started_at - request.enqueued_at)
-        for size, seconds in zip(report.sizes, report.compute_s, strict=True):
+            waits.append(report.started_at - request.enqueued_at)
+        # Scheduled after the resolved futures' callbacks: in a closed loop the device waits for
+        # these answers to go out and the next requests to come in, not for the bookkeeping.
+        asyncio.get_running_loop().call_soon(self._account, report, waits)
+
+    def _account(self, report: BatchReport, waits: list[float]) -> None:
+        """A batch's metrics, and what it teaches: the cost model of its device (seconds per
+        unit of work) and this model's typical item (its work, and its real tokens)."""
+        m = self.metrics
+        for wait in waits:
+            m.queue_wait.observe(wait)
+        cost = self.costs.get(report.device)
+        calls = zip(report.sizes, report.compute_s, report.work, report.tokens, strict=True)
+        for size, seconds, work, tokens in calls:
             m.batch_size.observe(size)
             m.batch_compute.observe(seconds)
-        for waste in report.padding_waste:
-            m.padding_waste.observe(waste)
+            if cost is not None:
+                cost.observe(work, seconds)
+            self.work_per_item += WORK_WEIGHT * (work / size - self.work_per_item)
+            self.tokens_per_item += WORK_WEIGHT * (tokens / size - self.tokens_per_item)
+            if report.padded:
+                m.padding_waste.observe(1.0 - tokens / work)
         if report.expired:
             m.dropped("expired", report.expired)
         if report.cancelled:

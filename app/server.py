@@ -14,6 +14,7 @@ from app.config import Settings
 from app.logs import configure_logging
 from app.main import create_app
 from app.process import freeze_startup_objects, tune_for_serving
+from app.protocol import OneWriteProtocol
 from app.service import InferenceService
 
 log = logging.getLogger("batchserve")
@@ -79,6 +80,7 @@ def serve(settings: Settings, fd: int | None = None) -> int:
         log_config=None,
         log_level=settings.log_level,
         lifespan="on",
+        http=OneWriteProtocol,  # each answer in one write (app/protocol.py)
         access_log=False,  # app.api.access logs each request, with its request id
         timeout_graceful_shutdown=int(settings.request_timeout_s + DRAIN_MARGIN_S),
     )

@@ -3,7 +3,7 @@
 What the device thread needs per model to form its batches: the replica, the batch limit (lowered
 after an out-of-memory), the cost model and the recent arrival rate; where the next batch comes
 from (the queue in arrival order, or similar lengths for a text model, docs/scheduler.md section
-5); and what each batch served teaches about the model.
+5); and what each batch was worth to the cost model.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from app.models.base import Replica
 from app.queues import ModelQueue
 from app.served import ServedModel
 
-WORK_WEIGHT = 0.05  # how far one batch moves a model's typical work per item
 BUDGET_SLACK = 2.0  # a text batch's default token budget: this x limit x typical item length
 
 
@@ -64,16 +63,13 @@ class Slot:
         return SimilarLengths(model.queue, model.handler.length, max(window, self.batch_limit),
                               budget, time.monotonic() + 2 * full)
 
-    def served(self, items: list[PendingItem], seconds: float) -> float | None:
-        """A batch of ``items`` took ``seconds``: refine the cost model and the model's typical
-        item. Returns the batch's padding waste (1 - real / padded tokens; None: not padded)."""
+    def work(self, items: list[PendingItem]) -> tuple[int, int]:
+        """A batch's work for the cost model (items, or padded tokens: items x the longest, for
+        a model that pads) and its real tokens (items, for a model that does not)."""
+        if not self.padded:
+            return len(items), len(items)
         lengths = self.lengths([i.data for i in items])
-        work = len(items) * max(lengths) if self.padded else len(items)
-        self.cost.observe(work, seconds)
-        model = self.model
-        model.work_per_item += WORK_WEIGHT * (work / len(items) - model.work_per_item)
-        model.tokens_per_item += WORK_WEIGHT * (sum(lengths) / len(items) - model.tokens_per_item)
-        return 1.0 - sum(lengths) / work if self.padded else None
+        return len(items) * max(lengths), sum(lengths)
 
 
 @dataclass

@@ -270,24 +270,27 @@ class DeviceWorker:
         flight.groups.append((items, launch))
 
     def _complete(self, flight: InFlight) -> None:
-        """Wait for the batch's device work, split the outputs and send every result."""
+        """Wait for the batch's device work, split the outputs and send every result. The model
+        learns from the batch on the event loop (``ServedModel.deliver``): until this thread
+        sleeps, it holds the GIL that the loop needs to write the answers."""
         report = flight.report
+        slot = flight.slot
+        report.padded = slot.padded
         for items, launch in flight.groups:
             try:
                 outputs, seconds = launch.wait()
             except Exception:
-                self._model_failed(flight.slot, items, report)
+                self._model_failed(slot, items, report)
                 continue
-            slot, model = flight.slot, flight.slot.model
             self.busy_s += seconds
-            self._fairness.charge(model, seconds)
-            waste = slot.served(items, seconds)
+            self._fairness.charge(slot.model, seconds)
+            work, tokens = slot.work(items)
             report.sizes.append(len(items))
             report.compute_s.append(seconds)
-            if waste is not None:
-                report.padding_waste.append(waste)
+            report.work.append(work)
+            report.tokens.append(tokens)
             report.results.extend(zip(items, outputs, strict=True))
-        self._loop.call_soon_threadsafe(flight.slot.model.deliver, report)
+        self._loop.call_soon_threadsafe(slot.model.deliver, report)
 
     def _model_failed(self, slot: Slot, items: list[PendingItem], report: BatchReport) -> None:
         """The model raised on these items (at launch or while waiting): log it, fail them."""

@@ -1,4 +1,5 @@
-"""ServedModel with a real device thread: priorities and deadline-aware admission."""
+"""ServedModel: priorities and deadline-aware admission (with a real device thread), and what
+a delivered batch teaches it."""
 
 from __future__ import annotations
 
@@ -8,12 +9,17 @@ import time
 from typing import Any
 
 import pytest
+import torch
 
+from app.batching import BatchReport
+from app.config import BatchSettings
+from app.cost import CostModel
 from app.errors import InvalidInput, Unavailable, WouldMissDeadline
-from app.served import ServedModel
+from app.metrics import Metrics
+from app.served import WORK_WEIGHT, ModelState, ServedModel
 from app.service import InferenceService
 from tests.conftest import wait_until
-from tests.fakes import GatedHandler, SteadyHandler
+from tests.fakes import EchoHandler, GatedHandler, SteadyHandler
 from tests.unit.test_service import running
 
 pytestmark = pytest.mark.asyncio
@@ -100,3 +106,40 @@ async def test_a_request_that_would_miss_its_deadline_is_refused_at_once() -> No
         model.check_admissible(1, 1, time.monotonic() + 0.2)
         handler.gate.set()
         await asyncio.gather(*tasks)
+
+
+async def test_a_batch_is_counted_and_learned_from_after_its_answers_go_out() -> None:
+    """deliver resolves the futures first; the metrics and the cost model's refinement run after
+    the code awaiting them (in a closed loop the device waits on those answers' round trip)."""
+    metrics = Metrics.create()
+    model = ServedModel("m", "1", BatchSettings(), EchoHandler(), [torch.device("cpu")],
+                        metrics.for_model("m", "1"))
+    model.open(asyncio.get_running_loop(), None)  # type: ignore[arg-type]  # no pool: not decoding
+    model.set_state(ModelState.READY)
+    cost = model.costs["cpu"] = CostModel([1.0, 40.0], [0.001, 0.004])
+    request = model.enqueue([1.0, 2.0], time.monotonic() + 30)
+    items = model.queue.take(2)
+    before = cost.predict(12)
+    when_answered: list[float] = []
+
+    async def client() -> list[Any]:
+        results = await model.result(request)
+        when_answered.append(cost.predict(12))
+        return results
+
+    task = asyncio.create_task(client())
+    await asyncio.sleep(0)  # the client now waits on its future
+    # One call of 2 items padded to 6 tokens each (12), 8 real, slower than the model believes.
+    model.deliver(BatchReport("cpu", [(i, i.data * 2) for i in items], request.enqueued_at + 0.5,
+                              sizes=[2], compute_s=[1.0], work=[12], tokens=[8], padded=True))
+    assert await task == [2.0, 4.0]
+    assert when_answered == [before]  # answered before anything was learned
+    await asyncio.sleep(0)
+    assert cost.predict(12) > before
+    assert model.work_per_item == pytest.approx(1 + WORK_WEIGHT * (6 - 1))
+    assert model.tokens_per_item == pytest.approx(1 + WORK_WEIGHT * (4 - 1))
+    sample = metrics.registry.get_sample_value
+    assert sample("batchserve_padding_waste_ratio_sum", {"model": "m"}) == pytest.approx(1 / 3)
+    assert sample("batchserve_queue_wait_seconds_count", {"model": "m"}) == 2  # one per item
+    assert sample("batchserve_queue_wait_seconds_sum", {"model": "m"}) == pytest.approx(1.0)
+    assert sample("batchserve_batch_size_sum", {"model": "m"}) == 2

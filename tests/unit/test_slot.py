@@ -1,4 +1,4 @@
-"""Slot: where a model's next batch comes from, and what a served batch teaches."""
+"""Slot: where a model's next batch comes from, and what a batch is worth."""
 
 from __future__ import annotations
 
@@ -56,14 +56,6 @@ def test_a_text_models_default_budget_is_twice_a_typical_full_batch() -> None:
 
 
 @pytest.mark.asyncio
-async def test_a_served_batch_refines_the_cost_and_the_typical_item() -> None:
-    text = slot()
-    before = text.cost.predict(12)
-    waste = text.served(items(2, 6), seconds=1.0)  # padded to 2 x 6 = 12 tokens, 8 real
-    assert waste == pytest.approx(1 - 8 / 12)
-    assert text.cost.predict(12) > before  # it took longer than believed
-    assert text.model.work_per_item == pytest.approx(1 + 0.05 * (6 - 1))
-    assert text.model.tokens_per_item == pytest.approx(1 + 0.05 * (4 - 1))
-    plain = slot(padded=False)
-    assert plain.served(items(2, 6), seconds=0.001) is None
-    assert plain.model.work_per_item == 1.0  # an item is one unit of work
+async def test_a_batch_is_worth_its_padded_tokens_or_its_items() -> None:
+    assert slot().work(items(2, 6)) == (12, 8)  # padded to 2 x 6 = 12 tokens, 8 real
+    assert slot(padded=False).work(items(2, 6)) == (2, 2)  # an item is one unit of work

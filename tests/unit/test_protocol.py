@@ -1,0 +1,135 @@
+"""OneWriteProtocol: the same bytes as uvicorn's httptools protocol, in fewer writes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from app.protocol import OneWriteProtocol
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.asyncio
+
+BODY = b'{"predictions": [[1.0, 2.0]]}'
+
+
+class Transport:
+    """What the protocol writes, and when it closed the connection."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []  # bytes per write, then "close"
+
+    @property
+    def writes(self) -> list[bytes]:
+        return [e for e in self.events if isinstance(e, bytes)]
+
+    def write(self, data: bytes) -> None:
+        self.events.append(bytes(data))
+
+    def close(self) -> None:
+        self.events.append("close")
+
+    def is_closing(self) -> bool:
+        return "close" in self.events
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 5000)}.get(
+            name, default)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def answer(scope: Any, receive: Any, send: Any) -> None:
+    """A one-message response, as every batchserve answer is."""
+    await receive()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(BODY)).encode())]})
+    await send({"type": "http.response.body", "body": BODY})
+
+
+async def stream(scope: Any, receive: Any, send: Any) -> None:
+    """A streamed response: three chunks, no length."""
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    for part in (b"a", b"b"):
+        await send({"type": "http.response.body", "body": part, "more_body": True})
+    await send({"type": "http.response.body", "body": b"c"})
+
+
+async def exchange(protocol_class: type[HttpToolsProtocol], app: Any, request: bytes
+                   ) -> Transport:
+    """``request`` through a protocol of ``protocol_class`` serving ``app``; the transport once
+    the response is complete."""
+    config = Config(app, http=protocol_class, lifespan="off", log_config=None)
+    config.load()
+    protocol = protocol_class(config=config, server_state=ServerState(),
+                              app_state={})
+    transport = Transport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    protocol.data_received(request)
+    await wait_until(lambda: protocol.cycle.response_complete, "the response")
+    return transport
+
+
+POST = b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}"
+
+
+async def test_a_whole_response_goes_out_in_one_write_with_uvicorns_bytes() -> None:
+    theirs = await exchange(HttpToolsProtocol, answer, POST)
+    ours = await exchange(OneWriteProtocol, answer, POST)
+    assert len(theirs.writes) == 2  # head, then body
+    assert ours.writes == [b"".join(theirs.writes)]
+    assert ours.writes[0].startswith(b"HTTP/1.1 200 OK") and ours.writes[0].endswith(BODY)
+
+
+async def test_a_closing_connection_is_written_then_closed_as_uvicorn_does() -> None:
+    request = POST.replace(b"host: x\r\n", b"host: x\r\nconnection: close\r\n")
+    theirs = await exchange(HttpToolsProtocol, answer, request)
+    ours = await exchange(OneWriteProtocol, answer, request)
+    assert theirs.events[-1] == "close" and ours.events[-1] == "close"
+    assert ours.events[:-1] == [b"".join(theirs.writes)]
+
+
+async def test_a_head_request_gets_its_head_alone() -> None:
+    request = b"HEAD /predict HTTP/1.1\r\nhost: x\r\n\r\n"
+    theirs = await exchange(HttpToolsProtocol, answer, request)
+    ours = await exchange(OneWriteProtocol, answer, request)
+    assert ours.writes == [b"".join(theirs.writes)]
+    assert not ours.writes[0].endswith(BODY)
+
+
+async def test_a_streamed_response_joins_its_head_to_the_first_chunk_only() -> None:
+    theirs = await exchange(HttpToolsProtocol, stream, POST)
+    ours = await exchange(OneWriteProtocol, stream, POST)
+    assert b"".join(ours.writes) == b"".join(theirs.writes)
+    assert len(theirs.writes) == 4 and len(ours.writes) == 3
+    assert ours.writes[0] == theirs.writes[0] + theirs.writes[1]
+
+
+async def test_an_app_that_fails_after_its_head_still_sends_it() -> None:
+    """uvicorn raises on a body longer than the declared length; the head it had written before
+    goes out as it did without joining, and the connection is closed."""
+    async def too_long(scope: Any, receive: Any, send: Any) -> None:
+        await answer(scope, receive, lambda m: send({**m, "body": m["body"] + b"!"})
+                     if m["type"] == "http.response.body" else send(m))
+
+    config = Config(too_long, http=OneWriteProtocol, lifespan="off", log_config=None)
+    config.load()
+    protocol = OneWriteProtocol(config=config, server_state=ServerState(), app_state={})
+    transport = Transport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    protocol.data_received(POST)
+    await wait_until(lambda: "close" in transport.events, "the connection closed")
+    await asyncio.sleep(0)
+    assert transport.writes[0].startswith(b"HTTP/1.1 200 OK")
+    assert BODY not in b"".join(transport.writes)
