@@ -52,6 +52,10 @@ class OneWriteCycle(RequestResponseCycle):
     _head: bytes | None = None
 
     async def send(self, message: Any) -> None:
+        if self.disconnected:  # uvicorn drops what is sent to a gone client: the head too
+            self._head = None
+            await super().send(message)
+            return
         real = self.transport
         held = _Held(real, self._head)
         self._head = None

@@ -133,3 +133,25 @@ async def test_an_app_that_fails_after_its_head_still_sends_it() -> None:
     await asyncio.sleep(0)
     assert transport.writes[0].startswith(b"HTTP/1.1 200 OK")
     assert BODY not in b"".join(transport.writes)
+
+
+async def test_a_client_gone_between_head_and_body_gets_nothing_written() -> None:
+    """uvicorn drops what an app sends to a disconnected client; the held head goes with it."""
+    go_on = asyncio.Event()
+
+    async def slow_body(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await go_on.wait()
+        await send({"type": "http.response.body", "body": b"late"})
+
+    config = Config(slow_body, http=OneWriteProtocol, lifespan="off", log_config=None)
+    config.load()
+    protocol = OneWriteProtocol(config=config, server_state=ServerState(), app_state={})
+    transport = Transport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    protocol.data_received(POST)
+    await wait_until(lambda: protocol.cycle.response_started, "the head sent")
+    protocol.connection_lost(None)
+    go_on.set()
+    await wait_until(lambda: not protocol.server_state.tasks, "the app finished")
+    assert transport.writes == []
