@@ -25,7 +25,7 @@ LAYERS = [
     ["app.service"],
     ["app.api", "app.jobs"],
     ["app.main", "app.check"],
-    ["app.server", "app.cli", "app.__main__", "app"],
+    ["app.server", "app.protocol", "app.cli", "app.__main__", "app"],
 ]
 
 
