@@ -19,7 +19,7 @@ BODY = b'{"predictions": [[1.0, 2.0]]}'
 
 
 class Transport:
-    """What the protocol writes, and when it closed the connection."""
+    """What the protocol writes (one entry per write call), and when it closed the connection."""
 
     def __init__(self) -> None:
         self.events: list[Any] = []  # bytes per write, then "close"
@@ -30,6 +30,9 @@ class Transport:
 
     def write(self, data: bytes) -> None:
         self.events.append(bytes(data))
+
+    def writelines(self, parts: list[bytes]) -> None:  # one write of all of them
+        self.events.append(b"".join(parts))
 
     def close(self) -> None:
         self.events.append("close")
