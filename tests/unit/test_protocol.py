@@ -69,22 +69,28 @@ async def stream(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"c"})
 
 
+POST = b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}"
+
+
+def connect(protocol_class: type[HttpToolsProtocol], app: Any, request: bytes = POST
+            ) -> tuple[HttpToolsProtocol, Transport]:
+    """A connection of ``protocol_class`` serving ``app`` that has received ``request``."""
+    config = Config(app, http=protocol_class, lifespan="off", log_config=None)
+    config.load()
+    protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
+    transport = Transport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    protocol.data_received(request)
+    return protocol, transport
+
+
 async def exchange(protocol_class: type[HttpToolsProtocol], app: Any, request: bytes
                    ) -> Transport:
     """``request`` through a protocol of ``protocol_class`` serving ``app``; the transport once
     the response is complete."""
-    config = Config(app, http=protocol_class, lifespan="off", log_config=None)
-    config.load()
-    protocol = protocol_class(config=config, server_state=ServerState(),
-                              app_state={})
-    transport = Transport()
-    protocol.connection_made(transport)  # type: ignore[arg-type]
-    protocol.data_received(request)
+    protocol, transport = connect(protocol_class, app, request)
     await wait_until(lambda: protocol.cycle.response_complete, "the response")
     return transport
-
-
-POST = b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}"
 
 
 async def test_a_whole_response_goes_out_in_one_write_with_uvicorns_bytes() -> None:
@@ -126,12 +132,7 @@ async def test_an_app_that_fails_after_its_head_still_sends_it() -> None:
         await answer(scope, receive, lambda m: send({**m, "body": m["body"] + b"!"})
                      if m["type"] == "http.response.body" else send(m))
 
-    config = Config(too_long, http=OneWriteProtocol, lifespan="off", log_config=None)
-    config.load()
-    protocol = OneWriteProtocol(config=config, server_state=ServerState(), app_state={})
-    transport = Transport()
-    protocol.connection_made(transport)  # type: ignore[arg-type]
-    protocol.data_received(POST)
+    _, transport = connect(OneWriteProtocol, too_long)
     await wait_until(lambda: "close" in transport.events, "the connection closed")
     await asyncio.sleep(0)
     assert transport.writes[0].startswith(b"HTTP/1.1 200 OK")
@@ -147,12 +148,7 @@ async def test_a_client_gone_between_head_and_body_gets_nothing_written() -> Non
         await go_on.wait()
         await send({"type": "http.response.body", "body": b"late"})
 
-    config = Config(slow_body, http=OneWriteProtocol, lifespan="off", log_config=None)
-    config.load()
-    protocol = OneWriteProtocol(config=config, server_state=ServerState(), app_state={})
-    transport = Transport()
-    protocol.connection_made(transport)  # type: ignore[arg-type]
-    protocol.data_received(POST)
+    protocol, transport = connect(OneWriteProtocol, slow_body)
     await wait_until(lambda: protocol.cycle.response_started, "the head sent")
     protocol.connection_lost(None)
     go_on.set()
