@@ -1,12 +1,16 @@
 """``python -m bench``: the server against its own ceiling and against itself unbatched.
 
 For a workload (linear, mlp, minilm) it measures, in one run:
-- ``offline``: the model called in-process in a loop at max_batch_size (collate, forward, split),
-  the ceiling on this machine;
+- ``offline``: the model called in-process in a loop (collate, forward, split) at the batch size
+  each concurrency can fill, the ceiling on this machine;
 - ``batchserve``: the server (subprocess, loopback) under wrk at each concurrency;
 - ``unbatched``: the same server with max_batch_size=1.
-Every server process gets the same settings (torch threads, batch wait). Answers are checked
-against the model called directly before any load is sent.
+Every server process gets the same settings (torch threads, batch wait), and all are up at once.
+Answers are checked against the model called directly before any load is sent.
+
+This machine's speed drifts within minutes, so each concurrency's offline point and its servers'
+points are taken back to back, and ``--rounds N`` repeats the whole sweep, the servers' order
+reversed every other round: every ratio is then the median of the rounds' own ratios.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,15 +57,17 @@ class Point:
     server_cpu: float  # cores used by the server process, averaged over the run
     loop_us: float  # CPU of the server's main (event-loop) thread per request, microseconds
     sm_util: float | None = None  # mean GPU SM utilisation (%), CUDA devices only
+    round: int = 0
+    offline_items_s: float = 0.0  # offline at the batch this concurrency fills, taken just before
 
 
 @dataclass
 class Report:
     workload: str
     settings: dict[str, Any]
-    offline_items_s: float  # at max_batch_size
+    offline_items_s: float  # at max_batch_size (the median over rounds)
     points: list[Point] = field(default_factory=list)
-    offline_by_batch: dict[int, float] = field(default_factory=dict)
+    offline_by_batch: dict[int, float] = field(default_factory=dict)  # medians over rounds
     machine: dict[str, Any] = field(default_factory=dict)
 
 
@@ -262,7 +268,7 @@ def run_wrk(url: str, body_file: str, concurrency: int, seconds: float,
 
 
 def measure(config: str, url: str, pid: int, body_file: str, concurrency: int,
-            args: argparse.Namespace) -> Point:
+            args: argparse.Namespace, round_: int = 0, offline: float = 0.0) -> Point:
     run_wrk(url, body_file, concurrency, max(1.0, args.seconds / 5))  # warm the path up
     sum0, count0 = batch_totals(url)
     loop0, cpu0, t0 = cpu_seconds(pid, pid), cpu_seconds(pid), time.monotonic()
@@ -276,40 +282,64 @@ def measure(config: str, url: str, pid: int, body_file: str, concurrency: int,
         config, concurrency, req_s, req_s * args.instances, r["p50_us"] / 1000,
         r["p90_us"] / 1000, r["p99_us"] / 1000, r["non200"] + r["socket_errors"],
         (sum1 - sum0) / max(1.0, count1 - count0), (cpu1 - cpu0) / (t1 - t0),
-        (loop1 - loop0) / max(1, r["requests"]) * 1e6, sm.mean,
+        (loop1 - loop0) / max(1, r["requests"]) * 1e6, sm.mean, round_, offline,
     )
 
 
-def ratio_lines(report: Report) -> list[str]:
-    def point(config: str, c: int) -> Point | None:
-        return next((p for p in report.points if p.config == config and p.concurrency == c), None)
+def rounds_of(report: Report, config: str, concurrency: int) -> list[Point]:
+    return [p for p in report.points if p.config == config and p.concurrency == concurrency]
 
+
+def ratio_line(what: str, ratios: list[float]) -> str:
+    """``what``: the median of the rounds' ratios, and each round's when there are several."""
+    line = f"{what}: {statistics.median(ratios):.3f} x"
+    if len(ratios) > 1:
+        line += f" (rounds: {', '.join(f'{r:.3f}' for r in ratios)})"
+    return line
+
+
+def over_unbatched(report: Report, concurrency: int, value: Callable[[Point], float]
+                   ) -> list[float]:
+    """Each round's batchserve ``value`` over unbatched's at ``concurrency`` (none if either is
+    missing)."""
+    ours = rounds_of(report, "batchserve", concurrency)
+    theirs = rounds_of(report, "unbatched", concurrency)
+    if not (ours and theirs):
+        return []
+    return [value(b) / value(u) for b, u in zip(ours, theirs, strict=True)]
+
+
+def ratio_lines(report: Report) -> list[str]:
+    """The ratios the targets are stated in, each from points of the same round."""
+    concurrencies = sorted({p.concurrency for p in report.points})
     lines = []
-    top = max(report.points, key=lambda p: p.concurrency).concurrency
-    b_top, u_top = point("batchserve", top), point("unbatched", top)
-    b_1, u_1 = point("batchserve", 1), point("unbatched", 1)
-    for p in report.points:
-        batch = report.settings["batch_for"].get(str(p.concurrency))
-        if p.config == "batchserve" and batch in report.offline_by_batch:
-            lines.append(f"batchserve c={p.concurrency}: "
-                         f"{p.items_s / report.offline_by_batch[batch]:.2f} x offline at "
-                         f"batch {batch} items/s")
-    if b_top and u_top:
-        lines.append(f"batchserve c={top}: {b_top.items_s / u_top.items_s:.2f} x unbatched items/s")
-    if b_1 and u_1:
-        lines.append(f"batchserve c=1: p50 {b_1.p50_ms / u_1.p50_ms:.2f} x unbatched p50")
+    for c in concurrencies:
+        batch = report.settings["batch_for"].get(str(c))
+        ratios = [p.items_s / p.offline_items_s for p in rounds_of(report, "batchserve", c)
+                  if p.offline_items_s]
+        if ratios:
+            lines.append(ratio_line(f"batchserve c={c}: items/s over offline at batch {batch}",
+                                    ratios))
+    top = concurrencies[-1] if concurrencies else 1
+    if top > 1 and (ratios := over_unbatched(report, top, lambda p: p.items_s)):
+        lines.append(ratio_line(f"batchserve c={top}: items/s over unbatched", ratios))
+    if ratios := over_unbatched(report, 1, lambda p: p.p50_ms):
+        lines.append(ratio_line("batchserve c=1: p50 over unbatched p50", ratios))
     return lines
 
 
 def table(report: Report) -> str:
-    head = (f"{'config':<11}{'conc':>5}{'req/s':>10}{'items/s':>10}{'p50 ms':>9}{'p90 ms':>9}"
+    several = any(p.round for p in report.points)
+    head = (f"{'config':<11}{'conc':>5}" + (f"{'round':>6}" if several else "")
+            + f"{'req/s':>10}{'items/s':>10}{'p50 ms':>9}{'p90 ms':>9}"
             f"{'p99 ms':>9}{'errors':>8}{'batch':>7}{'cpu':>6}{'loop us':>8}"
             + (f"{'SM':>7}" if any(p.sm_util is not None for p in report.points) else ""))
     rows = [head, "-" * len(head)]
-    rows += [f"{'offline b' + str(b):<11}{'-':>5}{'-':>10}{v:>10.0f}"
-             for b, v in sorted(report.offline_by_batch.items())]
-    for p in report.points:
-        rows.append(f"{p.config:<11}{p.concurrency:>5}{p.req_s:>10.0f}{p.items_s:>10.0f}"
+    rows += [f"{'offline b' + str(b):<11}{'-':>5}" + (f"{'-':>6}" if several else "")
+             + f"{'-':>10}{v:>10.0f}" for b, v in sorted(report.offline_by_batch.items())]
+    for p in sorted(report.points, key=lambda p: (p.config, p.concurrency, p.round)):
+        rows.append(f"{p.config:<11}{p.concurrency:>5}" + (f"{p.round:>6}" if several else "")
+                    + f"{p.req_s:>10.0f}{p.items_s:>10.0f}"
                     f"{p.p50_ms:>9.2f}{p.p90_ms:>9.2f}{p.p99_ms:>9.2f}{p.errors:>8}"
                     f"{p.mean_batch:>7.1f}{p.server_cpu:>6.2f}{p.loop_us:>8.0f}"
                     + (f"{p.sm_util:>6.0f}%" if p.sm_util is not None else ""))
@@ -323,12 +353,16 @@ def plot(report: Report, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    concurrencies = sorted({p.concurrency for p in report.points})
     for config in ("batchserve", "unbatched"):
-        pts = [p for p in report.points if p.config == config]
-        ax1.plot([p.concurrency for p in pts], [p.items_s for p in pts], "o-", label=config)
-        ax2.plot([p.concurrency for p in pts], [p.p99_ms for p in pts], "o-", label=config)
+        pts = {c: rounds_of(report, config, c) for c in concurrencies}
+        cs = [c for c in concurrencies if pts[c]]
+        ax1.plot(cs, [statistics.median(p.items_s for p in pts[c]) for c in cs], "o-",
+                 label=config)
+        ax2.plot(cs, [statistics.median(p.p99_ms for p in pts[c]) for c in cs], "o-",
+                 label=config)
     ax1.axhline(report.offline_items_s, color="grey", ls="--", label="offline")
-    for ax, title in ((ax1, "items/s"), (ax2, "p99 latency (ms)")):
+    for ax, title in ((ax1, "items/s"), (ax2, "p99 latency (ms, median of rounds)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency")
         ax.set_title(f"{report.workload}: {title}")
@@ -354,6 +388,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--instances", type=int, default=1, help="instances per request")
     parser.add_argument("--configs", default="batchserve,unbatched")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeat the sweep; each ratio is the median of the rounds' (1)")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--jobs", type=int, default=0,
                         help="instead of the sweep: job-queue mode (Redis) with this many jobs, "
@@ -377,6 +413,9 @@ def run(args: argparse.Namespace) -> int:
     if shutil.which("wrk") is None:
         print("bench: needs wrk (apt-get install wrk)", file=sys.stderr)
         return 2
+    if args.rounds < 1:
+        print("bench: --rounds must be at least 1", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.torch_threads)
     if args.soak_minutes > 0:
         return run_soak(args)
@@ -387,34 +426,50 @@ def run(args: argparse.Namespace) -> int:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     settings = {"max_batch_size": args.max_batch_size, "max_wait_ms": args.max_wait_ms,
                 "torch_threads": args.torch_threads, "instances_per_request": args.instances,
-                "seconds_per_point": args.seconds, "devices": args.devices}
-    # Offline at every batch size the sweep can fill: min(concurrency x instances, max batch).
+                "seconds_per_point": args.seconds, "devices": args.devices,
+                "rounds": args.rounds}
+    # Offline at the batch size each concurrency can fill: min(concurrency x instances, max).
     batch_for = {str(c): min(c * args.instances, args.max_batch_size) for c in concurrencies}
     settings["batch_for"] = batch_for
     device = torch.device(args.devices.split(",")[0].strip())
-    by_batch = {}
-    for batch in sorted({*batch_for.values(), args.max_batch_size}):
+    offline_s = max(2.0, args.seconds / 2)
+    offline_rounds: dict[int, list[float]] = {}
+
+    def offline(batch: int) -> float:
         print(f"[{args.workload}] offline: model in-process at batch {batch} ...", flush=True)
-        by_batch[batch] = offline_items_s(args.workload, batch, max(2.0, args.seconds / 2),
-                                          args.instances, device)
-        print(f"  {by_batch[batch]:.0f} items/s", flush=True)
-    report = Report(args.workload, settings, by_batch[args.max_batch_size],
-                    offline_by_batch=by_batch,
+        items_s = offline_items_s(args.workload, batch, offline_s, args.instances, device)
+        offline_rounds.setdefault(batch, []).append(items_s)
+        print(f"  {items_s:.0f} items/s", flush=True)
+        return items_s
+
+    report = Report(args.workload, settings, 0.0,
                     machine={"cpus": os.cpu_count(), "torch": torch.__version__,
                              "python": sys.version.split()[0]})
-    with body_file([instance_for(args.workload, i) for i in range(args.instances)]) as body:
+    with body_file([instance_for(args.workload, i) for i in range(args.instances)]) as body, \
+            ExitStack() as stack:
+        servers = {}
         for config in args.configs.split(","):
             max_batch = 1 if config == "unbatched" else args.max_batch_size
-            with server(args.workload, max_batch, args) as (url, pid):
-                check_answers(url, args.workload)
-                for c in concurrencies:
-                    print(f"[{args.workload}] {config} concurrency {c} ({args.seconds:.0f}s) ...",
-                          flush=True)
-                    point = measure(config, url, pid, body, c, args)
+            servers[config] = stack.enter_context(server(args.workload, max_batch, args))
+            check_answers(servers[config][0], args.workload)
+        if args.max_batch_size not in batch_for.values():
+            offline(args.max_batch_size)  # the plot's ceiling
+        for round_ in range(args.rounds):
+            for c in concurrencies:
+                ceiling = offline(batch_for[str(c)])
+                # Odd rounds reverse the order, so that no server always runs first.
+                order = list(servers.items())[::-1 if round_ % 2 else 1]
+                for config, (url, pid) in order:
+                    print(f"[{args.workload}] {config} concurrency {c} ({args.seconds:.0f}s"
+                          f"{f', round {round_ + 1} of {args.rounds}' if args.rounds > 1 else ''})"
+                          " ...", flush=True)
+                    point = measure(config, url, pid, body, c, args, round_, ceiling)
                     report.points.append(point)
                     print(f"  {point.req_s:.0f} req/s, p50 {point.p50_ms:.2f} ms, "
                           f"p99 {point.p99_ms:.2f} ms, batch {point.mean_batch:.1f}, "
                           f"errors {point.errors}", flush=True)
+    report.offline_by_batch = {b: statistics.median(v) for b, v in sorted(offline_rounds.items())}
+    report.offline_items_s = report.offline_by_batch[args.max_batch_size]
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = args.out / f"{args.workload}-{stamp}"
