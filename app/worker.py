@@ -231,7 +231,7 @@ class DeviceWorker:
                 ) -> InFlight:
         started = time.monotonic()
         live, dead = split_live(batch, started)
-        flight = InFlight(slot, BatchReport(self.label, [], started))
+        flight = InFlight(slot, BatchReport(self.label, [], started, padded=slot.padded))
         report = flight.report
         for item in dead:
             if item.request.deadline <= started:  # its future may already hold the timeout
@@ -275,7 +275,6 @@ class DeviceWorker:
         sleeps, it holds the GIL that the loop needs to write the answers."""
         report = flight.report
         slot = flight.slot
-        report.padded = slot.padded
         for items, launch in flight.groups:
             try:
                 outputs, seconds = launch.wait()

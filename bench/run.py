@@ -268,7 +268,7 @@ def run_wrk(url: str, body_file: str, concurrency: int, seconds: float,
 
 
 def measure(config: str, url: str, pid: int, body_file: str, concurrency: int,
-            args: argparse.Namespace, round_: int = 0, offline: float = 0.0) -> Point:
+            args: argparse.Namespace, round_: int, offline: float) -> Point:
     run_wrk(url, body_file, concurrency, max(1.0, args.seconds / 5))  # warm the path up
     sum0, count0 = batch_totals(url)
     loop0, cpu0, t0 = cpu_seconds(pid, pid), cpu_seconds(pid), time.monotonic()
@@ -315,8 +315,7 @@ def ratio_lines(report: Report) -> list[str]:
     lines = []
     for c in concurrencies:
         batch = report.settings["batch_for"].get(str(c))
-        ratios = [p.items_s / p.offline_items_s for p in rounds_of(report, "batchserve", c)
-                  if p.offline_items_s]
+        ratios = [p.items_s / p.offline_items_s for p in rounds_of(report, "batchserve", c)]
         if ratios:
             lines.append(ratio_line(f"batchserve c={c}: items/s over offline at batch {batch}",
                                     ratios))
