@@ -20,7 +20,7 @@ from app.api.inference import (
     run_inference,
 )
 from app.api.routing import RawRoute
-from app.payload import instances_of, parse_json
+from app.payload import dense_instances, instances_of, parse_json
 from app.schemas import ErrorResponse, PredictRequest, PredictResponse
 from app.served import ServedModel
 from app.service import InferenceService
@@ -38,7 +38,12 @@ _ERRORS = {
 
 
 def _parse(model: ServedModel, body: bytes) -> tuple[list[Any], None, Asked]:
-    return instances_of(parse_json(body), model.settings.max_instances), None, NOTHING_ASKED
+    limit = model.settings.max_instances
+    width = model.handler.dense_width
+    dense = dense_instances(body, width, limit) if width is not None else None
+    if dense is not None:
+        return dense, None, NOTHING_ASKED
+    return instances_of(parse_json(body), limit), None, NOTHING_ASKED
 
 
 def _render(_: ServedModel, results: list[Any], __: None) -> Response:

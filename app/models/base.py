@@ -27,7 +27,10 @@ class ModelHandler(ABC):
     ``max_batch_size``: a limit the model itself imposes (None: the server's setting applies).
     ``heavy_decode``: run ``decode`` in the thread pool rather than on the event loop.
     ``input_datatype``, ``input_shape`` and ``output_shape`` (per item, None: unknown) describe
-    the model for the Open Inference Protocol's metadata.
+    the model for the Open Inference Protocol's metadata. ``dense_width``: a length of flat
+    numeric instances that ``decode`` also takes as float64 numpy rows; a /predict body whose
+    instances are all such arrays is then parsed straight into one array (app/payload.py).
+    None: ``decode`` sees JSON values only.
     """
 
     name: str = "model"
@@ -37,6 +40,7 @@ class ModelHandler(ABC):
     input_datatype: str = "FP32"
     input_shape: tuple[int, ...] | None = None
     output_shape: tuple[int, ...] | None = None
+    dense_width: int | None = None
 
     def examples(self) -> list[Any]:
         """Raw instances (as a client would send them) to warm the model up with."""

@@ -53,6 +53,10 @@ class TensorHandler(ModelHandler):
         self.max_batch_size = max_batch_size
         self.output_shape = output_shape
         self.input_schema = _number_array_schema(input_shape)
+        # Flat items too big for ``_decode_small`` come parsed into numpy rows; smaller ones
+        # cost less as Python numbers checked in plain Python than with more numpy calls.
+        if input_shape and len(input_shape) == 1 and input_shape[0] > SMALL_REQUEST_VALUES:
+            self.dense_width = input_shape[0]
 
     @classmethod
     def from_module(cls, name: str, module: torch.nn.Module) -> TensorHandler:

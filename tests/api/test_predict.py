@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
+import torch
 
+from app.api import predict
+from app.models.builtin import mlp_module
+from app.models.tensor import TensorHandler
 from tests.conftest import app_client, http_scope, make_settings, queued, sample, wait_until
 from tests.fakes import FailingHandler, GatedHandler, SlowLoadHandler, SteadyHandler
 
@@ -27,6 +32,30 @@ async def test_linear_predicts() -> None:
         assert r.status_code == 200
         preds = r.json()["predictions"]
         assert len(preds) == 2 and all(len(p) == 2 for p in preds)
+
+
+async def test_wide_instances_are_parsed_straight_into_an_array(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Instances of more than 64 numbers skip Python's numbers (app/payload.py): same answers,
+    and a near miss still gets the general path's 422 naming the instance."""
+    handler = TensorHandler("wide", lambda d: mlp_module((100, 3)).to(d).eval(), (100,))
+    rows = [[(i * 7 + j) % 11 / 4 - 1 for j in range(100)] for i in range(3)]
+    general: list[bytes] = []
+    parse_json = predict.parse_json
+    monkeypatch.setattr(predict, "parse_json", lambda body: general.append(body) or
+                        parse_json(body))
+    async with app_client(make_settings(), handler) as client:
+        r = await client.post("/predict", json={"instances": rows})
+        assert r.status_code == 200 and general == []
+        with torch.no_grad():
+            expected = mlp_module((100, 3))(torch.tensor(rows)).numpy()
+        np.testing.assert_allclose(r.json()["predictions"], expected, rtol=1e-5, atol=1e-6)
+        r = await client.post("/predict", json={"instances": [rows[0], rows[1][:99] + [[1.0]]]})
+        assert_error(r, 422, "invalid_input", "instances[1]")
+        r = await client.post("/predict", json={"instances": [rows[0][:99] + [1e39]]})
+        assert_error(r, 422, "invalid_input", "instances[0]: numbers must be finite")
+        assert len(general) == 1  # the ragged body; 1e39 parses, and decode names it
 
 
 @pytest.mark.parametrize(

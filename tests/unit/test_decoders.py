@@ -19,7 +19,7 @@ from app.errors import InvalidInput, PayloadTooLarge, ServeError
 from app.models.builtin import linear_handler
 from app.models.signature import DATATYPES, TensorSpec
 from app.models.tensor import TensorHandler
-from app.payload import instances_of, parse_json
+from app.payload import dense_instances, instances_of, parse_json
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -75,6 +75,66 @@ def test_parse_json_never_crashes(body: bytes) -> None:
         assert exc.message
         return
     assert isinstance(instances, list) and 1 <= len(instances) <= 4
+
+
+# Near-misses of flat instances of 3 numbers: other lengths, an array where a number belongs and
+# the reverse, booleans, nulls, strings, numbers beyond float64.
+near_values = numbers | st.booleans() | st.none() | st.just("1") | st.lists(numbers, max_size=2)
+near_instances = st.lists(st.lists(near_values, max_size=4) | near_values, max_size=5)
+
+
+def general_path(body: bytes, max_instances: int) -> list[Any] | None:
+    """What ``parse_json`` and ``instances_of`` give for ``body``; None where they refuse it."""
+    try:
+        return instances_of(parse_json(body), max_instances)
+    except (InvalidInput, PayloadTooLarge):
+        return None
+
+
+@SETTINGS
+@given(body=near_instances.map(lambda xs: dumps({"instances": xs})) | json_values.map(dumps)
+       | st.binary(max_size=40))
+@example(body=b'{"instances": [[1, [2], 3]]}')  # as many numbers as [1, 2, 3]
+@example(body=b'{"instances": [[1, 2, 3, 4], [5, 6]]}')  # as many as two rows
+@example(body=b'{"instances": [[1, 2, 3]], "note": "[x]"}')
+@example(body=b'\xef\xbb\xbf{"instances": [[1, 2, 3]]}')
+@example(body=b'{"instances": [[1, 2, -9223372036854775809]]}')
+def test_dense_instances_agree_with_the_json_path(body: bytes) -> None:
+    """Where the simdjson path takes a body, the general one reads the same numbers from it;
+    everything else it leaves to the general one."""
+    dense = dense_instances(body, 3, max_instances=4)
+    if dense is None:
+        return
+    instances = general_path(body, max_instances=4)
+    assert instances is not None and len(instances) == len(dense)
+    for row, instance in zip(dense, instances, strict=True):
+        assert row.dtype == np.float64 and row.shape == (3,)
+        assert type(instance) is list and not any(type(v) is bool for v in instance)
+        assert np.array_equal(row, np.asarray(instance, dtype=np.float64))
+
+
+@pytest.mark.parametrize("instances", [
+    [[1, 2.5, -3e2]],
+    [[0, -0.0, 1e-300], [4, 5, 6], [7, 8, 9], [1e308, 2, 9223372036854775808]],
+])
+def test_dense_instances_take_flat_numbers(instances: list[Any]) -> None:
+    for body in (dumps({"instances": instances}), dumps({"x": {"y": 1}, "instances": instances})):
+        dense = dense_instances(body, 3, max_instances=4)
+        assert dense is not None
+        assert np.array_equal(np.stack(dense), np.asarray(instances, dtype=np.float64))
+
+
+@pytest.mark.parametrize("body", [
+    b'{"instances": [[1, 2, 3]]} x', b'{"instances": [[1, 2, 3],]}', b'{"instances": []}',
+    b'{"instances": [[1, 2, NaN]]}', b'{"instances": [[1, 2, 1e400]]}',
+    b'{"instances": [[1, 2, true]]}', b'{"instances": [[1, 2, null]]}',
+    b'{"instances": [[1, 2, "3"]]}', b'{"instances": [[1, 2, {}]]}',
+    b'{"instances": [[1, 2]]}', b'{"instances": [1, 2, 3]}', b'[[1, 2, 3]]',
+    b'{"inputs": [[1, 2, 3]]}', b"", b"\xff",
+    dumps({"instances": [[1, 2, 3]] * 5}),  # more than max_instances: the general path's 413
+])
+def test_dense_instances_leave_everything_else_to_the_json_path(body: bytes) -> None:
+    assert dense_instances(body, 3, max_instances=4) is None
 
 
 @SETTINGS
