@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A/B two builds side by side: both servers up at once (core 0), alternating 3 s wrk runs
-# (core 1), then the per-pair ratios of requests/s and their median.
+# (core 1), then the per-pair ratios of requests/s and their median, and each build's event-loop
+# CPU per request (its main thread's, from /proc): the finer measure of a small change.
 #   bench/ab.sh OLD_CHECKOUT NEW_CHECKOUT   (e.g. a `git worktree add /tmp/old <commit>`)
 # Env: C (concurrency, 64), N (pairs, 6), W (workload, linear), BODY (the request body),
 # PIN (1; 0 leaves servers and wrk unpinned, as `python -m bench` runs them: then the event
@@ -16,30 +17,38 @@ lua=$(realpath "$(dirname "$0")/post.lua")
 tmp=$(mktemp -d) && trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
 echo "$BODY" > "$tmp/body.json"
 export HF_HUB_OFFLINE=1 BENCH_BODY_FILE="$tmp/body.json"
+declare -A pid
 for side in old new; do
   dir=${!side}; port=$([ $side = old ] && echo 8101 || echo 8102)
   (cd "$dir" && exec "${server_cpu[@]}" "$py" -m app serve --model "$W" --devices cpu --port $port \
      --log-level warning --torch-threads 1) > "$tmp/$side.log" 2>&1 &
+  pid[$port]=$!
 done
+loop_ticks() { awk '{print $14 + $15}' "/proc/$1/task/$1/stat"; }  # user + system, main thread
 for port in 8101 8102; do
   until curl -sf "localhost:$port/health_check" >/dev/null; do sleep 0.5; done
 done
 for i in $(seq "$N"); do
   for port in 8101 8102; do
-    echo "$port $("${wrk_cpu[@]}" wrk -t1 -c"$C" -d3s -s "$lua" "http://127.0.0.1:$port/predict" \
-      | grep BENCH_JSON)"
+    before=$(loop_ticks "${pid[$port]}")
+    out=$("${wrk_cpu[@]}" wrk -t1 -c"$C" -d3s -s "$lua" "http://127.0.0.1:$port/predict" \
+      | grep BENCH_JSON)
+    echo "$port $(($(loop_ticks "${pid[$port]}") - before)) $out"
   done
-done | "$py" -c "
-import json, statistics as st, sys
+done | TICK_S=$(getconf CLK_TCK) "$py" -c "
+import json, os, statistics as st, sys
 runs = {}
 for line in sys.stdin:
-    port, rest = line.split(' ', 1)
+    port, ticks, rest = line.split(' ', 2)
     j = json.loads(rest.split('BENCH_JSON ')[1])
-    runs.setdefault(port, []).append((j['requests'] / j['duration_us'] * 1e6, j['p50_us'], j['non200']))
+    loop_us = int(ticks) / int(os.environ['TICK_S']) / max(j['requests'], 1) * 1e6
+    runs.setdefault(port, []).append((j['requests'] / j['duration_us'] * 1e6, j['p50_us'], j['non200'], loop_us))
 old, new = runs['8101'], runs['8102']
 ratios = [b[0] / a[0] for a, b in zip(old, new)]
 print('old req/s', [round(x[0]) for x in old]); print('new req/s', [round(x[0]) for x in new])
 print('ratios', [round(r, 3) for r in ratios], 'median', round(st.median(ratios), 3))
 print('p50 us old/new', st.median(x[1] for x in old), st.median(x[1] for x in new),
       'non-200', sum(x[2] for x in old), sum(x[2] for x in new))
+print('loop us/request old', [round(x[3]) for x in old], 'median', round(st.median(x[3] for x in old)))
+print('loop us/request new', [round(x[3]) for x in new], 'median', round(st.median(x[3] for x in new)))
 "
