@@ -99,6 +99,7 @@ def general_path(body: bytes, max_instances: int) -> list[Any] | None:
 @example(body=b'{"instances": [[1, 2, 3]], "note": "[x]"}')
 @example(body=b'\xef\xbb\xbf{"instances": [[1, 2, 3]]}')
 @example(body=b'{"instances": [[1, 2, -9223372036854775809]]}')
+@example(body=b'{"instances": ' + b"[" * 5000 + b"]" * 5000 + b"}")  # beyond simdjson's depth
 def test_dense_instances_agree_with_the_json_path(body: bytes) -> None:
     """Where the simdjson path takes a body, the general one reads the same numbers from it;
     everything else it leaves to the general one."""
