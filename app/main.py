@@ -45,7 +45,7 @@ def create_app(settings: Settings | None = None, handler: ModelHandler | None = 
     )
     app.state.service = service
     errors.install(app)
-    for route in predict.routes(service, _default_schema(service)):
+    for route in predict.routes(service, *_default_model(service)):
         app.add_raw_route(route)
     app.include_router(health.router)
     app.include_router(v2.router)
@@ -55,11 +55,14 @@ def create_app(settings: Settings | None = None, handler: ModelHandler | None = 
     return app
 
 
-def _default_schema(service: InferenceService) -> dict[str, Any]:
-    """The per-instance schema of the model POST /predict serves, where it is known now."""
+def _default_model(service: InferenceService) -> tuple[dict[str, Any], int | None]:
+    """The per-instance schema and the priority levels of the model POST /predict serves,
+    where they are known now (the single ``--model`` setting)."""
     sources = service.repository.catalog.sources() if service.repository.catalog.single else {}
-    handlers = [s.handler for s in sources.values() if s.handler is not None]
-    return handlers[0].input_schema if handlers else {}
+    for source in sources.values():
+        if source.handler is not None and source.settings is not None:
+            return source.handler.input_schema, source.settings.priority_levels
+    return {}, None
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

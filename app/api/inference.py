@@ -39,12 +39,20 @@ TIMEOUT_PARAMETER: dict[str, Any] = {
                    "request_timeout_s",
     "schema": {"type": "number", "exclusiveMinimum": 0},
 }
-PRIORITY_PARAMETER: dict[str, Any] = {
-    "name": "X-Priority", "in": "header", "required": False,
-    "description": "priority level: 1 the most urgent, up to the model's priority_levels; "
-                   "0 or absent: the model's default_priority_level",
-    "schema": {"type": "integer", "minimum": 0},
-}
+
+
+def priority_parameter(levels: int | None = None) -> dict[str, Any]:
+    """``X-Priority`` as an OpenAPI parameter; ``levels``: the model's priority_levels, where
+    the route serves one model known when the schema is built."""
+    schema: dict[str, Any] = {"type": "integer", "minimum": 0}
+    if levels is not None:
+        schema["maximum"] = levels
+    return {
+        "name": "X-Priority", "in": "header", "required": False,
+        "description": "priority level: 1 the most urgent, up to the model's priority_levels; "
+                       "0 or absent: the model's default_priority_level",
+        "schema": schema,
+    }
 
 Parsed = TypeVar("Parsed")
 

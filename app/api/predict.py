@@ -14,9 +14,9 @@ from starlette.types import Receive, Scope, Send
 
 from app.api.inference import (
     NOTHING_ASKED,
-    PRIORITY_PARAMETER,
     TIMEOUT_PARAMETER,
     Asked,
+    priority_parameter,
     run_inference,
 )
 from app.api.routing import RawRoute
@@ -65,12 +65,15 @@ class Predict:
         await response(scope, receive, send)
 
 
-def routes(service: InferenceService, default_schema: dict[str, Any]) -> list[RawRoute]:
-    """``POST /predict`` (the default model, whose per-instance schema is ``default_schema``)
-    and ``POST /models/{name}[/versions/{version}]/predict``."""
+def routes(service: InferenceService, default_schema: dict[str, Any],
+           default_levels: int | None = None) -> list[RawRoute]:
+    """``POST /predict`` (the default model, whose per-instance schema is ``default_schema``
+    and whose priority levels are ``default_levels``, where known) and
+    ``POST /models/{name}[/versions/{version}]/predict``."""
     endpoint = Predict(service)
     return [
-        RawRoute("/predict", endpoint, "POST", openapi_operation(default_schema, "predict")),
+        RawRoute("/predict", endpoint, "POST",
+                 openapi_operation(default_schema, "predict", levels=default_levels)),
         RawRoute("/models/{name}/predict", endpoint, "POST",
                  openapi_operation({}, "predict_model", "name")),
         RawRoute("/models/{name}/versions/{version}/predict", endpoint, "POST",
@@ -79,9 +82,9 @@ def routes(service: InferenceService, default_schema: dict[str, Any]) -> list[Ra
 
 
 def openapi_operation(instance_schema: dict[str, Any], operation_id: str,
-                      *path: str) -> dict[str, Any]:
+                      *path: str, levels: int | None = None) -> dict[str, Any]:
     """The OpenAPI operation of a predict route with these ``path`` parameters, with the
-    model's per-instance schema."""
+    model's per-instance schema and, where known, its number of priority ``levels``."""
     body = PredictRequest.model_json_schema()
     body["properties"]["instances"]["items"] = instance_schema
     ref = "#/components/schemas/"
@@ -100,7 +103,7 @@ def openapi_operation(instance_schema: dict[str, Any], operation_id: str,
         "parameters": [
             *({"name": key, "in": "path", "required": True, "schema": {"type": "string"}}
               for key in path),
-            PRIORITY_PARAMETER, TIMEOUT_PARAMETER,
+            priority_parameter(levels), TIMEOUT_PARAMETER,
         ],
         "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
         "responses": responses,

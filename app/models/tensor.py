@@ -20,7 +20,7 @@ SMALL_REQUEST_VALUES = 64  # requests with at most this many numbers take the pl
 def _number_array_schema(shape: Shape | None) -> dict[str, Any]:
     if shape is None:
         return {"description": "a number or a nested list of numbers (any shape)"}
-    schema: dict[str, Any] = {"type": "number"}
+    schema: dict[str, Any] = {"type": "number", "minimum": -_F32_MAX, "maximum": _F32_MAX}
     for dim in reversed(shape):
         schema = {"type": "array", "items": schema, "minItems": dim, "maxItems": dim}
     return schema

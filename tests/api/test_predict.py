@@ -248,7 +248,8 @@ async def test_openapi_documents_the_contract() -> None:
         post = doc["paths"]["/predict"]["post"]
         assert {"200", "413", "422", "500", "503", "504"} <= set(post["responses"])
         schema = post["requestBody"]["content"]["application/json"]["schema"]
-        assert schema["properties"]["instances"]["items"]["maxItems"] == 4
+        row = schema["properties"]["instances"]["items"]
+        assert row["maxItems"] == 4 and row["items"]["maximum"] == float(np.finfo(np.float32).max)
         assert "/health_check" in doc["paths"]
         assert (await client.get("/docs")).status_code == 200
     # The request headers the inference routes read, and v2's priority parameter.
@@ -261,6 +262,13 @@ async def test_openapi_documents_the_contract() -> None:
     assert {"X-Request-Timeout"} == {p["name"] for p in infer["parameters"] if p["in"] == "header"}
     body = infer["requestBody"]["content"]["application/json"]["schema"]
     assert body["properties"]["parameters"]["properties"]["priority"]["type"] == "integer"
+    # /predict serves a model known when the schema is built: its levels bound X-Priority.
+    async with app_client(make_settings(priority_levels=3)) as client:
+        doc = (await client.get("/openapi.json")).json()
+    for path, maximum in (("/predict", 3), ("/models/{name}/predict", None)):
+        priority, = (p for p in doc["paths"][path]["post"]["parameters"]
+                     if p["name"] == "X-Priority")
+        assert priority["schema"].get("maximum") == maximum and priority["schema"]["minimum"] == 0
 
 
 @pytest.mark.parametrize(("header", "contains"), [
