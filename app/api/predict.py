@@ -40,8 +40,7 @@ _ERRORS = {
 def _parse(model: ServedModel, body: bytes) -> tuple[list[Any], None, Asked]:
     limit = model.settings.max_instances
     width = model.handler.dense_width
-    dense = dense_instances(body, width, limit) if width is not None else None
-    if dense is not None:
+    if width is not None and (dense := dense_instances(body, width, limit)) is not None:
         return dense, None, NOTHING_ASKED
     return instances_of(parse_json(body), limit), None, NOTHING_ASKED
 
