@@ -4,9 +4,10 @@ The inference endpoints are raw ASGI callables mounted as Starlette mounts one (
 endpoint is not a function): no request object, no dependency injection. FastAPI then puts six
 layers in front of every route (server errors, telemetry, body limit, user middleware,
 exceptions, exit stack) and a router; on ``linear`` at concurrency 64 they cost a quarter of the
-requests per second (docs/benchmarks.md). So ``BatchServeApp`` matches its raw routes first, with
-Starlette's own ``Route.matches``, and runs them under the access log alone. Everything else, and
-a raw route reached through the router, takes the usual path to the same endpoint.
+requests per second (docs/benchmarks.md). So ``BatchServeApp`` matches its raw routes first (a
+dict lookup for those without path parameters, Starlette's own ``Route.matches`` for the others)
+and runs them under the access log alone. Everything else, and a raw route reached through the
+router, takes the usual path to the same endpoint.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.exceptions import HTTPException
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -34,12 +36,21 @@ class RawRoute(Route):
     def __init__(self, path: str, endpoint: ASGIApp, method: str, operation: dict[str, Any],
                  error_format: ErrorFormat = BATCHSERVE) -> None:
         super().__init__(path, endpoint, methods=[method])
+        self.method = method
         self.operation = {method.lower(): operation}
         self.error_format = error_format
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] != self.method:  # a client's mistake: 405, nothing logged
+            allowed = HTTPException(405, headers={"Allow": self.method})
+            await error_response(allowed, self.error_format)(scope, receive, send)
+            return
+        await self.serve(scope, receive, send)
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the endpoint for a request whose path and method match."""
         try:
-            await super().handle(scope, receive, send)  # Starlette's: 405 for other methods
+            await self.app(scope, receive, send)
         except Exception as exc:
             if not isinstance(exc, ServeError):
                 log.exception("unhandled error on %s %s", scope["method"], scope["path"])
@@ -52,24 +63,35 @@ class BatchServeApp(FastAPI):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.raw_routes: list[RawRoute] = []
+        self._fixed: dict[str, RawRoute] = {}  # raw routes without path parameters, by path
         self._direct = AccessLog(self._dispatch)
 
     def add_raw_route(self, route: RawRoute) -> None:
         """Mount ``route`` first in the router (tried in order) and in the direct path."""
         self.router.routes.insert(len(self.raw_routes), route)
         self.raw_routes.append(route)
+        if not route.param_convertors:
+            self._fixed[route.path] = route
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            for route in self.raw_routes:
-                match, child_scope = route.matches(scope)
-                if match is Match.FULL:
-                    scope.update(child_scope)
-                    scope["app"] = self
-                    scope["route"] = route
-                    await self._direct(scope, receive, send)
-                    return
-        await super().__call__(scope, receive, send)
+        found = self._match(scope) if scope["type"] == "http" else None
+        if found is None:
+            await super().__call__(scope, receive, send)
+            return
+        route, child_scope = found
+        scope.update(child_scope, app=self, route=route)
+        await self._direct(scope, receive, send)
+
+    def _match(self, scope: Scope) -> tuple[RawRoute, Scope] | None:
+        """The raw route that matches ``scope`` in full (path and method), with its child scope."""
+        route = self._fixed.get(scope["path"])
+        if route is not None and scope["method"] == route.method and not scope.get("root_path"):
+            return route, {"endpoint": route.endpoint, "path_params": {}}  # Starlette's result
+        for route in self.raw_routes:
+            match, child_scope = route.matches(scope)
+            if match is Match.FULL:
+                return route, child_scope
+        return None
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await scope["route"].handle(scope, receive, send)
+        await scope["route"].serve(scope, receive, send)  # matched in full: path and method

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
@@ -55,7 +56,24 @@ async def test_the_openapi_entry_is_the_routes_own() -> None:
     assert "PredictResponse" in schema["components"]["schemas"]
 
 
-async def test_other_methods_reach_the_framework() -> None:
+@pytest.mark.parametrize("method, path", [("GET", "/predict"), ("PUT", "/models/linear/predict")])
+async def test_other_methods_get_a_405_and_log_no_error(
+        method: str, path: str, caplog: pytest.LogCaptureFixture) -> None:
     async with app_client(make_settings()) as client:
-        r = await client.get("/predict")
+        r = await client.request(method, path)
     assert r.status_code == 405 and r.json()["error"]["type"] == "method_not_allowed"
+    assert r.headers["allow"] == "POST"
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
+
+
+async def test_a_mounted_app_matches_raw_routes_by_their_pattern() -> None:
+    """Under a root path the fixed-path lookup stands aside and Starlette's matching decides."""
+    async with app_client(make_settings()) as client:
+        app = client.app  # type: ignore[attr-defined]
+        scope = {**http_scope("/api/predict", app), "root_path": "/api"}
+        route, child = app._match(scope)
+        assert route.path == "/predict" and child["path_params"] == {}
+        assert app._match({**http_scope("/predict", app), "method": "GET"}) is None
+        named, params = app._match(http_scope("/models/linear/predict", app))
+        assert named.path == "/models/{name}/predict"
+        assert params["path_params"] == {"name": "linear"}
