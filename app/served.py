@@ -210,23 +210,30 @@ class ServedModel:
                 f"model '{self.name}' would answer in about {_duration(wait)}, after the "
                 f"request's deadline ({when})", retry_after_s(drain))
 
+    def decodes_inline(self, n: int) -> bool:
+        """Whether ``decode`` of ``n`` instances runs on the event loop without awaiting."""
+        return not self.handler.heavy_decode and n <= INLINE_DECODE_MAX_ITEMS
+
     async def decode(self, instances: list[Any]) -> list[Any]:
         """Validate and pre-process; heavy or large decodes run in the bounded decode pool."""
-        if not self.handler.heavy_decode and len(instances) <= INLINE_DECODE_MAX_ITEMS:
+        if self.decodes_inline(len(instances)):
             return self.handler.decode(instances)
         assert self._loop is not None
         return await self._loop.run_in_executor(self._pool, self.handler.decode, instances)
 
     def enqueue(self, items: list[Any], deadline: float, level: int | None = None,
-                trace: Any = None) -> PendingRequest:
+                trace: Any = None, admitted: bool = False) -> PendingRequest:
         """Admit a request whole at ``level`` (None: the default) or refuse it whole
         (Unavailable). Never waits. ``trace``: the request's span, when tracing is on.
+        ``admitted``: the caller's ``check_admissible`` for these items at this level passed, and
+        nothing has run on the event loop since, so it still holds and is not repeated.
 
         From here the request's future resolves exactly once: to its results, to an error, or to
         DeadlineExceeded when its deadline passes first (one timer, cancelled in ``result``).
         """
         level = level or self.settings.default_level
-        self.check_admissible(len(items), level)
+        if not admitted:
+            self.check_admissible(len(items), level)
         assert self._loop is not None
         now = time.monotonic()
         request = PendingRequest(self._loop.create_future(), len(items), deadline, now, level)

@@ -182,8 +182,9 @@ async def run_inference(
             deadline = min(deadline, arrived + asked.timeout_s)
         level = model.level_of(priority)
         model.check_admissible(len(instances), level, deadline)  # refuse before decoding
+        inline = model.decodes_inline(len(instances))  # then the check above still holds
         items = await model.decode(instances)
-        pending = model.enqueue(items, deadline, level, span)
+        pending = model.enqueue(items, deadline, level, span, admitted=inline)
         watch = DisconnectWatch(receive, pending)
         try:
             results = await model.result(pending)

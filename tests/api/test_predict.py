@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ import torch
 from app.api import predict
 from app.models.builtin import mlp_module
 from app.models.tensor import TensorHandler
+from app.served import INLINE_DECODE_MAX_ITEMS
 from tests.conftest import app_client, http_scope, make_settings, queued, sample, wait_until
 from tests.fakes import FailingHandler, GatedHandler, SlowLoadHandler, SteadyHandler
 
@@ -171,6 +174,44 @@ async def test_deadline_gives_504() -> None:
         assert_error(r, 504, "timeout", "deadline")
         handler.gate.set()
         assert (await first).status_code == 200
+
+
+class PoolDecodeGate(GatedHandler):
+    """A request of more than ``INLINE_DECODE_MAX_ITEMS`` instances is decoded in the pool, where
+    this decode waits for ``release``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_pool = threading.Event()
+        self.release = threading.Event()
+
+    def decode(self, instances: list[Any]) -> list[Any]:
+        if len(instances) > INLINE_DECODE_MAX_ITEMS:
+            self.in_pool.set()
+            if not self.release.wait(timeout=60):
+                raise RuntimeError("never released")
+        return super().decode(instances)
+
+
+async def test_admission_is_checked_again_after_a_decode_in_the_pool() -> None:
+    """The queue had room when the request arrived and fills while its decode runs in the pool
+    (an inline decode lets nothing run in between): it is refused whole, not queued past the
+    capacity."""
+    big = INLINE_DECODE_MAX_ITEMS + 1
+    handler = PoolDecodeGate()
+    settings = make_settings(queue_capacity=big, max_instances=big)
+    async with app_client(settings, handler) as client:
+        first = asyncio.create_task(client.post("/predict", json={"instances": [1]}))
+        await wait_until(handler.entered.is_set, "device busy")
+        large = asyncio.create_task(client.post("/predict", json={"instances": [2] * big}))
+        await wait_until(handler.in_pool.is_set, "decoding in the pool")
+        small = asyncio.create_task(client.post("/predict", json={"instances": [3]}))
+        await wait_until(lambda: queued(client) == 1, "one queued")
+        handler.release.set()
+        assert_error(await large, 503, "busy", "queue is full")
+        handler.gate.set()
+        assert [(await t).status_code for t in (first, small)] == [200, 200]
+        assert queued(client) == 0
 
 
 async def test_model_failure_gives_500_and_serving_goes_on() -> None:
