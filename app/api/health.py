@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 
 from app.api.deps import ServiceDep
 from app.schemas import ErrorResponse, HealthResponse
@@ -45,6 +45,7 @@ async def health_check(service: ServiceDep, model: str | None = None) -> Respons
                     "models": models})
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_model=None)
+@router.get("/metrics", summary="Prometheus metrics (text exposition format)",
+            response_model=None, response_class=PlainTextResponse)
 async def metrics(service: ServiceDep) -> Response:
     return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -48,3 +48,13 @@ async def test_metrics_count_requests_and_batches() -> None:
                  "batchserve_queue_wait_seconds_count", "batchserve_batch_compute_seconds_count",
                  'batchserve_device_busy_ratio{device="cpu"}'):
         assert name in text
+
+
+async def test_metrics_are_documented_as_what_they_are() -> None:
+    """Prometheus' text format, in the OpenAPI document as in the answer (schemathesis ST105)."""
+    async with app_client(make_settings()) as client:
+        answer = await client.get("/metrics")
+        schema = (await client.get("/openapi.json")).json()
+    documented = schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert list(documented) == ["text/plain"]
+    assert answer.headers["content-type"].split(";")[0] == "text/plain"
