@@ -45,7 +45,7 @@ def create_app(settings: Settings | None = None, handler: ModelHandler | None = 
     )
     app.state.service = service
     errors.install(app)
-    for route in predict.routes(service, *_default_model(service)):
+    for route in predict.routes(service, *_single_model(service)):
         app.add_raw_route(route)
     app.include_router(health.router)
     app.include_router(v2.router)
@@ -55,9 +55,9 @@ def create_app(settings: Settings | None = None, handler: ModelHandler | None = 
     return app
 
 
-def _default_model(service: InferenceService) -> tuple[dict[str, Any], int | None]:
-    """The per-instance schema and the priority levels of the model POST /predict serves,
-    where they are known now (the single ``--model`` setting)."""
+def _single_model(service: InferenceService) -> tuple[dict[str, Any], int | None]:
+    """The per-instance schema and the priority levels of the server's one model, where it is
+    known now (the single ``--model`` setting): every predict route serves it."""
     sources = service.repository.catalog.sources() if service.repository.catalog.single else {}
     for source in sources.values():
         if source.handler is not None and source.settings is not None:

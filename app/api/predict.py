@@ -66,17 +66,20 @@ class Predict:
 
 def routes(service: InferenceService, default_schema: dict[str, Any],
            default_levels: int | None = None) -> list[RawRoute]:
-    """``POST /predict`` (the default model, whose per-instance schema is ``default_schema``
-    and whose priority levels are ``default_levels``, where known) and
-    ``POST /models/{name}[/versions/{version}]/predict``."""
+    """``POST /predict`` and ``POST /models/{name}[/versions/{version}]/predict``. Where the
+    server's one model is known when the routes are made (a single ``--model``), every route
+    states its per-instance schema (``default_schema``) and priority levels
+    (``default_levels``): it is the only model any of them serves."""
     endpoint = Predict(service)
     return [
         RawRoute("/predict", endpoint, "POST",
                  openapi_operation(default_schema, "predict", levels=default_levels)),
         RawRoute("/models/{name}/predict", endpoint, "POST",
-                 openapi_operation({}, "predict_model", "name")),
+                 openapi_operation(default_schema, "predict_model", "name",
+                                   levels=default_levels)),
         RawRoute("/models/{name}/versions/{version}/predict", endpoint, "POST",
-                 openapi_operation({}, "predict_model_version", "name", "version")),
+                 openapi_operation(default_schema, "predict_model_version", "name", "version",
+                                   levels=default_levels)),
     ]
 
 

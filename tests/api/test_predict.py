@@ -303,13 +303,34 @@ async def test_openapi_documents_the_contract() -> None:
     assert {"X-Request-Timeout"} == {p["name"] for p in infer["parameters"] if p["in"] == "header"}
     body = infer["requestBody"]["content"]["application/json"]["schema"]
     assert body["properties"]["parameters"]["properties"]["priority"]["type"] == "integer"
-    # /predict serves a model known when the schema is built: its levels bound X-Priority.
+
+
+PREDICT_PATHS = ("/predict", "/models/{name}/predict", "/models/{name}/versions/{version}/predict")
+
+
+def predict_contract(doc: dict[str, Any], path: str) -> tuple[Any, dict[str, Any]]:
+    """A predict route's ``X-Priority`` maximum and per-instance schema, from an OpenAPI doc."""
+    post = doc["paths"][path]["post"]
+    priority, = (p for p in post["parameters"] if p["name"] == "X-Priority")
+    assert priority["schema"]["minimum"] == 0
+    body = post["requestBody"]["content"]["application/json"]["schema"]
+    return priority["schema"].get("maximum"), body["properties"]["instances"]["items"]
+
+
+async def test_every_predict_route_states_the_single_models_contract(tmp_path: Any) -> None:
+    """A single ``--model`` is known when the schema is built and every predict route serves
+    it: each states its levels (bounding X-Priority) and its instances. A repository's models
+    differ, so there the routes state neither."""
     async with app_client(make_settings(priority_levels=3)) as client:
         doc = (await client.get("/openapi.json")).json()
-    for path, maximum in (("/predict", 3), ("/models/{name}/predict", None)):
-        priority, = (p for p in doc["paths"][path]["post"]["parameters"]
-                     if p["name"] == "X-Priority")
-        assert priority["schema"].get("maximum") == maximum and priority["schema"]["minimum"] == 0
+    for path in PREDICT_PATHS:
+        maximum, items = predict_contract(doc, path)
+        assert maximum == 3 and items["minItems"] == items["maxItems"] == 4, path
+    settings = make_settings(model_repository=str(tmp_path), model_control_mode="explicit")
+    async with app_client(settings, wait_ready=False) as client:
+        doc = (await client.get("/openapi.json")).json()
+    for path in PREDICT_PATHS:
+        assert predict_contract(doc, path) == (None, {}), path
 
 
 @pytest.mark.parametrize(("header", "contains"), [
