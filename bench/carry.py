@@ -23,6 +23,7 @@ import importlib.metadata as metadata
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 from packaging.markers import default_environment
@@ -54,13 +55,30 @@ def pins() -> list[str]:
             continue
         dist = metadata.distribution(req.name)
         found[name] = dist.version
-        for line in dist.requires or []:
+        for line in requirements_of(dist):
             need = Requirement(line)  # its marker may name one of the extras asked of req
             if need.marker is None or any(need.marker.evaluate({**env, "extra": extra})
                                           for extra in ("", *req.extras)):
                 todo.append(need)
     found.pop("batchserve")  # travels as source, in the working tree
     return [f"{name}=={version}" for name, version in sorted(found.items())]
+
+
+def requirements_of(dist: metadata.Distribution) -> list[str]:
+    """What ``dist`` requires. batchserve's come from pyproject.toml: an editable install's
+    metadata is as old as the install and misses a dependency added since."""
+    if canonicalize_name(dist.metadata["Name"]) != "batchserve":
+        return list(dist.requires or [])
+    project = tomllib.loads(Path("pyproject.toml").read_text())["project"]
+    extras = project.get("optional-dependencies", {})
+    return [*project["dependencies"],
+            *(with_extra(need, extra) for extra, needs in extras.items() for need in needs)]
+
+
+def with_extra(need: str, extra: str) -> str:
+    """A requirement of an extra, as package metadata writes it: its marker names the extra."""
+    name, _, marker = need.partition(";")
+    return f"{name}; extra == '{extra}'" + (f" and ({marker.strip()})" if marker.strip() else "")
 
 
 def download(requirements: list[str], into: Path) -> None:
