@@ -31,6 +31,7 @@ from typing import Any
 import orjson
 
 from bench.run import (
+    answered_s,
     body_file,
     build_parser,
     cpu_seconds,
@@ -139,7 +140,7 @@ def http_floor() -> None:
         run_wrk(url, body, 64, 2)  # warm up
         for concurrency in (1, 64):
             r = run_wrk(url, body, concurrency, 10)
-            print(f"floor c={concurrency}: {r['requests'] / (r['duration_us'] / 1e6):.0f} "
+            print(f"floor c={concurrency}: {answered_s(r):.0f} "
                   f"req/s, p50 {r['p50_us'] / 1000:.2f} ms", flush=True)
 
 
@@ -163,7 +164,7 @@ def grouped_floor(group: int, concurrency: int, rounds: int, seconds: float,
                 loop0 = cpu_seconds(pid, pid)
                 r = run_wrk(url, body, concurrency, seconds)
                 loop_us = (cpu_seconds(pid, pid) - loop0) / r["requests"] * 1e6
-                got[name] = r["requests"] / (r["duration_us"] / 1e6)
+                got[name] = answered_s(r)
                 ratios[name].append(got[name] / offline)
                 line.append(f"{name} {got[name]:.0f} ({got[name] / offline:.2f} x, "
                             f"loop {loop_us:.0f} us)")

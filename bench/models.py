@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.run import HERE, instance_for, run_wrk, scrape, server_process
+from bench.run import HERE, answered_s, instance_for, run_wrk, scrape, server_process
 
 MODELS = ("mlp", "linear")
 
@@ -59,10 +59,9 @@ def drive(url: str, body: dict[str, str], loads: dict[str, int], seconds: float
 
 
 def row(label: str, name: str, r: dict[str, Any]) -> dict[str, Any]:
-    seconds = r["duration_us"] / 1e6
-    return {"run": label, "model": name, "items_s": r["requests"] / seconds,
+    return {"run": label, "model": name, "items_s": answered_s(r),
             "p50_ms": r["p50_us"] / 1000, "p99_ms": r["p99_us"] / 1000,
-            "errors": r["non200"] + r["socket_errors"]}
+            "errors": r["http_errors"] + r["socket_errors"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,9 +91,9 @@ def main(argv: list[str] | None = None) -> int:
             busy = drive(url, body, {"mlp": 64, "linear": 1}, args.seconds)
             rows.append(row("light c=1, heavy c=64", "linear", busy["linear"]))
             rows.append(row("light c=1, heavy c=64", "mlp", busy["mlp"]))
-            batches = scrape(url, "batchserve_batch_compute_seconds_count", model="mlp")
-            mlp_batch_ms = 1000 * scrape(url, "batchserve_batch_compute_seconds_sum",
-                                         model="mlp") / max(1.0, batches)
+            seconds, batches = scrape(url, "batchserve_batch_compute_seconds_sum",
+                                      "batchserve_batch_compute_seconds_count", model="mlp")
+            mlp_batch_ms = 1000 * seconds / max(1.0, batches)
     print(f"{'run':<24} {'model':<7} {'items/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}")
     for r in rows:
         print(f"{r['run']:<24} {r['model']:<7} {r['items_s']:>9.0f} {r['p50_ms']:>8.2f} "

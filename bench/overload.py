@@ -89,14 +89,14 @@ async def run(url: str, seconds: float) -> None:
         for row in (summary("ordinary", ordinary), summary("urgent", urgent)):
             show(row)
         await asyncio.sleep(5.0)  # let the queue drain
-        before = scrape(url, "batchserve_requests_total", status="200")
+        before, = scrape(url, "batchserve_requests_total", status="200")
         print(f"\nburst: {10 * CAPACITY:.0f}/s for {seconds:.0f}s, each with a 1 s deadline")
         started = time.monotonic()
         burst = await open_loop(client, 10 * CAPACITY, seconds, {"X-Request-Timeout": "1"})
         took = time.monotonic() - started
         show(summary("burst", burst, deadline_s=1.0))
         good = sum(1 for status, _, s in burst if status == 200 and s <= 1.0)
-        served = scrape(url, "batchserve_requests_total", status="200") - before
+        served = scrape(url, "batchserve_requests_total", status="200")[0] - before
         print(f"  goodput {good / took:.0f} answers/s within their deadline "
               f"({good / took / CAPACITY:.2f} x capacity); the server counted {served:.0f} "
               f"answers of 200")

@@ -237,17 +237,20 @@ def cpu_seconds(pid: int, thread: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def scrape(url: str, name: str, **labels: str) -> float:
-    """The sum of the samples ``name`` whose labels include ``labels``, from /metrics."""
+def scrape(url: str, *names: str, **labels: str) -> list[float]:
+    """For each of ``names``, the sum of its samples whose labels include ``labels``, all from one
+    read of /metrics: a histogram's sum and count then describe the same batches."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(url + "/metrics", timeout=10).text
-    return sum(float(s.value) for family in text_string_to_metric_families(text)
-               for s in family.samples if s.name == name and labels.items() <= s.labels.items())
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples
+               if labels.items() <= s.labels.items()]
+    return [sum(float(s.value) for s in samples if s.name == name) for name in names]
 
 
 def batch_totals(url: str) -> tuple[float, float]:
-    return scrape(url, "batchserve_batch_size_sum"), scrape(url, "batchserve_batch_size_count")
+    total, count = scrape(url, "batchserve_batch_size_sum", "batchserve_batch_size_count")
+    return total, count
 
 
 BODY_ENV, BODIES_ENV = "BENCH_BODY_FILE", "BENCH_BODIES_FILE"  # read by bench/post.lua
@@ -267,6 +270,12 @@ def run_wrk(url: str, body_file: str, concurrency: int, seconds: float,
     return result
 
 
+def answered_s(r: dict[str, Any]) -> float:
+    """Requests per second answered with success in a ``run_wrk`` result: wrk's count less the
+    answers it saw with a status of 400 or more (a refusal is not throughput)."""
+    return float((r["requests"] - r["http_errors"]) / (r["duration_us"] / 1e6))
+
+
 def measure(config: str, url: str, pid: int, body_file: str, concurrency: int,
             args: argparse.Namespace, round_: int, offline: float) -> Point:
     run_wrk(url, body_file, concurrency, max(1.0, args.seconds / 5))  # warm the path up
@@ -276,11 +285,10 @@ def measure(config: str, url: str, pid: int, body_file: str, concurrency: int,
         r = run_wrk(url, body_file, concurrency, args.seconds)
     loop1, cpu1, t1 = cpu_seconds(pid, pid), cpu_seconds(pid), time.monotonic()
     sum1, count1 = batch_totals(url)
-    seconds = r["duration_us"] / 1e6
-    req_s = r["requests"] / seconds
+    req_s = answered_s(r)
     return Point(
         config, concurrency, req_s, req_s * args.instances, r["p50_us"] / 1000,
-        r["p90_us"] / 1000, r["p99_us"] / 1000, r["non200"] + r["socket_errors"],
+        r["p90_us"] / 1000, r["p99_us"] / 1000, r["http_errors"] + r["socket_errors"],
         (sum1 - sum0) / max(1.0, count1 - count0), (cpu1 - cpu0) / (t1 - t0),
         (loop1 - loop0) / max(1, r["requests"]) * 1e6, sm.mean, round_, offline,
     )
@@ -493,7 +501,7 @@ def run_soak(args: argparse.Namespace) -> int:
               flush=True)
         run_wrk(url, body, 64, max(1.0, args.seconds / 5))  # warm the path up
         r = run_wrk(url, body, 64, args.seconds)
-        capacity = r["requests"] / (r["duration_us"] / 1e6) * args.soak_instances
+        capacity = answered_s(r) * args.soak_instances
         report = soak(args, url, pid, capacity, instance)
     return 0 if report.windows else 1
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from bench.run import run_wrk, scrape, server_process
+from bench.run import answered_s, run_wrk, scrape, server_process
 
 VOCABULARY = (
     "the of and to in a is that for it as was with be by on not he this are or his from at "
@@ -117,19 +117,19 @@ def main(argv: list[str] | None = None) -> int:
                 for name, url in urls.items():
                     rows[name].append(drive(url, bodies, args.concurrency, args.seconds))
             for name, url in urls.items():
-                s = scrape(url, "batchserve_padding_waste_ratio_sum")
-                c = scrape(url, "batchserve_padding_waste_ratio_count")
+                s, c = scrape(url, "batchserve_padding_waste_ratio_sum",
+                              "batchserve_padding_waste_ratio_count")
                 waste[name] = s / max(1.0, c)
 
     def items_s(r: dict[str, Any]) -> float:
-        return float(r["requests"] / (r["duration_us"] / 1e6))
+        return answered_s(r)
 
     print(f"\nminilm, concurrency {args.concurrency}, {args.rounds} alternating runs of "
           f"{args.seconds:.0f}s")
     for name, runs in rows.items():
         print(f"  {name:<14} items/s {[round(items_s(r)) for r in runs]}, p99 ms "
               f"{[round(r['p99_us'] / 1000) for r in runs]}, errors "
-              f"{sum(r['non200'] + r['socket_errors'] for r in runs)}, mean padding waste "
+              f"{sum(r['http_errors'] + r['socket_errors'] for r in runs)}, mean padding waste "
               f"{waste[name]:.2f}")
     ratios = [items_s(a) / items_s(b)
               for a, b in zip(rows["length-aware"], rows["arrival order"], strict=True)]

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.run import run_wrk, server_process
+from bench.run import answered_s, run_wrk, server_process
 from tests.otlp import Receiver, receiving
 
 BODIES = {"linear": '{"instances": [[1.0, 2.0, 3.0, 4.0]]}',
@@ -57,9 +57,9 @@ def compare(args: argparse.Namespace, endpoint: str) -> dict[str, list[dict[str,
                 with server_process(flags) as (url, _):
                     run_wrk(url, str(body), args.concurrency, 2.0)  # warm up
                     r = run_wrk(url, str(body), args.concurrency, args.seconds)
-                results[name].append({"req_s": r["requests"] / (r["duration_us"] / 1e6),
+                results[name].append({"req_s": answered_s(r),
                                       "p50_ms": r["p50_us"] / 1000, "p99_ms": r["p99_us"] / 1000,
-                                      "errors": r["non200"] + r["socket_errors"]})
+                                      "errors": r["http_errors"] + r["socket_errors"]})
     return results
 
 
