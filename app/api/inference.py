@@ -184,7 +184,8 @@ async def run_inference(
         model.check_admissible(len(instances), level, deadline)  # refuse before decoding
         inline = model.decodes_inline(len(instances))  # then the check above still holds
         items = await model.decode(instances)
-        pending = model.enqueue(items, deadline, level, span, admitted=inline)
+        admitted = inline and len(items) == len(instances)  # (a handler's decode keeps count)
+        pending = model.enqueue(items, deadline, level, span, admitted=admitted)
         watch = DisconnectWatch(receive, pending)
         try:
             results = await model.result(pending)

@@ -15,7 +15,13 @@ from app.models.builtin import mlp_module
 from app.models.tensor import TensorHandler
 from app.served import INLINE_DECODE_MAX_ITEMS
 from tests.conftest import app_client, http_scope, make_settings, queued, sample, wait_until
-from tests.fakes import FailingHandler, GatedHandler, SlowLoadHandler, SteadyHandler
+from tests.fakes import (
+    EchoHandler,
+    FailingHandler,
+    GatedHandler,
+    SlowLoadHandler,
+    SteadyHandler,
+)
 
 pytestmark = pytest.mark.asyncio
 
@@ -211,6 +217,22 @@ async def test_admission_is_checked_again_after_a_decode_in_the_pool() -> None:
         assert_error(await large, 503, "busy", "queue is full")
         handler.gate.set()
         assert [(await t).status_code for t in (first, small)] == [200, 200]
+        assert queued(client) == 0
+
+
+class Tripling(EchoHandler):
+    """Breaks the decode contract: three items for every instance."""
+
+    def decode(self, instances: list[Any]) -> list[Any]:
+        return super().decode(instances * 3)
+
+
+async def test_a_decode_that_adds_items_is_admitted_for_what_it_queues() -> None:
+    """The check before decoding saw one instance; the three items it became are checked again
+    (a full queue refuses them whole, never a partial put)."""
+    settings = make_settings(queue_capacity=2, max_instances=1)
+    async with app_client(settings, Tripling()) as client:
+        assert_error(await client.post("/predict", json={"instances": [1]}), 503, "busy")
         assert queued(client) == 0
 
 
