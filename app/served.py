@@ -222,17 +222,17 @@ class ServedModel:
         return await self._loop.run_in_executor(self._pool, self.handler.decode, instances)
 
     def enqueue(self, items: list[Any], deadline: float, level: int | None = None,
-                trace: Any = None, admitted: bool = False) -> PendingRequest:
+                trace: Any = None, admitted: int | None = None) -> PendingRequest:
         """Admit a request whole at ``level`` (None: the default) or refuse it whole
         (Unavailable). Never waits. ``trace``: the request's span, when tracing is on.
-        ``admitted``: the caller's ``check_admissible`` for these items at this level passed, and
-        nothing has run on the event loop since, so it still holds and is not repeated.
+        ``admitted``: how many items the caller's ``check_admissible`` at this level passed, with
+        nothing run on the event loop since; the check is repeated unless that is these items.
 
         From here the request's future resolves exactly once: to its results, to an error, or to
         DeadlineExceeded when its deadline passes first (one timer, cancelled in ``result``).
         """
         level = level or self.settings.default_level
-        if not admitted:
+        if admitted != len(items):
             self.check_admissible(len(items), level)
         assert self._loop is not None
         now = time.monotonic()

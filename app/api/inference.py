@@ -182,9 +182,9 @@ async def run_inference(
             deadline = min(deadline, arrived + asked.timeout_s)
         level = model.level_of(priority)
         model.check_admissible(len(instances), level, deadline)  # refuse before decoding
-        inline = model.decodes_inline(len(instances))  # then the check above still holds
+        # An inline decode lets nothing run before the put: the check above still holds then.
+        admitted = len(instances) if model.decodes_inline(len(instances)) else None
         items = await model.decode(instances)
-        admitted = inline and len(items) == len(instances)  # (a handler's decode keeps count)
         pending = model.enqueue(items, deadline, level, span, admitted=admitted)
         watch = DisconnectWatch(receive, pending)
         try:
