@@ -29,10 +29,13 @@ class ErrorFormat:
     nested: bool  # {"error": {"type", "message"}} rather than {"error": "message"}
     invalid_status: int  # what 422 (a malformed request) becomes
 
+    def status_of(self, status: int) -> int:
+        """The status this protocol answers for an error of ``status``."""
+        return self.invalid_status if status == 422 else status
+
     def render(self, status: int, type_: str, message: str,
                headers: dict[str, str] | None = None) -> Response:
-        if status == 422:
-            status = self.invalid_status
+        status = self.status_of(status)
         payload = {"error": {"type": type_, "message": message} if self.nested else message}
         return Response(orjson.dumps(payload), status_code=status,
                         media_type="application/json", headers=headers)

@@ -121,9 +121,15 @@ def one_input(**fields: object) -> dict[str, object]:
     ],
 )
 def test_client_mistakes_get_400(server, body: object, contains: str) -> None:  # type: ignore[no-untyped-def]
+    def counted(status: str) -> float:
+        return sample(httpx.get(server.url + "/metrics").text, "batchserve_requests_total",
+                      model="linear", status=status)
+
+    before = counted("400"), counted("422")
     r = infer_json(server.url, body)
     assert r.status_code == 400, r.text
     assert contains in r.json()["error"]
+    assert (counted("400"), counted("422")) == (before[0] + 1, before[1])  # as answered
 
 
 def test_overflowing_binary_shape_is_400(server) -> None:  # type: ignore[no-untyped-def]
