@@ -96,7 +96,8 @@ async def run(url: str, seconds: float) -> None:
         took = time.monotonic() - started
         show(summary("burst", burst, deadline_s=1.0))
         good = sum(1 for status, _, s in burst if status == 200 and s <= 1.0)
-        served = scrape(url, "batchserve_requests_total", status="200")[0] - before
+        after, = scrape(url, "batchserve_requests_total", status="200")
+        served = after - before
         print(f"  goodput {good / took:.0f} answers/s within their deadline "
               f"({good / took / CAPACITY:.2f} x capacity); the server counted {served:.0f} "
               f"answers of 200")

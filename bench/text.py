@@ -121,17 +121,14 @@ def main(argv: list[str] | None = None) -> int:
                               "batchserve_padding_waste_ratio_count")
                 waste[name] = s / max(1.0, c)
 
-    def items_s(r: dict[str, Any]) -> float:
-        return answered_s(r)
-
     print(f"\nminilm, concurrency {args.concurrency}, {args.rounds} alternating runs of "
           f"{args.seconds:.0f}s")
     for name, runs in rows.items():
-        print(f"  {name:<14} items/s {[round(items_s(r)) for r in runs]}, p99 ms "
+        print(f"  {name:<14} items/s {[round(answered_s(r)) for r in runs]}, p99 ms "
               f"{[round(r['p99_us'] / 1000) for r in runs]}, errors "
               f"{sum(r['http_errors'] + r['socket_errors'] for r in runs)}, mean padding waste "
               f"{waste[name]:.2f}")
-    ratios = [items_s(a) / items_s(b)
+    ratios = [answered_s(a) / answered_s(b)
               for a, b in zip(rows["length-aware"], rows["arrival order"], strict=True)]
     p99s = [a["p99_us"] / b["p99_us"]
             for a, b in zip(rows["length-aware"], rows["arrival order"], strict=True)]

@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
+from starlette.types import Scope
 
 from app.errors import ServeError
 
@@ -51,6 +52,11 @@ class V2Route(APIRoute):
     error_format = V2
 
 
+def format_of(scope: Scope) -> ErrorFormat:
+    """The error form of the route that matched ``scope`` (batchserve's when none did)."""
+    return getattr(scope.get("route"), "error_format", BATCHSERVE)
+
+
 def error_response(exc: Exception, fmt: ErrorFormat = BATCHSERVE) -> Response:
     """The response for any exception, in ``fmt``. Unexpected ones become a generic 500 (the
     server logs their traceback; nothing of it reaches the client)."""
@@ -74,8 +80,7 @@ def error_response(exc: Exception, fmt: ErrorFormat = BATCHSERVE) -> Response:
 
 
 async def _handle(request: Request, exc: Exception) -> Response:
-    fmt = getattr(request.scope.get("route"), "error_format", BATCHSERVE)
-    return error_response(exc, fmt)
+    return error_response(exc, format_of(request.scope))
 
 
 def install(app: FastAPI) -> None:

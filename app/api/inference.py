@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope
 
 from app.api.body import ClientGone, read_body
-from app.api.errors import BATCHSERVE, ErrorFormat
+from app.api.errors import format_of
 from app.batching import PendingRequest
 from app.errors import InvalidInput, NotFound, ServeError, Unauthorized
 from app.served import ServedModel
@@ -145,15 +145,14 @@ async def run_inference(
     version: str | None,
     parse: Callable[[ServedModel, bytes], tuple[list[Any], Parsed, Asked]],
     render: Callable[[ServedModel, list[Any], Parsed], Response],
-    errors: ErrorFormat = BATCHSERVE,
 ) -> Response:
     """Serve one inference request for model ``name`` (None: the default) at ``version`` (None:
     the one taking its default traffic); ``parse`` gives (instances, context for ``render``, what
     the body asks for: its priority wins over ``X-Priority``, and the shortest of its timeout,
     ``X-Request-Timeout`` and the model's ``request_timeout_s`` sets the deadline).
 
-    Raises ServeError for the caller's error conversion (app/api/errors.py), in ``errors``,
-    the protocol's error form: the metrics count the status the client is answered with."""
+    Raises ServeError for the caller's error conversion (app/api/errors.py), in the form of
+    the route's protocol: the metrics count the status the client is answered with."""
     arrived = time.monotonic()
     settings = service.settings
     try:
@@ -207,7 +206,7 @@ async def run_inference(
         metrics.rejected("disconnected")
         return Response(status_code=CLIENT_CLOSED)
     except ServeError as exc:
-        status = errors.status_of(exc.status)
+        status = format_of(scope).status_of(exc.status)
         if status != 500:
             metrics.rejected(exc.type)
         raise

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 import app as package
 from app.api.deps import ServiceDep
-from app.api.errors import V2, V2Route
+from app.api.errors import V2Route
 from app.api.inference import TIMEOUT_PARAMETER, Asked, run_inference
 from app.api.v2 import describe
 from app.api.v2.codec import (
@@ -171,4 +171,4 @@ async def infer(request: Request, service: ServiceDep, name: str, version: str |
                 ) -> Response:
     parse = _parse(request.headers.get(HEADER_LENGTH))
     return await run_inference(request.scope, request.receive, service, name, version, parse,
-                               _render, V2)
+                               _render)
