@@ -86,11 +86,12 @@ class BatchPolicy:
 
     At once when it is full, or when no request other than those in it is in flight (a lone
     client, or a closed loop whose every client is in this batch, can send nothing more). Else
-    it waits for the arrivals that pay for themselves: m more items, expected within
-    ``d = m x gap``, join if the batch's total completion time with them, ``(k + m)(d + t(k+m))``,
-    is less than going now and serving them after, ``k t(k) + m (t(k) + t(m))``. The wait is
-    bounded by ``max_wait_s`` of device idleness and by ``slack_s``, the time left before the
-    tightest deadline (or latency target) of the items held, which the batch must still meet.
+    it waits for the arrivals that pay for themselves: with k items held, m more expected within
+    ``d = m x gap`` join if the device then serves more items per second, counting the wait,
+    ``(k + m) / (d + t(k+m))``, than going now, ``k / t(k)``; it waits for the m that serves the
+    most. The wait is bounded by ``max_wait_s`` of device idleness and by ``slack_s``, the time
+    left before the tightest deadline (or latency target) of the items held, which the batch
+    must still meet.
     """
 
     max_batch_size: int
@@ -115,15 +116,14 @@ class BatchPolicy:
             arrivals = min(arrivals, int(remaining / gap_s))
         if price is None:
             return arrivals * gap_s
-        now_s = price(size)
-        best = 0.0
+        best, best_items, best_s = 0.0, size, price(size)
         for m in range(1, arrivals + 1):
             d = m * gap_s
             together = d + price(size + m)
             if together > slack_s:
                 break
-            if (size + m) * together < size * now_s + m * (now_s + price(m)):
-                best = d
+            if (size + m) * best_s > best_items * together:  # more items per second
+                best, best_items, best_s = d, size + m, together
         return best
 
 
@@ -151,6 +151,33 @@ class ArrivalRate:
     @property
     def gap_s(self) -> float | None:
         return statistics.median(self.gaps) if self.gaps else None
+
+
+@dataclass
+class RecentPeak:
+    """The most requests in flight at once within the last one to two seconds (windows of
+    ``window_s``): how many clients a closed loop has, even at the moment its batch has been
+    answered and they are all on their way back. Noted on the event loop, read by device threads
+    (a read that races a note misjudges one wait at most)."""
+
+    window_s: float = 1.0
+    peak: int = 0  # in the current window
+    last: int = 0  # in the window before it
+    started: float = float("-inf")  # when the current window started
+
+    def note(self, in_flight: int, now: float) -> None:
+        age = now - self.started
+        if age >= self.window_s:
+            self.last = self.peak if age < 2 * self.window_s else 0
+            self.peak, self.started = 0, now
+        if in_flight > self.peak:
+            self.peak = in_flight
+
+    def value(self, now: float) -> int:
+        age = now - self.started
+        if age >= 2 * self.window_s:
+            return 0
+        return self.peak if age >= self.window_s else max(self.peak, self.last)
 
 
 class ItemSource(Protocol):

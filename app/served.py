@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from app.admission import predicted_wait_s, retry_after_s, room
-from app.batching import BatchPolicy, BatchReport, PendingItem, PendingRequest
+from app.batching import BatchPolicy, BatchReport, PendingItem, PendingRequest, RecentPeak
 from app.config import BatchSettings
 from app.cost import CostModel
 from app.errors import (
@@ -35,7 +35,6 @@ from app.queues import ModelQueue
 from app.tracing import Tracing
 
 INLINE_DECODE_MAX_ITEMS = 64  # light decodes of small requests stay on the loop
-PEAK_DECAY = 0.5  # per second: how fast the recent peak of requests in flight is forgotten
 WORK_WEIGHT = 0.05  # how far one batch moves the model's typical work and tokens per item
 
 
@@ -70,8 +69,7 @@ class ServedModel:
         self.state = ModelState.LOADING
         self.reason = ""
         self.in_flight = 0
-        self._peak = 0.0  # recent peak of in_flight (concurrency), and when it was read
-        self._peak_at = 0.0
+        self._peak = RecentPeak()  # of in_flight: the clients to expect (``concurrency``)
         self.outputs: list[TensorSpec] | None = None  # learned from the warm-up results
         self.costs: dict[str, CostModel] = {}  # per device (label); refined on the loop
         self.work_per_item = 1.0  # cost-model work of a typical item (padded tokens, for text)
@@ -165,15 +163,12 @@ class ServedModel:
                                f"levels 1 (most urgent) to {self.settings.priority_levels}")
         return asked
 
-    def _recent_peak(self, now: float) -> float:
-        return float(self._peak * PEAK_DECAY ** (now - self._peak_at))
-
     def concurrency(self) -> int:
-        """Requests to expect in flight: admitted now, or the recent peak of that, which halves
-        every second (device threads read it; ``enqueue`` records the peak). A closed-loop
+        """Requests to expect in flight: admitted now, or the most admitted at once within the
+        last one to two seconds (device threads read it; ``enqueue`` notes it). A closed-loop
         client answered a moment ago is not in flight but is on its way back; a lone client
         keeps the peak at one."""
-        return max(self.in_flight, int(self._recent_peak(time.monotonic())))
+        return max(self.in_flight, self._peak.value(time.monotonic()))
 
     # ---- the request path ------------------------------------------------------------------------
 
@@ -245,8 +240,7 @@ class ServedModel:
         for index, data in enumerate(items):
             put(PendingItem(request, index, data, key(data)))
         self.in_flight += 1
-        if self.in_flight >= self._recent_peak(now):
-            self._peak, self._peak_at = float(self.in_flight), now
+        self._peak.note(self.in_flight, now)
         request.timer = self._loop.call_later(deadline - now, _expire, request.future)
         if self.queue.depth >= self.wake_depth and not self._ring_due:
             # Rung once this pass of the event loop is done: a burst of requests that arrived

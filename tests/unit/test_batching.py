@@ -11,6 +11,7 @@ from app.batching import (
     BatchPolicy,
     PendingItem,
     PendingRequest,
+    RecentPeak,
     collect_batch,
     group_by,
     split_live,
@@ -166,6 +167,23 @@ def test_waiting_does_not_pay_when_every_item_costs_the_same() -> None:
     assert WIDE.wait_s(4, 0.0, 0.0002, 4, linear_cost) == 0.0
 
 
+def per_batch_and_per_item(n: int) -> float:
+    """A compute-bound model with a fixed cost per batch (MiniLM on a CPU): 6 ms + 1.9 an item."""
+    return 0.006 + 0.0019 * n
+
+
+def test_waiting_pays_when_the_bigger_batch_serves_more_items_per_second() -> None:
+    """Eight queued, eight more on their way back (a closed loop of 16 in two halves). Going now
+    and serving the others after would finish the sixteen sooner on average, and the halves
+    would never meet again: 8 items per 21.2 ms. Waiting serves 16 per 37.2 ms."""
+    assert WIDE.wait_s(8, 0.0, 0.0001, 8, per_batch_and_per_item) == pytest.approx(8 * 0.0001)
+
+
+def test_no_wait_when_items_come_slower_than_the_batch_in_hand_is_served() -> None:
+    # 4 items per 13.6 ms now; waiting 2 ms per arrival would serve fewer per second
+    assert BatchPolicy(32, 0.010).wait_s(4, 0.0, 0.002, 8, per_batch_and_per_item) == 0.0
+
+
 def test_a_deadline_or_target_too_close_forbids_the_wait() -> None:
     # waiting for m arrivals finishes after 0.2 m + 7.2 + 0.12 (4 + m) ms: two fit in 8.5 ms
     assert WIDE.wait_s(4, 0.0, 0.0002, 4, flat, slack_s=0.0085) == pytest.approx(0.0004)
@@ -220,6 +238,26 @@ def test_the_gap_of_bursty_arrivals_is_the_gap_inside_a_burst() -> None:
         for i in range(8):
             rate.observe(request(100.0 + burst * 0.0094 + i * 0.0002))
     assert rate.gap_s == pytest.approx(0.0002)
+
+
+def test_the_recent_peak_keeps_a_closed_loops_size_between_its_rounds() -> None:
+    """Sixteen clients, all in flight once per round: between rounds (and for the round's
+    slowest, 70 ms later) the peak still says sixteen."""
+    peak = RecentPeak()
+    for round_at in (100.0, 100.07, 100.14):
+        for in_flight in range(1, 17):
+            peak.note(in_flight, round_at)
+        assert peak.value(round_at + 0.069) == 16
+
+
+def test_the_recent_peak_forgets_within_two_windows() -> None:
+    peak = RecentPeak(window_s=1.0)
+    peak.note(16, 100.0)
+    peak.note(1, 101.2)  # load dropped: a new window, the last one's peak still counts
+    assert peak.value(101.5) == 16
+    peak.note(1, 102.3)
+    assert peak.value(102.4) == 1
+    assert peak.value(104.4) == 0  # nothing noted for two windows
 
 
 def test_expired_and_cancelled_items_are_split_off() -> None:

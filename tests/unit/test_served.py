@@ -51,6 +51,20 @@ async def test_an_urgent_request_goes_before_less_urgent_ones() -> None:
     assert handler.batches == [[0.0], [3.0, 1.0], [2.0]]
 
 
+async def test_a_closed_loop_answered_a_moment_ago_still_counts_all_its_clients() -> None:
+    """Sixteen clients in flight, all answered: they are on their way back, and a device thread
+    deciding now must expect sixteen, not fifteen (it would start a batch of fifteen and leave
+    the last to a batch of its own)."""
+    handler = GatedHandler()
+    async with running(handler, max_batch_size=16) as service:
+        model = only(service)
+        clients = [asyncio.create_task(call(model, [v])) for v in range(16)]
+        await wait_until(lambda: model.in_flight == 16, "sixteen in flight")
+        handler.gate.set()
+        await asyncio.gather(*clients)
+        assert model.in_flight == 0 and model.concurrency() == 16
+
+
 async def test_under_overload_the_least_urgent_are_refused_first() -> None:
     """Two levels, capacity 4: ordinary traffic fills the queue; urgent requests still get in."""
     handler = GatedHandler()
