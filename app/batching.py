@@ -18,6 +18,10 @@ T = TypeVar("T")
 
 MIN_NAP_S = 0.0001  # shortest nap while a batch fills (below this, waking costs more than it saves)
 UNKNOWN_RATE_NAP_S = 0.0005  # nap while a batch fills before any arrival rate is known
+# Arrivals due within this share of the batch in hand's time are a closed loop's clients on their
+# way back, not an open loop's next requests: worth waiting for whenever the device then serves
+# more items per second (docs/scheduler.md, section 2).
+RETURNING_SHARE = 0.25
 
 
 class PendingRequest:
@@ -87,11 +91,13 @@ class BatchPolicy:
     At once when it is full, or when no request other than those in it is in flight (a lone
     client, or a closed loop whose every client is in this batch, can send nothing more). Else
     it waits for the arrivals that pay for themselves: with k items held, m more expected within
-    ``d = m x gap`` join if the device then serves more items per second, counting the wait,
-    ``(k + m) / (d + t(k+m))``, than going now, ``k / t(k)``; it waits for the m that serves the
-    most. The wait is bounded by ``max_wait_s`` of device idleness and by ``slack_s``, the time
-    left before the tightest deadline (or latency target) of the items held, which the batch
-    must still meet.
+    ``d = m x gap`` join if that finishes all of them sooner on average, ``(k + m)(d + t(k+m))``
+    against ``k t(k) + m (t(k) + t(m))`` for going now and serving them after; or, if they are
+    due within ``RETURNING_SHARE`` of ``t(k)``, if the device then serves more items per second,
+    the wait counted, ``(k + m) / (d + t(k+m))`` against ``k / t(k)``. It waits for the largest
+    m that pays. The wait is bounded by ``max_wait_s`` of device idleness and by ``slack_s``,
+    the time left before the tightest deadline (or latency target) of the items held, which the
+    batch must still meet.
     """
 
     max_batch_size: int
@@ -116,14 +122,17 @@ class BatchPolicy:
             arrivals = min(arrivals, int(remaining / gap_s))
         if price is None:
             return arrivals * gap_s
-        best, best_items, best_s = 0.0, size, price(size)
+        now_s = price(size)
+        best = 0.0
         for m in range(1, arrivals + 1):
             d = m * gap_s
             together = d + price(size + m)
             if together > slack_s:
                 break
-            if (size + m) * best_s > best_items * together:  # more items per second
-                best, best_items, best_s = d, size + m, together
+            sooner = (size + m) * together < size * now_s + m * (now_s + price(m))
+            faster = d <= RETURNING_SHARE * now_s and (size + m) * now_s > size * together
+            if sooner or faster:
+                best = d
         return best
 
 

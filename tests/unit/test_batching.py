@@ -179,6 +179,12 @@ def test_waiting_pays_when_the_bigger_batch_serves_more_items_per_second() -> No
     assert WIDE.wait_s(8, 0.0, 0.0001, 8, per_batch_and_per_item) == pytest.approx(8 * 0.0001)
 
 
+def test_later_arrivals_are_waited_for_only_if_that_finishes_them_sooner() -> None:
+    """An open loop's next request, due in 3.5 ms against a 7.9 ms batch: a batch of 2 would serve
+    more items per second, but going now and serving it after finishes the two sooner."""
+    assert BatchPolicy(32, 0.010).wait_s(1, 0.0, 0.0035, 3, per_batch_and_per_item) == 0.0
+
+
 def test_no_wait_when_items_come_slower_than_the_batch_in_hand_is_served() -> None:
     # 4 items per 13.6 ms now; waiting 2 ms per arrival would serve fewer per second
     assert BatchPolicy(32, 0.010).wait_s(4, 0.0, 0.002, 8, per_batch_and_per_item) == 0.0
