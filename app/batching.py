@@ -129,10 +129,9 @@ class BatchPolicy:
             together = d + price(size + m)
             if together > slack_s:
                 break
-            sooner = (size + m) * together < size * now_s + m * (now_s + price(m))
             faster = d <= RETURNING_SHARE * now_s and (size + m) * now_s > size * together
-            if sooner or faster:
-                best = d
+            if faster or (size + m) * together < size * now_s + m * (now_s + price(m)):
+                best = d  # more items per second, or all of them sooner
         return best
 
 
