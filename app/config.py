@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -33,6 +34,7 @@ DEFAULT_MAX_WAIT_MS = 5.0
 DEFAULT_QUEUE_CAPACITY = 1024
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 DEFAULT_MAX_INSTANCES = 256
+DAY_S = 86400.0  # the longest a timeout or lease may be: longer ones overflow timers and Redis
 
 
 class BatchSettings(BaseModel):
@@ -50,7 +52,7 @@ class BatchSettings(BaseModel):
         DEFAULT_MAX_BATCH_SIZE, ge=1, le=65536, description="most items in one model call"
     )
     max_wait_ms: float = Field(
-        DEFAULT_MAX_WAIT_MS, ge=0,
+        DEFAULT_MAX_WAIT_MS, ge=0, allow_inf_nan=False,
         description="longest the device stays idle while a batch fills (a ceiling; default 5, "
         "at most half of request_timeout_s)",
     )
@@ -58,7 +60,7 @@ class BatchSettings(BaseModel):
         DEFAULT_QUEUE_CAPACITY, ge=1, description="items the bounded queue holds"
     )
     request_timeout_s: float = Field(
-        DEFAULT_REQUEST_TIMEOUT_S, gt=0,
+        DEFAULT_REQUEST_TIMEOUT_S, gt=0, le=DAY_S, allow_inf_nan=False,
         description="default deadline of a request, arrival to answer",
     )
     max_instances: int = Field(
@@ -66,8 +68,9 @@ class BatchSettings(BaseModel):
         description="most instances in one request (default: 256, at most queue_capacity)",
     )
     latency_target_ms: float | None = Field(
-        None, gt=0, description="largest batches whose predicted completion keeps the oldest "
-        "item within this (default: none)",
+        None, gt=0, allow_inf_nan=False,
+        description="largest batches whose predicted completion keeps the oldest item within "
+        "this (default: none)",
     )
     priority_levels: int = Field(
         2, ge=1, le=64, description="request priority levels, 1 the most urgent"
@@ -177,12 +180,15 @@ class Settings(BaseSettings, BatchSettings):
     job_stream: str = Field("batchserve:jobs", description="job mode: stream of jobs")
     job_group: str = Field("batchserve", description="job mode: consumer group of the workers")
     job_lease_s: float = Field(
-        60.0, gt=0, description="job mode: a job not finished or renewed within this is taken over"
+        60.0, gt=0, le=DAY_S, allow_inf_nan=False,
+        description="job mode: a job not finished or renewed within this is taken over"
     )
     job_max_deliveries: int = Field(
         3, ge=1, description="job mode: deliveries before a job is dead-lettered"
     )
-    result_ttl_s: int = Field(86400, ge=1, description="job mode: how long results are kept")
+    result_ttl_s: int = Field(
+        86400, ge=1, le=int(365 * DAY_S), description="job mode: how long results are kept"
+    )
     worker_metrics_port: int | None = Field(
         None, ge=0, le=65535, description="job mode: serve /metrics on host:port (default: off)"
     )
@@ -217,9 +223,10 @@ class Settings(BaseSettings, BatchSettings):
 
 def _number(value: Any) -> float | None:
     try:
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         return None  # not a number: the field's own validation reports it
+    return number if math.isfinite(number) else None
 
 
 def derive_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
@@ -237,7 +244,7 @@ def derive_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
     if "max_wait_ms" not in given and timeout_s is not None and timeout_s > 0:
         out["max_wait_ms"] = min(DEFAULT_MAX_WAIT_MS, timeout_s * 1000.0 / 2)
     if "request_timeout_s" not in given and wait_ms is not None:
-        out["request_timeout_s"] = max(DEFAULT_REQUEST_TIMEOUT_S, 2 * wait_ms / 1000.0)
+        out["request_timeout_s"] = min(DAY_S, max(DEFAULT_REQUEST_TIMEOUT_S, 2 * wait_ms / 1000.0))
     return out
 
 

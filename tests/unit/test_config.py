@@ -62,6 +62,27 @@ def test_defaults_give_way_to_what_the_user_set(given: dict, derived: dict) -> N
     assert s.explicit == set(given)
 
 
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"request_timeout_s": float("inf")}, "request_timeout_s: Input should be a finite"),
+        ({"max_wait_ms": "inf"}, "max_wait_ms: Input should be a finite number$"),
+        ({"latency_target_ms": float("nan")}, "latency_target_ms: Input should be a finite"),
+        ({"job_lease_s": float("inf")}, "job_lease_s: Input should be a finite"),
+        ({"request_timeout_s": 1e300}, "request_timeout_s: Input should be less than or equal"),
+        ({"job_lease_s": 1e12}, "job_lease_s: Input should be less than or equal"),
+        ({"result_ttl_s": 10**20}, "result_ttl_s: Input should be less than or equal"),
+        ({"max_wait_ms": 1e9}, r"max_wait_ms \(1000000000.0\) must be shorter than "
+                               r"request_timeout_s \(86400.0\)"),
+    ],
+)
+def test_endless_times_are_refused_naming_only_what_was_set(given: dict, named: str) -> None:
+    """An infinite or absurdly long time would overflow a timer, a thread join or Redis at run
+    time (a traceback at shutdown); it is refused at start-up, naming the setting given."""
+    with pytest.raises(ConfigError, match=named):
+        load_settings(None, given)
+
+
 def test_the_environment_alone_gives_a_working_queue(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BATCHSERVE_QUEUE_CAPACITY", "4")
     s = load_settings()
