@@ -99,7 +99,7 @@ def priority_header(header: bytes | None) -> int | None:
     if header is None:
         return None
     if not (header.isascii() and header.isdigit()):
-        raise InvalidInput(f"{PRIORITY_HEADER} must be a whole number, got "
+        raise InvalidInput(f"{PRIORITY_HEADER} must be a whole number >= 0, got "
                            f"{header.decode('latin-1')!r}")
     return int(header)
 

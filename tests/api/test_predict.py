@@ -358,7 +358,7 @@ async def test_every_predict_route_states_the_single_models_contract(tmp_path: A
 @pytest.mark.parametrize(("header", "contains"), [
     ("3", "priority 3 is out of range: model 'linear' has levels 1 (most urgent) to 2"),
     ("high", "X-Priority must be a whole number"),
-    ("-1", "X-Priority must be a whole number"),
+    ("-1", "X-Priority must be a whole number >= 0"),
 ])
 async def test_a_bad_priority_is_refused_naming_the_range(header: str, contains: str) -> None:
     async with app_client(make_settings()) as client:
