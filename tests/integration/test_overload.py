@@ -109,3 +109,85 @@ async def test_ten_times_capacity_is_answered_once_and_recovers() -> None:
     assert health.status_code == 200 and health.json()["status"] == "ready"
     # back to idle speed: a backlog would add whole SLEEP_S model calls to each lone request
     assert statistics.median(after) < 2 * statistics.median(idle) + SLEEP_S
+
+
+MIXED = {  # kind: (share of the requests in 8, headers, seconds the client waits before leaving)
+    "urgent": (1, {"X-Priority": "1"}, None),
+    "normal": (3, {}, None),
+    "short": (2, {"X-Request-Timeout": "0.15"}, None),
+    "leaves": (2, {}, 0.2),
+}
+
+
+async def mixed_post(client: httpx.AsyncClient, kind: str,
+                     i: int) -> tuple[str, httpx.Response | None, float]:
+    """One request of ``kind``; the response is None where the client gave up and closed."""
+    _, headers, gives_up_s = MIXED[kind]
+    started = time.monotonic()
+    try:
+        response = await client.post("/predict", json={"instances": [[i, 1.0]]}, headers=headers,
+                                     timeout=gives_up_s or WAIT_S)
+    except httpx.TimeoutException:
+        return kind, None, time.monotonic() - started
+    return kind, response, time.monotonic() - started
+
+
+async def test_mixed_levels_deadlines_and_leavers_are_each_answered_once() -> None:
+    """Five times capacity of urgent, ordinary, short-deadline and leaving clients at once: each
+    answer is right or a clean refusal, the server counts each request once, the urgent fare
+    better than the rest, and afterwards the server is idle and ready."""
+    args = ("--model", "tests.fakes:sleep_module", "--devices", "cpu",
+            "--max-batch-size", str(MAX_BATCH), "--queue-capacity", "8", "--max-instances", "2",
+            "--request-timeout-s", str(TIMEOUT_S), "--log-level", "warning")
+    kinds = [kind for kind, (share, _, _) in MIXED.items() for _ in range(share)]
+    limits = httpx.Limits(max_connections=400, max_keepalive_connections=400)
+    with serve(*args, env={"SLEEP_S": str(SLEEP_S / 2)}) as (_, url):
+        wait_ready(url)
+        async with httpx.AsyncClient(base_url=url, timeout=WAIT_S, limits=limits) as client:
+            tasks = []
+            start = time.monotonic()
+            for i in range(int(RATE * SECONDS)):
+                delay = start + i / RATE - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(mixed_post(client, kinds[i % len(kinds)], i)))
+            answers = await asyncio.gather(*tasks)
+
+            async def settled() -> bool:
+                text = (await client.get("/metrics")).text
+                return (sample(text, "batchserve_in_flight_requests") == 0
+                        and sample(text, "batchserve_queue_depth") == 0)
+
+            await wait_until(settled, "queue drained")
+            text = (await client.get("/metrics")).text
+            health = await client.get("/health_check")
+            after = await client.post("/predict", json={"instances": [[1.0, 1.0]]})
+
+    ok = {kind: 0 for kind in MIXED}
+    for index, (kind, response, seconds) in enumerate(answers):
+        if response is None:
+            assert kind == "leaves"
+            continue
+        assert response.status_code in {200, 503, 504}, (kind, response.status_code)
+        if response.status_code == 200:
+            assert response.json() == {"predictions": [[2.0 * index, 2.0]]}
+            ok[kind] += 1
+        elif response.status_code == 503:
+            assert response.json()["error"]["type"] in {"busy", "deadline"}
+            assert int(response.headers["retry-after"]) >= 1
+        else:
+            assert response.json()["error"]["type"] == "timeout"
+        limit_s = 0.15 if kind == "short" else TIMEOUT_S
+        assert seconds < limit_s + 1.0, (kind, response.status_code, seconds)
+    sent = {kind: sum(k == kind for k, _, _ in answers) for kind in MIXED}
+    left = sum(response is None for _, response, _ in answers)
+    # Once each: every answered request counted exactly once; a leaver is counted once if the
+    # server saw it (as 200, 499, 503 or 504), not at all if it left before its headers were read.
+    counted = sum(sample(text, "batchserve_requests_total", status=str(s))
+                  for s in (200, 499, 503, 504))
+    assert sample(text, "batchserve_requests_total", status="500") == 0
+    assert len(answers) - left <= counted <= len(answers)
+    assert ok["normal"] < sent["normal"] / 2, "the load was not an overload"
+    assert ok["urgent"] / sent["urgent"] > ok["normal"] / sent["normal"]
+    assert health.status_code == 200 and health.json()["status"] == "ready"
+    assert after.status_code == 200
