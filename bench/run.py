@@ -173,16 +173,17 @@ def server(workload: str, max_batch: int, args: argparse.Namespace) -> Iterator[
 
 
 @contextmanager
-def server_process(flags: list[str]) -> Iterator[tuple[str, int]]:
-    """``batchserve serve FLAGS`` on a free loopback port, ready: (url, pid)."""
+def server_process(flags: list[str], cwd: str | None = None) -> Iterator[tuple[str, int]]:
+    """``batchserve serve FLAGS`` on a free loopback port, ready: (url, pid). ``cwd``: the
+    checkout whose server runs (default: this one)."""
     cmd = [sys.executable, "-m", "app", "serve", "--log-level", "warning", *flags]
-    with listening(cmd, "/health_check", {"HF_HUB_OFFLINE": "1"}) as started:
+    with listening(cmd, "/health_check", {"HF_HUB_OFFLINE": "1"}, cwd=cwd) as started:
         yield started
 
 
 @contextmanager
 def listening(cmd: list[str], ready_path: str, env: dict[str, str],
-              inherit: bool = True) -> Iterator[tuple[str, int]]:
+              inherit: bool = True, cwd: str | None = None) -> Iterator[tuple[str, int]]:
     """``cmd`` serving on a free loopback port, with ``env`` added to the environment: (url,
     pid) once ``GET ready_path`` answers 200; terminated on exit. With ``inherit`` the bound
     socket is passed (``--fd N``, as batchserve takes it); else the port is (``--port N``):
@@ -199,7 +200,7 @@ def listening(cmd: list[str], ready_path: str, env: dict[str, str],
     else:
         sock.close()  # the server binds the port itself
         where, fds = ["--port", str(port)], []
-    proc = subprocess.Popen([*cmd, *where], pass_fds=fds, env={**os.environ, **env})
+    proc = subprocess.Popen([*cmd, *where], pass_fds=fds, env={**os.environ, **env}, cwd=cwd)
     sock.close()
     url = f"http://127.0.0.1:{port}"
     try:
