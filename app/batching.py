@@ -22,6 +22,7 @@ UNKNOWN_RATE_NAP_S = 0.0005  # nap while a batch fills before any arrival rate i
 # way back, not an open loop's next requests: worth waiting for whenever the device then serves
 # more items per second (docs/scheduler.md, section 2).
 RETURNING_SHARE = 0.25
+TRIPS_KNOWN = 4  # round trips seen before a closed loop's is trusted
 
 
 class PendingRequest:
@@ -84,6 +85,10 @@ class BatchReport:
 Price = Callable[[int], float]  # seconds a batch like the one in hand would take at n items
 
 
+Wait = tuple[float, int]  # seconds to wait for more items, and how many arrivals that is for
+NO_WAIT: Wait = (0.0, 0)
+
+
 @dataclass(frozen=True)
 class BatchPolicy:
     """When a batch starts (docs/scheduler.md, section 2).
@@ -91,74 +96,138 @@ class BatchPolicy:
     At once when it is full, or when no request other than those in it is in flight (a lone
     client, or a closed loop whose every client is in this batch, can send nothing more). Else
     it waits for the arrivals that pay for themselves: with k items held, m more expected within
-    ``d = m x gap`` join if that finishes all of them sooner on average, ``(k + m)(d + t(k+m))``
-    against ``k t(k) + m (t(k) + t(m))`` for going now and serving them after; or, if they are
-    due within ``RETURNING_SHARE`` of ``t(k)``, if the device then serves more items per second,
+    ``d`` join if that finishes all of them sooner on average, ``(k + m)(d + t(k+m))`` against
+    ``k t(k) + m (t(k) + t(m))`` for going now and serving them after; or, if they are due
+    within ``RETURNING_SHARE`` of ``t(k)``, if the device then serves more items per second,
     the wait counted, ``(k + m) / (d + t(k+m))`` against ``k / t(k)``. It waits for the largest
-    m that pays. The wait is bounded by ``max_wait_s`` of device idleness and by ``slack_s``,
-    the time left before the tightest deadline (or latency target) of the items held, which the
-    batch must still meet.
+    m that pays. The m-th arrival is expected ``m`` recent gaps from now or, where a closed
+    loop's round trip is in sight, when the clients answered last are due back, whichever is
+    sooner. In such a loop the k and the m, served in turns, keep the device busy while the
+    other part is on its way back; joined, every round pays the round trip idle. So there they
+    join only if ``trip + t(k+m) < t(k) + t(m)``. The wait is bounded by ``max_wait_s`` of
+    device idleness and by ``slack_s``, the time left before the tightest deadline (or latency
+    target) of the items held, which the batch must still meet.
     """
 
     max_batch_size: int
     max_wait_s: float
 
     def wait_s(self, size: int, idle_s: float, gap_s: float | None, others: int | None,
-               price: Price | None, slack_s: float = float("inf")) -> float:
-        """Seconds worth waiting for more items before starting a batch of ``size`` (0: go).
+               price: Price | None, slack_s: float = float("inf"),
+               returning: tuple[float, float] | None = None) -> Wait:
+        """Seconds worth waiting for more items before starting a batch of ``size``, and how
+        many arrivals that wait is for (``NO_WAIT``: go).
 
         ``idle_s``: how long the device has waited for this batch already. ``gap_s``: the
-        recent mean gap between request arrivals (None: unknown). ``others``: admitted requests
-        not in this batch (None: unknown). ``price``: the cost model (None: unknown, then any
-        arrival within the budget is worth waiting for)."""
+        recent typical gap between request arrivals (None: unknown). ``others``: admitted
+        requests not in this batch (None: unknown). ``price``: the cost model (None: unknown,
+        then any arrival within the budget is worth waiting for). ``returning``: (the time a
+        client takes to come back after its answer, the time since the latest answers were
+        sent), from ``ArrivalRate.returning``; used only where that round trip is within
+        ``RETURNING_SHARE`` of ``t(k)``, the mark of a closed loop (an open loop's arrivals
+        are spread over the whole batch)."""
         free = self.max_batch_size - size
         remaining = min(self.max_wait_s - idle_s, slack_s)
         if free <= 0 or others == 0 or remaining <= 0.0:
-            return 0.0
-        if gap_s is None:
-            return min(remaining, UNKNOWN_RATE_NAP_S)  # look again soon
+            return NO_WAIT
+        now_s = price(size) if price is not None else None
+        loop = _closed_loop(returning, now_s)
+        back = loop[1] if loop is not None else None
+        if gap_s is None and back is None:
+            return min(remaining, UNKNOWN_RATE_NAP_S), 1  # look again soon
         arrivals = free if others is None else min(free, others)
-        if gap_s > 0.0:
-            arrivals = min(arrivals, int(remaining / gap_s))
-        if price is None:
-            return arrivals * gap_s
-        now_s = price(size)
-        best = 0.0
+
+        def due(m: int) -> float:  # when the m-th more item is expected
+            d = m * gap_s if gap_s is not None else float("inf")
+            return d if back is None else min(d, back)
+
+        best = NO_WAIT
         for m in range(1, arrivals + 1):
-            d = m * gap_s
-            together = d + price(size + m)
+            d = due(m)
+            if d > remaining:
+                break
+            if price is None or now_s is None:
+                best = (d, m)
+                continue
+            whole = price(size + m)
+            together = d + whole
             if together > slack_s:
                 break
+            if loop is not None and loop[0] + whole >= now_s + price(m):
+                continue  # taking turns, each part's round trip hidden by the other's batch
             faster = d <= RETURNING_SHARE * now_s and (size + m) * now_s > size * together
             if faster or (size + m) * together < size * now_s + m * (now_s + price(m)):
-                best = d  # more items per second, or all of them sooner
+                best = (d, m)  # more items per second, or all of them sooner
         return best
+
+
+def _closed_loop(returning: tuple[float, float] | None,
+                 now_s: float | None) -> tuple[float, float] | None:
+    """(a closed loop's round trip, seconds until its clients answered last are back), or None:
+    no round trip known, none short enough against a batch of ``now_s`` to be a closed loop's,
+    or the clients so late (twice the round trip) that they are not coming. Once they are late,
+    the wait runs to that give-up point; a nap ends as soon as they arrive. Never less than the
+    shortest nap, which is what waiting at all costs."""
+    if returning is None or now_s is None:
+        return None
+    trip, since = returning
+    if trip > RETURNING_SHARE * now_s or since >= 2 * trip:
+        return None
+    return trip, max(trip - since if since < trip else 2 * trip - since, MIN_NAP_S)
 
 
 @dataclass
 class ArrivalRate:
-    """The typical gap between consecutive request arrivals: the median of the last few. Closed
-    loops arrive in bursts (a batch's clients come back together) and a mean would mix the gaps
-    inside a burst with the long one between bursts; the median is the gap inside."""
+    """What a device thread knows of a model's arrivals: the typical gap between consecutive
+    requests, and how long a client takes to come back after its answer.
+
+    The gap is the median of the last few. Closed loops arrive in bursts (a batch's clients come
+    back together) and a mean would mix the gaps inside a burst with the long one between
+    bursts; the median is the gap inside. Two clients taking turns have one gap of each kind, so
+    there the median says nothing; the round trip does. It is the time from the latest answers
+    sent (``answered``) to each arrival, the upper quartile of the last few: in a closed loop
+    a short, steady time; in an open loop spread over the whole time between answers."""
 
     window: int = 16
     last: PendingRequest | None = None
     gaps: deque[float] = field(default_factory=deque)
+    trips: deque[float] = field(default_factory=deque)
+    answers: deque[float] = field(default_factory=lambda: deque(maxlen=4))
 
     def observe(self, request: PendingRequest) -> None:
         last = self.last
         if last is request:
             return  # another item of the same request: not a new arrival
         self.last = request
-        if last is None or request.enqueued_at < last.enqueued_at:
+        arrived = request.enqueued_at
+        for answered in reversed(self.answers):
+            if answered <= arrived:
+                _push(self.trips, arrived - answered, self.window)
+                break
+        if last is None or arrived < last.enqueued_at:
             return
-        self.gaps.append(request.enqueued_at - last.enqueued_at)
-        if len(self.gaps) > self.window:
-            self.gaps.popleft()
+        _push(self.gaps, arrived - last.enqueued_at, self.window)
+
+    def answered(self, now: float) -> None:
+        """A batch's answers were sent at ``now`` (the device thread's clock)."""
+        self.answers.append(now)
 
     @property
     def gap_s(self) -> float | None:
         return statistics.median(self.gaps) if self.gaps else None
+
+    def returning(self, now: float) -> tuple[float, float] | None:
+        """(the round trip, seconds since the latest answers), or None until a few are known."""
+        if len(self.trips) < TRIPS_KNOWN or not self.answers:
+            return None
+        trips = sorted(self.trips)
+        return trips[(3 * len(trips)) // 4], now - self.answers[-1]
+
+
+def _push(window: deque[float], value: float, size: int) -> None:
+    window.append(value)
+    if len(window) > size:
+        window.popleft()
 
 
 @dataclass
@@ -234,12 +303,11 @@ def collect_batch(
             slack = min(slack, oldest + latency_target_s - now)
         others = None if concurrency is None else max(0, concurrency() - len(requests))
         price = pricing(batch) if pricing is not None else None
-        gap = rate.gap_s
-        wait = effective.wait_s(len(batch), now - started, gap, others, price, slack)
+        wait, expected = effective.wait_s(len(batch), now - started, rate.gap_s, others, price,
+                                          slack, rate.returning(now))
         if wait <= 0.0:
             return batch
-        expected = int(wait / gap) if gap else 1  # the arrivals it waits for
-        nap(max(wait, MIN_NAP_S), max(1, expected))
+        nap(max(wait, MIN_NAP_S), expected)
 
 
 def split_live(

@@ -164,6 +164,8 @@ class DeviceWorker:
                 source = slot.source()
                 if flights:  # the device is busy: take what is queued, no waiting
                     in_hand = source.take(slot.batch_limit)
+                    for item in in_hand:
+                        slot.rate.observe(item.request)
                 else:
                     in_hand = collect_batch(
                         source, slot.model.policy, slot.batch_limit, slot.rate,
@@ -289,6 +291,7 @@ class DeviceWorker:
             report.work.append(work)
             report.tokens.append(tokens)
             report.results.extend(zip(items, outputs, strict=True))
+        slot.rate.answered(time.monotonic())
         self._loop.call_soon_threadsafe(slot.model.deliver, report)
 
     def _model_failed(self, slot: Slot, items: list[PendingItem], report: BatchReport) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from app.batching import (
+    NO_WAIT,
     ArrivalRate,
     BatchPolicy,
     PendingItem,
@@ -136,12 +137,12 @@ def test_effective_limit_caps_the_batch() -> None:
 
 def test_the_decision_is_pure() -> None:
     """No cost known: any arrival the budget holds is worth waiting for (at the recent rate)."""
-    assert POLICY.wait_s(4, 0.0, 0.001, 3, None) == 0.0  # full
-    assert POLICY.wait_s(1, 0.0, 0.001, 0, None) == 0.0  # nothing else in flight
-    assert POLICY.wait_s(1, 0.006, 0.001, 3, None) == 0.0  # idle past max_wait
-    assert POLICY.wait_s(1, 0.0, 0.001, 3, None) == pytest.approx(0.003)  # three more, 1 ms apart
-    assert POLICY.wait_s(1, 0.0, 0.010, 3, None) == 0.0  # the next one is due too late
-    assert POLICY.wait_s(1, 0.0, None, 3, None) == pytest.approx(0.0005)  # look again soon
+    assert POLICY.wait_s(4, 0.0, 0.001, 3, None) == NO_WAIT  # full
+    assert POLICY.wait_s(1, 0.0, 0.001, 0, None) == NO_WAIT  # nothing else in flight
+    assert POLICY.wait_s(1, 0.006, 0.001, 3, None) == NO_WAIT  # idle past max_wait
+    assert POLICY.wait_s(1, 0.0, 0.001, 3, None) == (pytest.approx(0.003), 3)  # 1 ms apart
+    assert POLICY.wait_s(1, 0.0, 0.010, 3, None) == NO_WAIT  # the next one is due too late
+    assert POLICY.wait_s(1, 0.0, None, 3, None) == (pytest.approx(0.0005), 1)  # look again soon
 
 
 WIDE = BatchPolicy(max_batch_size=32, max_wait_s=0.005)
@@ -159,12 +160,11 @@ def linear_cost(n: int) -> float:
 
 def test_waiting_pays_when_a_bigger_batch_costs_little_more() -> None:
     # 4 queued, 4 more in flight (a closed loop of 8), arriving every 0.2 ms
-    wait = WIDE.wait_s(4, 0.0, 0.0002, 4, flat)
-    assert wait == pytest.approx(4 * 0.0002)  # wait for all four
+    assert WIDE.wait_s(4, 0.0, 0.0002, 4, flat) == (pytest.approx(4 * 0.0002), 4)  # all four
 
 
 def test_waiting_does_not_pay_when_every_item_costs_the_same() -> None:
-    assert WIDE.wait_s(4, 0.0, 0.0002, 4, linear_cost) == 0.0
+    assert WIDE.wait_s(4, 0.0, 0.0002, 4, linear_cost) == NO_WAIT
 
 
 def per_batch_and_per_item(n: int) -> float:
@@ -176,24 +176,118 @@ def test_waiting_pays_when_the_bigger_batch_serves_more_items_per_second() -> No
     """Eight queued, eight more on their way back (a closed loop of 16 in two halves). Going now
     and serving the others after would finish the sixteen sooner on average, and the halves
     would never meet again: 8 items per 21.2 ms. Waiting serves 16 per 37.2 ms."""
-    assert WIDE.wait_s(8, 0.0, 0.0001, 8, per_batch_and_per_item) == pytest.approx(8 * 0.0001)
+    assert WIDE.wait_s(8, 0.0, 0.0001, 8, per_batch_and_per_item) == (pytest.approx(0.0008), 8)
 
 
 def test_later_arrivals_are_waited_for_only_if_that_finishes_them_sooner() -> None:
     """An open loop's next request, due in 3.5 ms against a 7.9 ms batch: a batch of 2 would serve
     more items per second, but going now and serving it after finishes the two sooner."""
-    assert BatchPolicy(32, 0.010).wait_s(1, 0.0, 0.0035, 3, per_batch_and_per_item) == 0.0
+    assert BatchPolicy(32, 0.010).wait_s(1, 0.0, 0.0035, 3, per_batch_and_per_item) == NO_WAIT
+
+
+def test_two_clients_taking_turns_are_waited_for_when_their_round_trip_is_short() -> None:
+    """Two clients, each served alone while the other's request waits: the arrivals are a batch
+    apart, so the gap says the partner is due in 7.9 ms and waiting cannot pay. But it was
+    answered a moment ago and comes back in 1 ms: 2 items per 10.8 ms against 1 per 7.9."""
+    turns = BatchPolicy(32, 0.005)
+    assert turns.wait_s(1, 0.0, 0.0079, 1, per_batch_and_per_item) == NO_WAIT
+    assert turns.wait_s(1, 0.0, 0.0079, 1, per_batch_and_per_item,
+                        returning=(0.001, 0.0)) == (pytest.approx(0.001), 1)
+    # 0.4 ms after the answers, the partner is due in 0.6
+    assert turns.wait_s(1, 0.0, 0.0079, 1, per_batch_and_per_item,
+                        returning=(0.001, 0.0004)) == (pytest.approx(0.0006), 1)
+
+
+def twice_for_two(n: int) -> float:
+    """A model whose batch of 2 costs all but 20 us of two batches of 1 (the mlp on this CPU)."""
+    return 0.00428 * n - 0.00002 * (n - 1)
+
+
+def test_a_returning_client_is_not_waited_for_when_a_pair_costs_two_singles() -> None:
+    """Served in turns, each client's request runs while the other's is on its way: the device
+    never idles. The partner is due in 10 us, and a pair saves 20 us on paper, but no wait is
+    shorter than the shortest nap (0.1 ms): not worth it."""
+    turns = BatchPolicy(32, 0.005)
+    assert turns.wait_s(1, 0.0, 0.0043, 1, twice_for_two,
+                        returning=(0.0003, 0.00029)) == NO_WAIT
+
+
+def pair_saves_a_little(n: int) -> float:
+    """A batch of 2 costs 0.12 ms less than two batches of 1 (4.2 ms each)."""
+    return 0.0042 * n - 0.00012 * (n - 1)
+
+
+def test_clients_taking_turns_are_not_joined_when_the_round_trip_costs_more_than_it_saves(
+) -> None:
+    """Two clients whose requests came back together (0.5 ms round trip), the partner due in
+    0.1 ms. A pair serves more items per second than the single in hand, but joined, every
+    round then idles the device for the whole round trip, 0.5 ms, to save 0.12: taking turns,
+    each round trip is hidden behind the other's batch."""
+    turns = BatchPolicy(32, 0.005)
+    assert turns.wait_s(1, 0.0, 0.0042, 1, pair_saves_a_little,
+                        returning=(0.0005, 0.0004)) == NO_WAIT
+    # with a round trip shorter than what the pair saves, they join
+    assert turns.wait_s(1, 0.0, 0.0042, 1, pair_saves_a_little,
+                        returning=(0.0001, 0.0)) == (pytest.approx(0.0001), 1)
+
+
+def test_late_returning_clients_are_waited_for_until_twice_their_round_trip() -> None:
+    turns = BatchPolicy(32, 0.005)
+    assert turns.wait_s(1, 0.0, 0.0079, 1, per_batch_and_per_item,
+                        returning=(0.001, 0.0015)) == (pytest.approx(0.0005), 1)
+    assert turns.wait_s(1, 0.0, 0.0079, 1, per_batch_and_per_item,
+                        returning=(0.001, 0.0021)) == NO_WAIT  # not coming
+
+
+def test_a_round_trip_as_long_as_an_open_loops_is_not_taken_for_a_closed_loop() -> None:
+    """Open-loop arrivals land anywhere between two answers: their 'round trip' is a sizeable
+    share of a batch (here 3 ms of 7.9), and the partner is not expected then."""
+    turns = BatchPolicy(32, 0.005)
+    assert turns.wait_s(1, 0.0, 0.0079, 1, per_batch_and_per_item,
+                        returning=(0.003, 0.0028)) == NO_WAIT
+
+
+def test_the_round_trip_is_measured_from_the_latest_answers_before_each_arrival() -> None:
+    rate = ArrivalRate()
+    assert rate.returning(100.0) is None
+    rate.observe(request(99.0))  # before any answer: no round trip
+    for answered, trip in ((100.0, 0.0010), (100.010, 0.0012), (100.020, 0.0009),
+                           (100.030, 0.0011)):
+        rate.answered(answered)
+        rate.observe(request(answered + trip))
+    # an arrival from before the latest answer counts from the answer before it
+    rate.answered(100.040)
+    rate.observe(request(100.0395))
+    assert rate.trips == pytest.approx([0.0010, 0.0012, 0.0009, 0.0011, 0.0095])
+    trip, since = rate.returning(100.0405)  # type: ignore[misc]
+    assert trip == pytest.approx(0.0012)  # the upper quartile
+    assert since == pytest.approx(0.0005)
+
+
+def test_two_clients_taking_turns_share_a_batch() -> None:
+    """The collector: one request queued (it came during the last batch), its partner answered
+    at 100.0 and due back 1 ms later; the batch takes both, after one nap."""
+    rate = ArrivalRate()
+    for answered in (99.96, 99.97, 99.98, 99.99):  # turns: each answer, the other back 1 ms later
+        rate.answered(answered)
+        rate.observe(request(answered + 0.001))
+    rate.answered(100.0)
+    clock, q = setup([99.991, 100.001])
+    batch = collect_batch(q, BatchPolicy(32, 0.005), 32, rate, lambda: 2,
+                          lambda items: per_batch_and_per_item, clock=clock, nap=q.nap)
+    assert [i.data for i in batch] == [99.991, 100.001]
+    assert clock.now == pytest.approx(100.001) and clock.naps == 1
 
 
 def test_no_wait_when_items_come_slower_than_the_batch_in_hand_is_served() -> None:
     # 4 items per 13.6 ms now; waiting 2 ms per arrival would serve fewer per second
-    assert BatchPolicy(32, 0.010).wait_s(4, 0.0, 0.002, 8, per_batch_and_per_item) == 0.0
+    assert BatchPolicy(32, 0.010).wait_s(4, 0.0, 0.002, 8, per_batch_and_per_item) == NO_WAIT
 
 
 def test_a_deadline_or_target_too_close_forbids_the_wait() -> None:
     # waiting for m arrivals finishes after 0.2 m + 7.2 + 0.12 (4 + m) ms: two fit in 8.5 ms
-    assert WIDE.wait_s(4, 0.0, 0.0002, 4, flat, slack_s=0.0085) == pytest.approx(0.0004)
-    assert WIDE.wait_s(4, 0.0, 0.0002, 4, flat, slack_s=0.0070) == 0.0
+    assert WIDE.wait_s(4, 0.0, 0.0002, 4, flat, slack_s=0.0085) == (pytest.approx(0.0004), 2)
+    assert WIDE.wait_s(4, 0.0, 0.0002, 4, flat, slack_s=0.0070) == NO_WAIT
 
 
 def test_the_ceiling_counts_idle_time_not_time_in_the_queue() -> None:
