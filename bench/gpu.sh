@@ -46,9 +46,9 @@ main() {
     --deselect tests/unit/models/test_minilm.py::test_minilm_matches_sentence_transformers
   echo "== tests exit $?"
 
-  sweep mlp 256 1,8,64,256
+  sweep mlp 256 1,2,8,64,256
   sweep mlp 256 1,8,64 "--instances 32 --configs batchserve"
-  sweep minilm 128 1,8,64,256
+  sweep minilm 128 1,2,8,64,256
 }
 
 main 2>&1 | tee "$OUT/gpu.log"
