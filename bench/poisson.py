@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from bench.run import batch_totals, instance_for, server_process
+from bench.soak import percentile
 
 
 async def post(client: httpx.AsyncClient, body: dict[str, object], due: float) -> float | None:
@@ -65,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
                     items, batches = batch_totals(url)
                     got = asyncio.run(poisson(url, body, rate, args.seconds, seed=round_))
                     items2, batches2 = batch_totals(url)
-                    ok = sorted(s for s in got if s is not None)
-                    p99 = ok[min(len(ok) - 1, int(0.99 * len(ok)))] if ok else float("nan")
+                    ok = [s for s in got if s is not None]
+                    p99 = percentile(ok, 0.99) if ok else float("nan")
                     batch = (items2 - items) / max(batches2 - batches, 1)
                     print(f"{build[-40:]:40} {rate:6.0f} {round_:5d} "
                           f"{statistics.median(ok) * 1e3 if ok else float('nan'):8.2f} "

@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import pytest
@@ -22,6 +24,7 @@ TIMEOUT_S = 1.0
 RATE = 200  # requests/s offered: 10 x capacity
 SECONDS = 3.0
 BODY = {"instances": [[1.0, 2.0]]}
+T = TypeVar("T")
 
 
 def rss_bytes(pid: int) -> int:
@@ -46,16 +49,23 @@ async def lone_latencies(client: httpx.AsyncClient, n: int = 5) -> list[float]:
     return out
 
 
-async def open_loop(client: httpx.AsyncClient) -> list[tuple[httpx.Response, float]]:
-    """Send at RATE per second for SECONDS, whatever the answers: arrivals do not wait."""
+async def open_loop(send: Callable[[int], Awaitable[T]]) -> list[T]:
+    """``send(i)`` at RATE per second for SECONDS, whatever the answers: arrivals do not wait."""
     tasks = []
     start = time.monotonic()
     for i in range(int(RATE * SECONDS)):
         delay = start + i / RATE - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(timed_post(client)))
+        tasks.append(asyncio.create_task(send(i)))
     return await asyncio.gather(*tasks)
+
+
+async def drained(client: httpx.AsyncClient) -> bool:
+    """Nothing in flight and nothing queued, as the server's metrics say."""
+    text = (await client.get("/metrics")).text
+    return (sample(text, "batchserve_in_flight_requests") == 0
+            and sample(text, "batchserve_queue_depth") == 0)
 
 
 async def test_ten_times_capacity_is_answered_once_and_recovers() -> None:
@@ -71,16 +81,10 @@ async def test_ten_times_capacity_is_answered_once_and_recovers() -> None:
             idle = await lone_latencies(client)
             rss_before = rss_bytes(proc.pid)
 
-            answers = await open_loop(client)
+            answers = await open_loop(lambda _: timed_post(client))
 
             rss_after = rss_bytes(proc.pid)
-
-            async def settled() -> bool:
-                text = (await client.get("/metrics")).text
-                return (sample(text, "batchserve_in_flight_requests") == 0
-                        and sample(text, "batchserve_queue_depth") == 0)
-
-            await wait_until(settled, "queue drained")
+            await wait_until(lambda: drained(client), "queue drained")
             health = await client.get("/health_check")
             text = (await client.get("/metrics")).text
             after = await lone_latencies(client)
@@ -144,21 +148,8 @@ async def test_mixed_levels_deadlines_and_leavers_are_each_answered_once() -> No
     with serve(*args, env={"SLEEP_S": str(SLEEP_S / 2)}) as (_, url):
         wait_ready(url)
         async with httpx.AsyncClient(base_url=url, timeout=WAIT_S, limits=limits) as client:
-            tasks = []
-            start = time.monotonic()
-            for i in range(int(RATE * SECONDS)):
-                delay = start + i / RATE - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(mixed_post(client, kinds[i % len(kinds)], i)))
-            answers = await asyncio.gather(*tasks)
-
-            async def settled() -> bool:
-                text = (await client.get("/metrics")).text
-                return (sample(text, "batchserve_in_flight_requests") == 0
-                        and sample(text, "batchserve_queue_depth") == 0)
-
-            await wait_until(settled, "queue drained")
+            answers = await open_loop(lambda i: mixed_post(client, kinds[i % len(kinds)], i))
+            await wait_until(lambda: drained(client), "queue drained")
             text = (await client.get("/metrics")).text
             health = await client.get("/health_check")
             after = await client.post("/predict", json={"instances": [[1.0, 1.0]]})
