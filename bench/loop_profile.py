@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.run import body_file, instance_for, listening, run_wrk
+from bench.run import body_file, instance_for, run_wrk, server_flags, server_process
 
 
 def serve(out: str, argv: list[str]) -> int:
@@ -74,11 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "loop.prof")
-        cmd = [sys.executable, "-m", "bench.loop_profile", "--serve", out, "serve",
-               "--model", args.workload, "--devices", "cpu", "--torch-threads", "1",
-               "--max-batch-size", str(args.max_batch_size), "--log-level", "warning"]
+        flags = server_flags(args.workload, args.max_batch_size)
+        launcher = ("-m", "bench.loop_profile", "--serve", out)
         with body_file([instance_for(args.workload, 0)]) as body, \
-                listening(cmd, "/health_check", {"HF_HUB_OFFLINE": "1"}) as (url, pid):
+                server_process(flags, launcher=launcher) as (url, pid):
             run_wrk(url, body, args.concurrency, 2)  # warm-up, not profiled
             os.kill(pid, signal.SIGUSR1)
             result = run_wrk(url, body, args.concurrency, args.seconds)

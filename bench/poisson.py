@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.run import batch_totals, instance_for, server_process
+from bench.run import batch_totals, instance_for, server_flags, server_process
 from bench.soak import percentile
 
 
@@ -53,8 +53,7 @@ def run(args: argparse.Namespace) -> int:
     builds = [str(Path(b).resolve()) for b in args.builds.split(",")]
     rates = [float(r) for r in args.rates.split(",")]
     body = {"instances": [instance_for(args.workload, 0)]}
-    flags = ["--model", args.workload, "--devices", "cpu", "--torch-threads", "1",
-             "--max-batch-size", str(args.max_batch_size), "--queue-capacity", "4096"]
+    flags = server_flags(args.workload, args.max_batch_size)
     print(f"{'build':40} {'rate':>6} {'round':>5} {'p50 ms':>8} {'p99 ms':>8} {'batch':>6} "
           f"{'failed':>6}")
     with ExitStack() as stack:

@@ -162,21 +162,28 @@ def check_answers(url: str, workload: str) -> None:
     print(f"  answers match the model called directly (max abs diff {error:.2e})", flush=True)
 
 
+def server_flags(workload: str, max_batch: int, devices: str = "cpu", max_wait_ms: float = 5.0,
+                 torch_threads: int = 1) -> list[str]:
+    """The flags every benchmark serves ``workload`` with (a queue no load here fills)."""
+    return ["--model", workload, "--devices", devices, "--max-batch-size", str(max_batch),
+            "--max-wait-ms", str(max_wait_ms), "--torch-threads", str(torch_threads),
+            "--queue-capacity", "4096", "--max-instances", "256"]
+
+
 @contextmanager
 def server(workload: str, max_batch: int, args: argparse.Namespace) -> Iterator[tuple[str, int]]:
-    with server_process([
-        "--model", workload, "--devices", args.devices, "--max-batch-size", str(max_batch),
-        "--max-wait-ms", str(args.max_wait_ms), "--torch-threads", str(args.torch_threads),
-        "--queue-capacity", "4096", "--max-instances", "256",
-    ]) as started:
+    flags = server_flags(workload, max_batch, args.devices, args.max_wait_ms, args.torch_threads)
+    with server_process(flags) as started:
         yield started
 
 
 @contextmanager
-def server_process(flags: list[str], cwd: str | None = None) -> Iterator[tuple[str, int]]:
+def server_process(flags: list[str], cwd: str | None = None,
+                   launcher: tuple[str, ...] = ("-m", "app")) -> Iterator[tuple[str, int]]:
     """``batchserve serve FLAGS`` on a free loopback port, ready: (url, pid). ``cwd``: the
-    checkout whose server runs (default: this one)."""
-    cmd = [sys.executable, "-m", "app", "serve", "--log-level", "warning", *flags]
+    checkout whose server runs (default: this one); ``launcher``: what runs it, after the
+    Python interpreter (a module that wraps the CLI, as bench.loop_profile does)."""
+    cmd = [sys.executable, *launcher, "serve", "--log-level", "warning", *flags]
     with listening(cmd, "/health_check", {"HF_HUB_OFFLINE": "1"}, cwd=cwd) as started:
         yield started
 
