@@ -189,12 +189,11 @@ def test_two_clients_taking_turns_are_waited_for_when_their_round_trip_is_short(
     """Two clients, each served alone while the other's request waits: the arrivals are a batch
     apart, so the gap says the partner is due in 7.9 ms and waiting cannot pay. But it was
     answered a moment ago and comes back in 1 ms: 2 items per 10.8 ms against 1 per 7.9."""
-    turns = BatchPolicy(32, 0.005)
-    assert turns.wait_s(1, 0.0, 0.0079, 1, per_batch_and_per_item) == NO_WAIT
-    assert turns.wait_s(1, 0.0, 0.0079, 1, per_batch_and_per_item,
+    assert WIDE.wait_s(1, 0.0, 0.0079, 1, per_batch_and_per_item) == NO_WAIT
+    assert WIDE.wait_s(1, 0.0, 0.0079, 1, per_batch_and_per_item,
                         returning=(0.001, 0.0)) == (pytest.approx(0.001), 1)
     # 0.4 ms after the answers, the partner is due in 0.6
-    assert turns.wait_s(1, 0.0, 0.0079, 1, per_batch_and_per_item,
+    assert WIDE.wait_s(1, 0.0, 0.0079, 1, per_batch_and_per_item,
                         returning=(0.001, 0.0004)) == (pytest.approx(0.0006), 1)
 
 
@@ -207,8 +206,7 @@ def test_a_returning_client_is_not_waited_for_when_a_pair_costs_two_singles() ->
     """Served in turns, each client's request runs while the other's is on its way: the device
     never idles. The partner is due in 10 us, and a pair saves 20 us on paper, but no wait is
     shorter than the shortest nap (0.1 ms): not worth it."""
-    turns = BatchPolicy(32, 0.005)
-    assert turns.wait_s(1, 0.0, 0.0043, 1, twice_for_two,
+    assert WIDE.wait_s(1, 0.0, 0.0043, 1, twice_for_two,
                         returning=(0.0003, 0.00029)) == NO_WAIT
 
 
@@ -223,27 +221,24 @@ def test_clients_taking_turns_are_not_joined_when_the_round_trip_costs_more_than
     0.1 ms. A pair serves more items per second than the single in hand, but joined, every
     round then idles the device for the whole round trip, 0.5 ms, to save 0.12: taking turns,
     each round trip is hidden behind the other's batch."""
-    turns = BatchPolicy(32, 0.005)
-    assert turns.wait_s(1, 0.0, 0.0042, 1, pair_saves_a_little,
+    assert WIDE.wait_s(1, 0.0, 0.0042, 1, pair_saves_a_little,
                         returning=(0.0005, 0.0004)) == NO_WAIT
     # with a round trip shorter than what the pair saves, they join
-    assert turns.wait_s(1, 0.0, 0.0042, 1, pair_saves_a_little,
+    assert WIDE.wait_s(1, 0.0, 0.0042, 1, pair_saves_a_little,
                         returning=(0.0001, 0.0)) == (pytest.approx(0.0001), 1)
 
 
 def test_late_returning_clients_are_waited_for_until_twice_their_round_trip() -> None:
-    turns = BatchPolicy(32, 0.005)
-    assert turns.wait_s(1, 0.0, 0.0079, 1, per_batch_and_per_item,
+    assert WIDE.wait_s(1, 0.0, 0.0079, 1, per_batch_and_per_item,
                         returning=(0.001, 0.0015)) == (pytest.approx(0.0005), 1)
-    assert turns.wait_s(1, 0.0, 0.0079, 1, per_batch_and_per_item,
+    assert WIDE.wait_s(1, 0.0, 0.0079, 1, per_batch_and_per_item,
                         returning=(0.001, 0.0021)) == NO_WAIT  # not coming
 
 
 def test_a_round_trip_as_long_as_an_open_loops_is_not_taken_for_a_closed_loop() -> None:
     """Open-loop arrivals land anywhere between two answers: their 'round trip' is a sizeable
     share of a batch (here 3 ms of 7.9), and the partner is not expected then."""
-    turns = BatchPolicy(32, 0.005)
-    assert turns.wait_s(1, 0.0, 0.0079, 1, per_batch_and_per_item,
+    assert WIDE.wait_s(1, 0.0, 0.0079, 1, per_batch_and_per_item,
                         returning=(0.003, 0.0028)) == NO_WAIT
 
 
@@ -273,7 +268,7 @@ def test_two_clients_taking_turns_share_a_batch() -> None:
         rate.observe(request(answered + 0.001))
     rate.answered(100.0)
     clock, q = setup([99.991, 100.001])
-    batch = collect_batch(q, BatchPolicy(32, 0.005), 32, rate, lambda: 2,
+    batch = collect_batch(q, WIDE, 32, rate, lambda: 2,
                           lambda items: per_batch_and_per_item, clock=clock, nap=q.nap)
     assert [i.data for i in batch] == [99.991, 100.001]
     assert clock.now == pytest.approx(100.001) and clock.naps == 1
