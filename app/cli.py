@@ -19,6 +19,8 @@ def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:
     if typing.get_origin(annotation) is typing.Literal:
         return str, [str(a) for a in args]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        if any(typing.get_origin(a) is typing.Literal for a in args):
+            return str, None  # a number or a word (frontends: 4 or auto): the setting parses it
         return _flag_type(args[0])
     return annotation, None
 

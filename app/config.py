@@ -7,7 +7,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -167,6 +167,10 @@ class Settings(BaseSettings, BatchSettings):
     torch_threads: int | None = Field(
         None, ge=1, description="torch intra-op threads per process (default: torch's choice)"
     )
+    frontends: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field(
+        "auto", description="front-end processes feeding one device process (1: one process; "
+        "auto: 1 on 4 cores or fewer, else cores - 2)",
+    )
     host: str = Field("127.0.0.1", description="address to bind")
     port: int = Field(8000, ge=0, le=65535, description="port to bind (0: any free port)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
@@ -293,6 +297,14 @@ def load_settings(
     except ValueError as exc:
         raise ConfigError(describe_errors(exc)) from exc
     return Settings(**{name: getattr(layered, name) for name in layered.explicit})
+
+
+def frontend_count(setting: int | str, cores: int | None = None) -> int:
+    """How many front ends ``frontends`` means on a machine of ``cores`` (this one's)."""
+    if setting != "auto":
+        return int(setting)
+    cores = cores if cores is not None else os.cpu_count() or 1
+    return 1 if cores <= 4 else cores - 2
 
 
 def describe_errors(exc: ValueError) -> str:

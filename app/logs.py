@@ -56,3 +56,5 @@ def configure_logging(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # A front end's proxy to its device process logs each hop at info; the access log has it.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))

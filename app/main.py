@@ -49,6 +49,7 @@ def create_app(settings: Settings | None = None, handler: ModelHandler | None = 
         app.add_raw_route(route)
     app.include_router(health.router)
     app.include_router(v2.router)
+    app.include_router(v2.infer_router)
     app.include_router(v2_repository.router)
     app.add_middleware(AccessLog)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

@@ -37,6 +37,8 @@ class Metrics:
     batch_limit: Gauge
     model_state: Gauge
     cost: Gauge
+    frontends: Gauge
+    frontend_restarts: Counter
 
     def for_model(self, model: str, version: str) -> ModelMetrics:
         """The children of one model (version); ``model=""`` counts requests for no known model.
@@ -119,6 +121,15 @@ class Metrics:
                 "batchserve_cost_seconds",
                 "What the scheduler believes a batch takes, by work (items, or padded tokens)",
                 ["model", "device", "work"], registry=r,
+            ),
+            frontends=Gauge(
+                "batchserve_frontends_connected",
+                "Front-end processes linked to the device process (--frontends above 1)",
+                registry=r,
+            ),
+            frontend_restarts=Counter(
+                "batchserve_frontend_restarts", "Front-end processes replaced after they died",
+                registry=r,
             ),
         )
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, NoReturn, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import torch
 
@@ -23,6 +24,8 @@ from app.served import ModelState, ServedModel
 log = logging.getLogger("batchserve.models")
 
 DRAIN_POLL_S = 0.01
+
+M = TypeVar("M")
 
 
 class Runtime(Protocol):
@@ -92,20 +95,17 @@ class ModelRepository:
         versions = self.served.get(name)
         if not versions and self.loading.get(name):
             versions = {m.version: m for m in self.loading[name]}
-        if not versions:
-            if name in self.failed:
-                raise Unavailable("unavailable", f"model '{name}' could not be loaded: "
-                                                 f"{self.failed[name]}")
-            raise NotFound(f"unknown model '{name}'; this server serves {self.names() or 'none'}")
-        if version is None:
-            version = self.current.get(name)
-            if version is None:  # only a version still loading
-                version = max(versions, key=int)
-        model = versions.get(version)
-        if model is None:
-            raise NotFound(f"model '{name}' has no version '{version}'; it has "
-                           f"{sorted(versions, key=int)}")
-        return model
+        if not versions and self._starts(name):
+            raise Unavailable("loading", f"model '{name}' is loading")
+        return pick(name, version, versions, self.current.get(name), self.failed.get(name),
+                    self.names)
+
+    def _starts(self, name: str) -> bool:
+        """``name`` is one the start-up loads have yet to reach (they run in a task: a request
+        can come before that task has registered its first model)."""
+        if not self.starting or name in self.failed:
+            return False
+        return name in (self.startup if self.startup is not None else self.catalog.sources())
 
     def default_name(self) -> str:
         """``default_model``, or the only model (checked cheaply: this runs per request)."""
@@ -116,6 +116,8 @@ class ModelRepository:
         names = self.names()
         if len(names) == 1:
             return names[0]
+        if not names and self.starting:
+            raise Unavailable("loading", "the server is loading its models")
         raise NotFound(f"this server serves {names or 'no model'}: name one "
                        "(POST /models/NAME/predict), or start it with --default-model")
 
@@ -209,7 +211,8 @@ class ModelRepository:
         except BatchServeError as exc:
             self._failed(name, exc.message)
         model = ServedModel(name, version, settings, handler, devices,
-                            self.runtime.metrics.for_model(name, version))
+                            self.runtime.metrics.for_model(name, version),
+                            source.versions.get(version, ""))
         self.runtime.open(model)
         model.draining = self.draining
         return model
@@ -249,3 +252,21 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, BatchServeError):
         return exc.message
     return f"{type(exc).__name__}: {exc}"
+
+
+def pick(name: str, version: str | None, versions: Mapping[str, M] | None, current: str | None,
+         failed: str | None, names: Callable[[], list[str]]) -> M:
+    """The version of ``name`` a request reaches: ``version``, else ``current`` (the default
+    traffic's), else the newest of ``versions`` (only versions still loading). ``failed``: why
+    the name could not be loaded; ``names``: every name, for the error."""
+    if not versions:
+        if failed is not None:
+            raise Unavailable("unavailable", f"model '{name}' could not be loaded: {failed}")
+        raise NotFound(f"unknown model '{name}'; this server serves {names() or 'none'}")
+    if version is None:
+        version = current if current is not None else max(versions, key=int)
+    model = versions.get(version)
+    if model is None:
+        raise NotFound(f"model '{name}' has no version '{version}'; it has "
+                       f"{sorted(versions, key=int)}")
+    return model

@@ -22,19 +22,17 @@ from app.config import BatchSettings
 from app.cost import CostModel
 from app.errors import (
     DeadlineExceeded,
-    InvalidInput,
     ServeError,
     Unavailable,
     WouldMissDeadline,
     busy,
 )
+from app.facade import ModelFacade
 from app.metrics import ModelMetrics
 from app.models.base import ModelHandler
-from app.models.signature import INPUT_NAME, OUTPUT_NAME, TensorSpec
 from app.queues import ModelQueue
 from app.tracing import Tracing
 
-INLINE_DECODE_MAX_ITEMS = 64  # light decodes of small requests stay on the loop
 WORK_WEIGHT = 0.05  # how far one batch moves the model's typical work and tokens per item
 
 
@@ -50,15 +48,15 @@ class ModelState(Enum):
 STATES = tuple(state.value for state in ModelState)
 
 
-class ServedModel:
+class ServedModel(ModelFacade):
     """One (name, version): admits requests whole or refuses them whole, and answers each once."""
 
+    metrics: ModelMetrics
+
     def __init__(self, name: str, version: str, settings: BatchSettings, handler: ModelHandler,
-                 devices: list[torch.device], metrics: ModelMetrics) -> None:
-        self.name = name
-        self.version = version
-        self.settings = settings
-        self.handler = handler
+                 devices: list[torch.device], metrics: ModelMetrics, spec: str = "") -> None:
+        super().__init__(name, version, settings, handler)
+        self.spec = spec  # the model setting its handler was built from (front ends build it)
         self.devices = devices
         self.metrics = metrics
         # The janus queue must hold what the most urgent level may fill.
@@ -70,7 +68,6 @@ class ServedModel:
         self.reason = ""
         self.in_flight = 0
         self._peak = RecentPeak()  # of in_flight: the clients to expect (``concurrency``)
-        self.outputs: list[TensorSpec] | None = None  # learned from the warm-up results
         self.costs: dict[str, CostModel] = {}  # per device (label); refined on the loop
         self.work_per_item = 1.0  # cost-model work of a typical item (padded tokens, for text)
         self.tokens_per_item = 1.0  # a typical item's own length (tokens, for text)
@@ -81,8 +78,6 @@ class ServedModel:
         self._ring_due = False
         self.stranded = False  # no device thread serving it is alive (set by the service)
         self.tracing: Tracing | None = None  # set by the service when traces are on
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._pool: Executor | None = None
         self.set_state(ModelState.LOADING)
 
     def open(self, loop: asyncio.AbstractEventLoop, pool: Executor) -> None:
@@ -102,31 +97,9 @@ class ServedModel:
     # ---- what the model is -----------------------------------------------------------------------
 
     @property
-    def batch_limit(self) -> int:
-        """The most items in one model call: the setting, or less where the model says so."""
-        limit = self.settings.max_batch_size
-        if self.handler.max_batch_size is not None:
-            limit = min(limit, self.handler.max_batch_size)
-        return limit
-
-    @property
     def latency_target_s(self) -> float | None:
         target = self.settings.latency_target_ms
         return None if target is None else target / 1000.0
-
-    @property
-    def input_spec(self) -> TensorSpec:
-        return TensorSpec(INPUT_NAME, self.handler.input_datatype, self.handler.input_shape)
-
-    @property
-    def output_specs(self) -> list[TensorSpec] | None:
-        """The outputs as the warm-up produced them; without one, the single output the handler
-        declares, or None when nothing is known."""
-        if self.outputs:
-            return self.outputs
-        if self.handler.output_shape is None:
-            return None
-        return [TensorSpec(OUTPUT_NAME, "FP32", self.handler.output_shape)]
 
     @property
     def health(self) -> str:
@@ -153,15 +126,6 @@ class ServedModel:
         sharing = sum(1 for m in self.neighbours if m is self or m.queue.depth)
         return predicted_wait_s(ahead, limit, cost.predict(limit * self.work_per_item),
                                 sharing, len(self.devices))
-
-    def level_of(self, asked: int | None) -> int:
-        """A request's priority level: the one it asked for (0 or None: the default)."""
-        if not asked:
-            return self.settings.default_level
-        if not 1 <= asked <= self.settings.priority_levels:
-            raise InvalidInput(f"priority {asked} is out of range: model '{self.name}' has "
-                               f"levels 1 (most urgent) to {self.settings.priority_levels}")
-        return asked
 
     def concurrency(self) -> int:
         """Requests to expect in flight: admitted now, or the most admitted at once within the
@@ -204,17 +168,6 @@ class ServedModel:
             raise WouldMissDeadline(
                 f"model '{self.name}' would answer in about {_duration(wait)}, after the "
                 f"request's deadline ({when})", retry_after_s(drain))
-
-    def decodes_inline(self, n: int) -> bool:
-        """Whether ``decode`` of ``n`` instances runs on the event loop without awaiting."""
-        return not self.handler.heavy_decode and n <= INLINE_DECODE_MAX_ITEMS
-
-    async def decode(self, instances: list[Any]) -> list[Any]:
-        """Validate and pre-process; heavy or large decodes run in the bounded decode pool."""
-        if self.decodes_inline(len(instances)):
-            return self.handler.decode(instances)
-        assert self._loop is not None
-        return await self._loop.run_in_executor(self._pool, self.handler.decode, instances)
 
     def enqueue(self, items: list[Any], deadline: float, level: int | None = None,
                 trace: Any = None, admitted: int | None = None) -> PendingRequest:
@@ -259,11 +212,16 @@ class ServedModel:
         try:
             return await request.future
         finally:
-            self.in_flight -= 1
-            if request.timer is not None:
-                request.timer.cancel()
-            if not request.future.done():
-                request.future.cancel()  # drop its queued items before they reach the device
+            self.finish(request)
+
+    def finish(self, request: PendingRequest) -> None:
+        """A request's waiter is done with it: answered, or gone (then its queued items are
+        dropped before they reach the device). Once per request."""
+        self.in_flight -= 1
+        if request.timer is not None:
+            request.timer.cancel()
+        if not request.future.done():
+            request.future.cancel()
 
     def deliver(self, report: BatchReport) -> None:
         """Resolve futures from one batch (scheduled by a device thread on the loop), then count

@@ -1,25 +1,55 @@
-"""``batchserve serve``: uvicorn around the app, with a drain phase for load balancers."""
+"""``batchserve serve``: uvicorn around the app, with a drain phase for load balancers.
+
+One process (``--frontends 1``), or a device process with N front-end processes on one
+listening socket (docs/frontends.md): ``serve`` picks, ``run_frontend`` is a front end's.
+"""
 
 from __future__ import annotations
 
 import logging
+import shutil
 import signal
 import socket
+import tempfile
 import time
 import types
+from typing import Any, Protocol
 
+import torch
 import uvicorn
 
-from app.config import Settings
+from app.bridge import Bridge
+from app.config import Settings, frontend_count
+from app.errors import ConfigError
+from app.frontend.app import create_frontend_app
+from app.frontend.remote import RemoteService
 from app.logs import configure_logging
 from app.main import create_app
 from app.process import freeze_startup_objects, tune_for_serving
 from app.protocol import OneWriteProtocol
-from app.service import InferenceService
+from app.supervisor import Frontends
 
 log = logging.getLogger("batchserve")
 
 DRAIN_MARGIN_S = 5.0  # beyond the request timeout, for the last answers to be written
+
+
+class Drainable(Protocol):
+    """What DrainingServer watches: an InferenceService, or a front end's RemoteService."""
+
+    def begin_drain(self) -> None: ...
+
+    @property
+    def load_failed(self) -> bool: ...
+
+    @property
+    def load_error(self) -> str | None: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def in_flight(self) -> int: ...
 
 
 class DrainingServer(uvicorn.Server):
@@ -33,7 +63,7 @@ class DrainingServer(uvicorn.Server):
     then are frozen out of the garbage collector's reach.
     """
 
-    def __init__(self, config: uvicorn.Config, service: InferenceService,
+    def __init__(self, config: uvicorn.Config, service: Drainable,
                  drain_limit_s: float) -> None:
         super().__init__(config)
         self.service = service
@@ -54,7 +84,7 @@ class DrainingServer(uvicorn.Server):
     async def on_tick(self, counter: int) -> bool:
         service = self.service
         if service.load_failed:
-            log.critical("the model failed to load (%s); exiting", service.load_error)
+            log.critical("nothing can be served (%s); exiting", service.load_error)
             self.fatal = True
             return True
         if not self._frozen and service.status == "ready":
@@ -62,18 +92,61 @@ class DrainingServer(uvicorn.Server):
             self._frozen = True
         if self.drain_started is not None:
             waited = time.monotonic() - self.drain_started
-            if service.in_flight == 0 or waited > self.drain_limit_s:
+            if self.settled() or waited > self.drain_limit_s:
                 return True
         should_exit: bool = await super().on_tick(counter)
         return should_exit
+
+    def settled(self) -> bool:
+        """Every accepted request is answered."""
+        return self.service.in_flight == 0
+
+
+class DeviceServer(DrainingServer):
+    """The device process: the whole app on a private Unix socket, the front ends' links
+    (``bridge``) and the front-end processes themselves (``frontends``). SIGTERM drains the front
+    ends first; the server is settled once they have all exited and nothing is in flight."""
+
+    def __init__(self, config: uvicorn.Config, service: Drainable, drain_limit_s: float,
+                 frontends: Frontends) -> None:
+        super().__init__(config, service, drain_limit_s)
+        self.frontends = frontends
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and not self.should_exit:
+            self.frontends.start()
+
+    def handle_exit(self, sig: int, frame: types.FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        self.frontends.stop()
+
+    def settled(self) -> bool:
+        return not self.frontends.alive and super().settled()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.frontends.stop()
+        await self.frontends.wait(self.drain_limit_s)
+        await super().shutdown(sockets)
 
 
 def serve(settings: Settings, fd: int | None = None) -> int:
     """Run the server until it is stopped; the process's exit code."""
     configure_logging(settings.log_level, settings.log_format)
     tune_for_serving()
+    count = frontend_count(settings.frontends)
+    if count > 1:
+        return _serve_split(settings, count, fd)
     app = create_app(settings)
-    config = uvicorn.Config(
+    server = DrainingServer(_config(settings, app), app.state.service, _drain_limit_s(settings))
+    # An inherited socket is wrapped with its real family (uvicorn's own --fd assumes AF_UNIX,
+    # which leaves TCP_NODELAY off and costs ~40 ms per small response to delayed ACKs).
+    server.run(sockets=[socket.socket(fileno=fd)] if fd is not None else None)
+    return 0 if server.started and not server.fatal else 1
+
+
+def _config(settings: Settings, app: Any, **where: Any) -> uvicorn.Config:
+    return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -82,11 +155,54 @@ def serve(settings: Settings, fd: int | None = None) -> int:
         lifespan="on",
         http=OneWriteProtocol,  # each answer in one write (app/protocol.py)
         access_log=False,  # app.api.access logs each request, with its request id
-        timeout_graceful_shutdown=int(settings.request_timeout_s + DRAIN_MARGIN_S),
+        timeout_graceful_shutdown=int(_drain_limit_s(settings)),
+        **where,
     )
-    server = DrainingServer(config, app.state.service,
-                            settings.request_timeout_s + DRAIN_MARGIN_S)
-    # An inherited socket is wrapped with its real family (uvicorn's own --fd assumes AF_UNIX,
-    # which leaves TCP_NODELAY off and costs ~40 ms per small response to delayed ACKs).
-    server.run(sockets=[socket.socket(fileno=fd)] if fd is not None else None)
+
+
+def _drain_limit_s(settings: Settings) -> float:
+    return settings.request_timeout_s + DRAIN_MARGIN_S
+
+
+def _serve_split(settings: Settings, count: int, fd: int | None) -> int:
+    """The device process: binds (or inherits) the listening socket, serves the whole app on
+    a private Unix socket, and runs ``count`` front ends on the listening socket."""
+    listener = socket.socket(fileno=fd) if fd is not None else _listen(settings.host,
+                                                                       settings.port)
+    private = tempfile.mkdtemp(prefix="batchserve-")
+    device_socket = f"{private}/device.sock"
+    try:
+        app = create_app(settings)
+        service = app.state.service
+        frontends = Frontends(settings, count, listener, device_socket, Bridge(service))
+        server = DeviceServer(_config(settings, app, uds=device_socket), service,
+                              _drain_limit_s(settings), frontends)
+        host, port = listener.getsockname()[:2]
+        log.info("serving on %s:%s with %d front ends", host, port, count)
+        server.run()
+        return 0 if server.started and not server.fatal else 1
+    finally:
+        listener.close()
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound once here for every front end; ConfigError if it cannot be."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def run_frontend(settings: Settings, listener: socket.socket, link: socket.socket,
+                 device_socket: str) -> int:
+    """One front end (app/frontend/process.py) until SIGTERM or its device process is gone."""
+    configure_logging(settings.log_level, settings.log_format)
+    tune_for_serving()
+    torch.set_num_threads(1)  # decoding only: the device process computes
+    service = RemoteService(settings)
+    app = create_frontend_app(service, link, device_socket)
+    server = DrainingServer(_config(settings, app), service, _drain_limit_s(settings))
+    server.run(sockets=[listener])
     return 0 if server.started and not server.fatal else 1

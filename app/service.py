@@ -29,7 +29,7 @@ from app.models.registry import load_handler
 from app.repository import ModelRepository
 from app.served import ModelState, ServedModel
 from app.tracing import Tracing
-from app.warmup import warm_replica
+from app.warmup import Loader
 from app.worker import DeviceWorker, WorkerState
 
 log = logging.getLogger("batchserve.service")
@@ -70,6 +70,7 @@ class InferenceService:
         self._pool: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._startup: asyncio.Task[None] | None = None
+        self._loaders: dict[torch.device, Loader] = {}  # per device, made at its first load
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -151,6 +152,8 @@ class InferenceService:
             await model.queue.wait_closed()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+        for loader in self._loaders.values():
+            loader.close()
 
     # ---- the repository's runtime ----------------------------------------------------------------
 
@@ -193,8 +196,10 @@ class InferenceService:
         await asyncio.gather(*(self._attach(model, w) for w in self._workers_of(model)))
 
     async def _attach(self, model: ServedModel, worker: DeviceWorker) -> None:
-        warm = await asyncio.to_thread(warm_replica, model.handler, worker.device,
-                                       model.batch_limit)
+        loader = self._loaders.get(worker.device)
+        if loader is None:
+            loader = self._loaders[worker.device] = Loader(worker.device)
+        warm = await loader.warm(model.handler, model.batch_limit)
         model.outputs = model.outputs or warm.outputs
         model.costs[worker.label] = warm.cost
         model.work_per_item = model.tokens_per_item = warm.work_per_item

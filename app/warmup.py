@@ -8,6 +8,8 @@ docs/scheduler.md, section 1).
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,16 +36,43 @@ class Warm:
     padded: bool = False  # the handler gives lengths: batches are padded to the longest
 
 
-def warm_replica(handler: ModelHandler, device: torch.device, limit: int) -> Warm:
+class Loader:
+    """Loads and warms one device's replicas, one at a time, on one thread of its own with the
+    same streams every time. cuBLAS keeps a workspace for each (thread, stream) it has run on
+    until the process ends (tens of MB each on recent GPUs): a fresh thread or stream per load
+    would leave that much behind each time, so an unloaded model's memory would never all come
+    back."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"load-{device}")
+        self._executor: DeviceExecutor | None = None
+
+    async def warm(self, handler: ModelHandler, limit: int) -> Warm:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._warm, handler, limit)
+
+    def _warm(self, handler: ModelHandler, limit: int) -> Warm:
+        if self._executor is None:
+            self._executor = DeviceExecutor(self.device)
+        return warm_replica(handler, self.device, limit, self._executor)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def warm_replica(handler: ModelHandler, device: torch.device, limit: int,
+                 executor: DeviceExecutor | None = None) -> Warm:
     """Load ``handler``'s replica for ``device``, run its examples through it (warm-up), and
     time a small grid of batch sizes up to ``limit`` (for a text model, of two item lengths).
-    Runs on a loader thread, so that a device thread keeps serving its other models meanwhile."""
+    Runs on a loader thread (``Loader``), so that a device thread keeps serving its other
+    models meanwhile."""
     with torch.inference_mode():
         replica = handler.load(device)
         examples = handler.examples()
         if not examples:
             return Warm(replica, None, CostModel())
-        executor = DeviceExecutor(device)
+        executor = executor or DeviceExecutor(device)
         items = handler.decode(examples)
         results: list[Any] = []
         for group in group_by(items, handler.key):

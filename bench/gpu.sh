@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # The GPU run, in one command on a lent GPU machine (docs/benchmarks.md, "GPU"): the tests with
-# CUDA present, then the sweep on mlp and minilm with GPU-sized batches and SM utilisation.
-# Needs .carry/ from `python -m bench.carry` (made here, named in the device call's carry).
+# CUDA present, the model alone at GPU batch sizes, then the front-end curve (docs/frontends.md):
+# N = 1, 2, 4, 8, 14 front ends at c=256 on mlp (1 JSON instance a request; 32 instances as v2
+# binary tensors) and minilm, with the GPU's busy share. Needs .carry/ from
+# `python -m bench.carry` (made here, named in the device call's carry).
 #
 #   on the device:  bash bench/gpu.sh            (logs and result JSON go to $OUT)
-#   dry run here:   INSTALL=0 PY=.venv/bin/python DEVICES=cpu OUT=/tmp/gpu bash bench/gpu.sh
+#   dry run here:   INSTALL=0 PY=.venv/bin/python DEVICES=cpu FRONTENDS=1,2 OUT=/tmp/gpu \
+#                   bash bench/gpu.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 DEVICES=${DEVICES:-cuda}
-SECONDS_PER_POINT=${SECONDS_PER_POINT:-5}
+FRONTENDS=${FRONTENDS:-1,2,4,8,14}
+SECONDS_PER_POINT=${SECONDS_PER_POINT:-4}
 OUT=${OUT:?OUT: where the logs and results go}
 mkdir -p "$OUT"
 
@@ -22,21 +26,21 @@ fi
 export PATH=$PWD/.carry/bin:$PATH LD_LIBRARY_PATH=$PWD/.carry/lib HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 
-sweep() {  # workload, max batch, concurrencies, extra flags
-  echo "== sweep $1, max batch $2, concurrency $3 ${4:-}"
-  rm -rf /tmp/results
-  # shellcheck disable=SC2086 # $4: extra flags, word-split on purpose
-  timeout 140 "$PY" -m bench --devices "$DEVICES" --workload "$1" --max-batch-size "$2" \
-    --concurrency "$3" --seconds "$SECONDS_PER_POINT" --out /tmp/results ${4:-}
-  echo "== sweep exit $?"
-  cp /tmp/results/*.json "$OUT/" 2>/dev/null
+curve() {  # name, then bench.frontends flags
+  local name=$1
+  shift
+  echo "== front-end curve: $name"
+  timeout 150 "$PY" -m bench.frontends --devices "$DEVICES" --frontends "$FRONTENDS" \
+    --seconds "$SECONDS_PER_POINT" --warmup-s 1 --threads 4 --offline \
+    --out "$OUT/frontends-$name.json" "$@"
+  echo "== curve exit $?"
 }
 
 main() {
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total \
     --format=csv
-  "$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__,
-    "cuda", torch.cuda.is_available())'
+  "$PY" -c 'import os, sys, torch; print(sys.version.split()[0], "torch", torch.__version__,
+    "cuda", torch.cuda.is_available(), "cores", os.cpu_count())'
 
   echo "== tests (unit and API; the server's default devices are auto, so CUDA where present)"
   # The MiniLM weights travel stored as float16 (bench/carry.py): sentence-transformers would
@@ -46,9 +50,11 @@ main() {
     --deselect tests/unit/models/test_minilm.py::test_minilm_matches_sentence_transformers
   echo "== tests exit $?"
 
-  sweep mlp 256 1,2,8,64,256
-  sweep mlp 256 1,8,64 "--instances 32 --configs batchserve"
-  sweep minilm 128 1,2,8,64,256
+  curve mlp-json --workload mlp --max-batch-size 256 --concurrency 1,256
+  curve mlp-binary32 --workload mlp --max-batch-size 256 --instances 32 --binary \
+    --queue-capacity 16384 \
+    --concurrency 256
+  curve minilm --workload minilm --max-batch-size 128 --concurrency 256
 }
 
 main 2>&1 | tee "$OUT/gpu.log"

@@ -20,6 +20,12 @@ else
   wrk.body = f:read("*a")
   f:close()
   wrk.headers["Content-Type"] = "application/json"
+  -- The Open Inference Protocol's binary tensors: a JSON header of this many bytes, then data.
+  local header_length = os.getenv("BENCH_HEADER_LENGTH")
+  if header_length then
+    wrk.headers["Content-Type"] = "application/octet-stream"
+    wrk.headers["Inference-Header-Content-Length"] = header_length
+  end
 end
 
 setup = function(thread)

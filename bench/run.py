@@ -35,6 +35,8 @@ import httpx
 import numpy as np
 import torch
 
+from app.devices import resolve_devices
+
 HERE = Path(__file__).resolve().parent
 TEXTS = [
     "A man is eating food.", "The new movie is awesome.", "A cheetah chases prey.",
@@ -163,11 +165,12 @@ def check_answers(url: str, workload: str) -> None:
 
 
 def server_flags(workload: str, max_batch: int, devices: str = "cpu", max_wait_ms: float = 5.0,
-                 torch_threads: int = 1) -> list[str]:
-    """The flags every benchmark serves ``workload`` with (a queue no load here fills)."""
+                 torch_threads: int = 1, frontends: int = 1) -> list[str]:
+    """The flags every benchmark serves ``workload`` with (a queue no load here fills); one
+    process unless ``frontends`` says otherwise (bench.frontends)."""
     return ["--model", workload, "--devices", devices, "--max-batch-size", str(max_batch),
             "--max-wait-ms", str(max_wait_ms), "--torch-threads", str(torch_threads),
-            "--queue-capacity", "4096", "--max-instances", "256"]
+            "--queue-capacity", "4096", "--max-instances", "256", "--frontends", str(frontends)]
 
 
 @contextmanager
@@ -265,14 +268,15 @@ BODY_ENV, BODIES_ENV = "BENCH_BODY_FILE", "BENCH_BODIES_FILE"  # read by bench/p
 
 
 def run_wrk(url: str, body_file: str, concurrency: int, seconds: float,
-            path: str = "/predict", many: bool = False) -> dict[str, Any]:
+            path: str = "/predict", many: bool = False, threads: int = 1,
+            env: dict[str, str] | None = None) -> dict[str, Any]:
     """wrk with bench/post.lua: the one body in ``body_file``, or with ``many`` one of its lines
-    per request; its JSON summary."""
-    cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--timeout", "30s",
-           "-s", str(HERE / "post.lua"), url + path]
+    per request; its JSON summary. ``env``: more for post.lua (BENCH_HEADER_LENGTH)."""
+    cmd = ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{max(1, round(seconds))}s",
+           "--timeout", "30s", "-s", str(HERE / "post.lua"), url + path]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True,
-                         env={**os.environ, BODIES_ENV if many else BODY_ENV: body_file}
-                         ).stdout
+                         env={**os.environ, BODIES_ENV if many else BODY_ENV: body_file,
+                              **(env or {})}).stdout
     line = next(ln for ln in out.splitlines() if ln.startswith("BENCH_JSON "))
     result: dict[str, Any] = json.loads(line.removeprefix("BENCH_JSON "))
     return result
@@ -446,7 +450,7 @@ def run(args: argparse.Namespace) -> int:
     # Offline at the batch size each concurrency can fill: min(concurrency x instances, max).
     batch_for = {str(c): min(c * args.instances, args.max_batch_size) for c in concurrencies}
     settings["batch_for"] = batch_for
-    device = torch.device(args.devices.split(",")[0].strip())
+    device = resolve_devices(args.devices)[0]  # "cuda" is cuda:0, as the server resolves it
     offline_s = max(2.0, args.seconds / 2)
     offline_rounds: dict[int, list[float]] = {}
 

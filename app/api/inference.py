@@ -15,18 +15,17 @@ import hmac
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope
 
 from app.api.body import ClientGone, read_body
 from app.api.errors import format_of
-from app.batching import PendingRequest
+from app.config import Settings
 from app.errors import InvalidInput, NotFound, ServeError, Unauthorized
-from app.served import ServedModel
-from app.service import InferenceService
-from app.tracing import carrier_of
+from app.facade import ModelFacade, RequestCounts, Waiting
+from app.tracing import Tracing, carrier_of
 
 TIMEOUT_HEADER = "x-request-timeout"
 PRIORITY_HEADER = "x-priority"
@@ -56,6 +55,27 @@ def priority_parameter(levels: int | None = None) -> dict[str, Any]:
     }
 
 Parsed = TypeVar("Parsed")
+
+
+class Models(Protocol):
+    def get(self, name: str | None = None, version: str | None = None) -> ModelFacade: ...
+
+
+class Serving(Protocol):
+    """What the request path needs of the server: the InferenceService of a single process, or
+    a front end's view of the device process (app/frontend/remote.py)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def repository(self) -> Models: ...
+
+    @property
+    def unknown(self) -> RequestCounts: ...  # requests for no model the server knows
+
+    @property
+    def tracing(self) -> Tracing | None: ...
 
 
 @dataclass(frozen=True)
@@ -110,7 +130,7 @@ class DisconnectWatch:
     waited ``WATCH_AFTER_S``: answers faster than that (most, unless the server is queueing)
     never pay for it."""
 
-    def __init__(self, receive: Receive, pending: PendingRequest) -> None:
+    def __init__(self, receive: Receive, pending: Waiting) -> None:
         self._receive = receive
         self._future = pending.future
         self._task: asyncio.Task[None] | None = None
@@ -140,11 +160,11 @@ class DisconnectWatch:
 async def run_inference(
     scope: Scope,
     receive: Receive,
-    service: InferenceService,
+    service: Serving,
     name: str | None,
     version: str | None,
-    parse: Callable[[ServedModel, bytes], tuple[list[Any], Parsed, Asked]],
-    render: Callable[[ServedModel, list[Any], Parsed], Response],
+    parse: Callable[[ModelFacade, bytes], tuple[list[Any], Parsed, Asked]],
+    render: Callable[[ModelFacade, list[Any], Parsed], Response],
 ) -> Response:
     """Serve one inference request for model ``name`` (None: the default) at ``version`` (None:
     the one taking its default traffic); ``parse`` gives (instances, context for ``render``, what
@@ -156,7 +176,7 @@ async def run_inference(
     arrived = time.monotonic()
     settings = service.settings
     try:
-        model: ServedModel | None = service.repository.get(name, version)
+        model: ModelFacade | None = service.repository.get(name, version)
         missing = None
     except NotFound as exc:  # answered after the auth check, so unknown names leak nothing
         model, missing = None, exc

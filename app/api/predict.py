@@ -16,14 +16,14 @@ from app.api.inference import (
     NOTHING_ASKED,
     TIMEOUT_PARAMETER,
     Asked,
+    Serving,
     priority_parameter,
     run_inference,
 )
 from app.api.routing import RawRoute
+from app.facade import ModelFacade
 from app.payload import dense_instances, instances_of, parse_json
 from app.schemas import ErrorResponse, PredictRequest, PredictResponse
-from app.served import ServedModel
-from app.service import InferenceService
 
 _ERRORS = {
     401: "missing or wrong bearer token",
@@ -37,7 +37,7 @@ _ERRORS = {
 }
 
 
-def _parse(model: ServedModel, body: bytes) -> tuple[list[Any], None, Asked]:
+def _parse(model: ModelFacade, body: bytes) -> tuple[list[Any], None, Asked]:
     limit = model.settings.max_instances
     width = model.handler.dense_width
     if width is not None and (dense := dense_instances(body, width, limit)) is not None:
@@ -45,7 +45,7 @@ def _parse(model: ServedModel, body: bytes) -> tuple[list[Any], None, Asked]:
     return instances_of(parse_json(body), limit), None, NOTHING_ASKED
 
 
-def _render(_: ServedModel, results: list[Any], __: None) -> Response:
+def _render(_: ModelFacade, results: list[Any], __: None) -> Response:
     content = orjson.dumps({"predictions": results}, option=orjson.OPT_SERIALIZE_NUMPY)
     return Response(content, media_type="application/json")
 
@@ -54,7 +54,7 @@ class Predict:
     """The endpoint: an instance, not a function, so Starlette mounts it as raw ASGI. The model
     comes from the path (``name``, ``version``), or is the server's default one."""
 
-    def __init__(self, service: InferenceService) -> None:
+    def __init__(self, service: Serving) -> None:
         self.service = service
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -64,7 +64,7 @@ class Predict:
         await response(scope, receive, send)
 
 
-def routes(service: InferenceService, default_schema: dict[str, Any],
+def routes(service: Serving, default_schema: dict[str, Any],
            default_levels: int | None = None) -> list[RawRoute]:
     """``POST /predict`` and ``POST /models/{name}[/versions/{version}]/predict``. Where the
     server's one model is known when the routes are made (a single ``--model``), every route

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from app.api import predict
+from app.facade import INLINE_DECODE_MAX_ITEMS
 from app.models.builtin import mlp_module
 from app.models.tensor import TensorHandler
-from app.served import INLINE_DECODE_MAX_ITEMS
 from tests.conftest import app_client, http_scope, make_settings, queued, sample, wait_until
 from tests.fakes import (
     EchoHandler,

@@ -15,17 +15,18 @@ APP = Path(__file__).resolve().parents[2] / "app"
 LAYERS = [
     # shared, imported from anywhere
     ["app.errors", "app.config", "app.payload", "app.logs", "app.process", "app.metrics",
-     "app.schemas"],
+     "app.schemas", "app.wire"],
     ["app.models", "app.devices", "app.batching", "app.scheduling", "app.cost",
      "app.admission", "app.tracing"],
-    ["app.transfer", "app.queues", "app.warmup"],
+    ["app.transfer", "app.queues", "app.warmup", "app.facade"],
     ["app.served"],
     ["app.slot", "app.worker"],
     ["app.catalog", "app.repository"],
     ["app.service"],
     ["app.api", "app.jobs"],
-    ["app.main", "app.check"],
-    ["app.server", "app.protocol", "app.cli", "app.__main__", "app"],
+    ["app.main", "app.check", "app.bridge", "app.frontend"],
+    ["app.server", "app.supervisor", "app.frontend.process", "app.protocol", "app.cli",
+     "app.__main__", "app"],
 ]
 
 

@@ -197,6 +197,16 @@ async def test_per_model_metrics_carry_the_model(tmp_path: Path) -> None:
         assert sample(registry, "batchserve_model_state", model="a", state="READY") == 1
 
 
+def cuda_tensors() -> list[tuple[tuple[int, ...], list[str]]]:
+    """The CUDA tensors of 1 MB or more still alive, each with what refers to it: what a
+    failing memory check shows."""
+    found = []
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and obj.is_cuda and obj.nbytes >= 2**20:
+            found.append((tuple(obj.shape), [type(r).__name__ for r in gc.get_referrers(obj)]))
+    return found
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 async def test_two_models_on_one_gpu_and_unload_frees_its_memory(tmp_path: Path) -> None:
@@ -219,5 +229,5 @@ async def test_two_models_on_one_gpu_and_unload_frees_its_memory(tmp_path: Path)
         await service.repository.unload("mlp")
         gc.collect()
         torch.cuda.synchronize()
-        assert torch.cuda.memory_allocated() - before < 2**20, (before, loaded)
+        assert torch.cuda.memory_allocated() - before < 2**20, (before, loaded, cuda_tensors())
         assert await call(service, "lin", [[1.0, 2, 3, 4]])  # the other model serves on

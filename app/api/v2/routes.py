@@ -24,11 +24,14 @@ from app.api.v2.codec import (
     output_tensors,
     parse_request,
 )
+from app.facade import ModelFacade
 from app.models.signature import DATATYPES
 from app.served import ServedModel
 from app.service import InferenceService
 
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol v2"], route_class=V2Route)
+# Inference: served by every front end itself (app/frontend/app.py); ``router``: the rest.
+infer_router = APIRouter(prefix="/v2", tags=["Open Inference Protocol v2"], route_class=V2Route)
 
 
 async def _model(service: ServiceDep, name: str, version: str | None = None) -> ServedModel:
@@ -140,9 +143,9 @@ async def model_ready(model: ModelDep) -> Response:
     return JSONResponse({"name": model.name, "ready": ok}, status_code=200 if ok else 503)
 
 
-def _parse(header_length: str | None) -> Callable[[ServedModel, bytes],
+def _parse(header_length: str | None) -> Callable[[ModelFacade, bytes],
                                                   tuple[list[Any], InferRequest, Asked]]:
-    def parse(model: ServedModel, body: bytes) -> tuple[list[Any], InferRequest, Asked]:
+    def parse(model: ModelFacade, body: bytes) -> tuple[list[Any], InferRequest, Asked]:
         parsed = parse_request(body, header_length, model.settings.max_instances, model.name,
                                model.input_spec, model.output_specs)
         timeout_s = parsed.timeout_us / 1e6 if parsed.timeout_us is not None else None
@@ -151,7 +154,7 @@ def _parse(header_length: str | None) -> Callable[[ServedModel, bytes],
     return parse
 
 
-def _render(model: ServedModel, results: list[Any], parsed: InferRequest) -> Response:
+def _render(model: ModelFacade, results: list[Any], parsed: InferRequest) -> Response:
     content, json_length = encode_response(model.name, model.version, parsed,
                                            output_tensors(results))
     if json_length is None:
@@ -160,13 +163,13 @@ def _render(model: ServedModel, results: list[Any], parsed: InferRequest) -> Res
                     headers={"Inference-Header-Content-Length": str(json_length)})
 
 
-@router.post(
+@infer_router.post(
     "/models/{name}/infer",
     summary="Inference; each batch row is one item",
     openapi_extra={"requestBody": _INFER_BODY, "parameters": [TIMEOUT_PARAMETER]},
     responses=_INFER_ERRORS,
 )
-@router.post("/models/{name}/versions/{version}/infer", include_in_schema=False)
+@infer_router.post("/models/{name}/versions/{version}/infer", include_in_schema=False)
 async def infer(request: Request, service: ServiceDep, name: str, version: str | None = None
                 ) -> Response:
     parse = _parse(request.headers.get(HEADER_LENGTH))

@@ -1,0 +1,220 @@
+"""The device process's end of the front ends' links (docs/frontends.md).
+
+Each front end holds one socket to this process. What it sends (one message per pass of its
+event loop): ``requests`` to admit and enqueue, ``cancel`` for requests whose client left,
+``answered`` and ``rejected`` counts for the metrics, ``sync`` (after a load or unload: answer
+once every front end holds the new snapshot) and ``acked`` (this front end holds it). What it
+gets: ``results`` (a request's results or its error), ``models`` (the snapshot: what a front end
+needs to parse, decode and route to each model version), ``ack`` (say when you hold it) and
+``synced`` (every front end holds the snapshot).
+
+Admission is the same ``ServedModel.check_admissible`` a single process runs, against this
+process's real queues: a refusal goes back at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from app import wire
+from app.batching import PendingRequest
+from app.config import BatchSettings
+from app.errors import ServeError
+from app.logs import request_id
+from app.metrics import ModelMetrics
+from app.models.signature import TensorSpec
+from app.served import ServedModel
+from app.service import InferenceService
+
+log = logging.getLogger("batchserve.bridge")
+
+SNAPSHOT_CHECK_S = 0.1  # how often the model set is compared with what the front ends were sent
+SYNC_LIMIT_S = 5.0  # the longest a load's answer waits for every front end to hold its model
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model version as a front end needs it: ``spec`` builds its handler there."""
+
+    name: str
+    version: str
+    spec: str
+    settings: BatchSettings
+    state: str
+    outputs: list[TensorSpec] | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The repository as ``ModelRepository.get`` resolves names: served versions (or those
+    still loading, where none is served), the default traffic's version, failed names."""
+
+    served: dict[str, dict[str, ModelEntry]] = field(default_factory=dict)
+    current: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    names: list[str] = field(default_factory=list)
+    default: str | None = None  # the name /predict serves; None: see default_error
+    default_error: str = ""
+
+
+def snapshot(service: InferenceService) -> Snapshot:
+    repo = service.repository
+
+    def entry(model: ServedModel) -> ModelEntry:
+        return ModelEntry(model.name, model.version, model.spec, model.settings,
+                          model.state.value, model.outputs)
+
+    served = {name: {v: entry(m) for v, m in versions.items()}
+              for name, versions in repo.served.items() if versions}
+    for name, models in repo.loading.items():
+        if models and name not in served:
+            served[name] = {m.version: entry(m) for m in models}
+    try:
+        default, error = repo.default_name(), ""
+    except ServeError as exc:
+        default, error = None, exc.message
+    return Snapshot(served, dict(repo.current), dict(repo.failed), repo.names(), default, error)
+
+
+def error_fields(exc: ServeError) -> tuple[int, str, str, int | None]:
+    return exc.status, exc.type, exc.message, exc.retry_after_s
+
+
+class Bridge:
+    """Serves every front end's link on the device process's event loop."""
+
+    def __init__(self, service: InferenceService) -> None:
+        self.service = service
+        self._links: set[_Link] = set()
+        self._counts: dict[tuple[str, str], ModelMetrics] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._watch: asyncio.Task[None] | None = None
+        service.metrics.frontends.set_function(lambda: len(self._links))
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One front end's link, until it closes (its waiting requests are then dropped)."""
+        link = _Link(wire.Outbox(writer))
+        self._links.add(link)
+        if self._watch is None:
+            self._watch = asyncio.get_running_loop().create_task(self._watch_models())
+        link.send_models(snapshot(self.service))
+        try:
+            while True:
+                self._handle(link, await wire.read(reader))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self._links.discard(link)
+            for pending in list(link.waiting.values()):
+                pending.future.cancel()
+            for ack in link.acks.values():
+                if not ack.done():
+                    ack.set_result(None)
+            writer.close()
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+
+    async def _watch_models(self) -> None:
+        """Send the snapshot again whenever a model is loaded, unloaded or changes state."""
+        while True:
+            await asyncio.sleep(SNAPSHOT_CHECK_S)
+            now = snapshot(self.service)
+            for link in self._links:
+                if link.sent != now:
+                    link.send_models(now)
+
+    async def _sync_all(self, origin: _Link, tokens: list[int]) -> None:
+        """Every front end holds the current snapshot (each has acknowledged it); then tell
+        ``origin``: after a load through one front end, every front end routes to it."""
+        now = snapshot(self.service)
+        acks = [link.send_models(now, ack=True) for link in list(self._links)]
+        await asyncio.wait([a for a in acks if a is not None], timeout=SYNC_LIMIT_S)
+        for token in tokens:
+            origin.outbox.add("synced", token)
+
+    def _handle(self, link: _Link, message: dict[str, list[Any]]) -> None:
+        for entry in message.get("requests", ()):
+            self._admit(link, *entry)
+        for rid in message.get("cancel", ()):
+            pending = link.waiting.get(rid)
+            if pending is not None:
+                pending.future.cancel()
+        for name, version, reason in message.get("rejected", ()):
+            self._metrics(name, version).rejected(reason)
+        for name, version, status, seconds in message.get("answered", ()):
+            self._metrics(name, version).answered(status, seconds)
+        for key in message.get("acked", ()):
+            ack = link.acks.pop(key, None)
+            if ack is not None and not ack.done():
+                ack.set_result(None)
+        tokens = message.get("sync")
+        if tokens:
+            task = asyncio.get_running_loop().create_task(self._sync_all(link, tokens))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _metrics(self, name: str, version: str) -> ModelMetrics:
+        key = (name, version)
+        metrics = self._counts.get(key)
+        if metrics is None:
+            metrics = self._counts[key] = self.service.metrics.for_model(name, version)
+        return metrics
+
+    def _admit(self, link: _Link, rid: int, name: str, version: str, level: int,
+               deadline: float, items: list[Any], log_id: str | None) -> None:
+        token = request_id.set(log_id)
+        try:
+            model = self.service.repository.get(name, version)
+            model.check_admissible(len(items), level, deadline)
+            pending = model.enqueue(items, deadline, level, admitted=len(items))
+        except ServeError as exc:
+            link.outbox.add("results", (rid, error_fields(exc), None))
+            return
+        finally:
+            request_id.reset(token)
+        link.waiting[rid] = pending
+        pending.future.add_done_callback(functools.partial(self._done, link, rid, model, pending))
+
+    def _done(self, link: _Link, rid: int, model: ServedModel, pending: PendingRequest,
+              future: asyncio.Future[list[Any]]) -> None:
+        model.finish(pending)
+        link.waiting.pop(rid, None)
+        if future.cancelled():
+            return  # the front end cancelled it, or went away
+        exc = future.exception()
+        if exc is None:
+            link.outbox.add("results", (rid, None, future.result()))
+        elif isinstance(exc, ServeError):
+            link.outbox.add("results", (rid, error_fields(exc), None))
+        else:
+            log.error("request %s failed", rid, exc_info=exc)
+            link.outbox.add("results", (rid, (500, "internal_error", "internal error", None),
+                                        None))
+
+
+@dataclass(eq=False)
+class _Link:
+    outbox: wire.Outbox
+    waiting: dict[int, PendingRequest] = field(default_factory=dict)
+    sent: Snapshot | None = None  # the last snapshot sent
+    acks: dict[int, asyncio.Future[None]] = field(default_factory=dict)
+    _keys: itertools.count[int] = field(default_factory=itertools.count)
+
+    def send_models(self, snap: Snapshot, ack: bool = False) -> asyncio.Future[None] | None:
+        """Send ``snap``; with ``ack``, ask the front end to say when it holds it."""
+        self.sent = snap
+        self.outbox.add("models", snap)
+        if not ack:
+            return None
+        key = next(self._keys)
+        future = self.acks[key] = asyncio.get_running_loop().create_future()
+        self.outbox.add("ack", key)
+        return future
+

@@ -1,0 +1,110 @@
+"""ModelFacade: what the request path needs of one model version, wherever its queue lives.
+
+The event loop that parses and decodes a request (its handler, settings and limits) sees this;
+``ServedModel`` (app/served.py) is the version whose queue is in this process, and a front end's
+``RemoteModel`` (app/frontend/remote.py) the one whose queue is in the device process. Both
+admit, enqueue and answer as the contract says; the request path cannot tell them apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from concurrent.futures import Executor
+from typing import Any, Protocol
+
+from app.config import BatchSettings
+from app.errors import InvalidInput
+from app.models.base import ModelHandler
+from app.models.signature import INPUT_NAME, OUTPUT_NAME, TensorSpec
+
+INLINE_DECODE_MAX_ITEMS = 64  # light decodes of small requests stay on the loop
+
+
+class RequestCounts(Protocol):
+    """The request path's metrics of one model version."""
+
+    def answered(self, status: int, seconds: float) -> None: ...
+
+    def rejected(self, reason: str) -> None: ...
+
+
+class Waiting(Protocol):
+    """An enqueued request as its caller holds it: a future resolved exactly once."""
+
+    @property
+    def future(self) -> asyncio.Future[list[Any]]: ...
+
+
+class ModelFacade(ABC):
+    """One (name, version) as the request path sees it: its handler's decoding, its settings'
+    limits and levels, and admission, enqueueing and the answer (the subclass's)."""
+
+    metrics: RequestCounts
+
+    def __init__(self, name: str, version: str, settings: BatchSettings,
+                 handler: ModelHandler) -> None:
+        self.name = name
+        self.version = version
+        self.settings = settings
+        self.handler = handler
+        self.outputs: list[TensorSpec] | None = None  # learned from the warm-up results
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pool: Executor | None = None
+
+    @property
+    def batch_limit(self) -> int:
+        """The most items in one model call: the setting, or less where the model says so."""
+        limit = self.settings.max_batch_size
+        if self.handler.max_batch_size is not None:
+            limit = min(limit, self.handler.max_batch_size)
+        return limit
+
+    @property
+    def input_spec(self) -> TensorSpec:
+        return TensorSpec(INPUT_NAME, self.handler.input_datatype, self.handler.input_shape)
+
+    @property
+    def output_specs(self) -> list[TensorSpec] | None:
+        """The outputs as the warm-up produced them; without one, the single output the handler
+        declares, or None when nothing is known."""
+        if self.outputs:
+            return self.outputs
+        if self.handler.output_shape is None:
+            return None
+        return [TensorSpec(OUTPUT_NAME, "FP32", self.handler.output_shape)]
+
+    def level_of(self, asked: int | None) -> int:
+        """A request's priority level: the one it asked for (0 or None: the default)."""
+        if not asked:
+            return self.settings.default_level
+        if not 1 <= asked <= self.settings.priority_levels:
+            raise InvalidInput(f"priority {asked} is out of range: model '{self.name}' has "
+                               f"levels 1 (most urgent) to {self.settings.priority_levels}")
+        return asked
+
+    def decodes_inline(self, n: int) -> bool:
+        """Whether ``decode`` of ``n`` instances runs on the event loop without awaiting."""
+        return not self.handler.heavy_decode and n <= INLINE_DECODE_MAX_ITEMS
+
+    async def decode(self, instances: list[Any]) -> list[Any]:
+        """Validate and pre-process; heavy or large decodes run in the bounded decode pool."""
+        if self.decodes_inline(len(instances)):
+            return self.handler.decode(instances)
+        assert self._loop is not None
+        return await self._loop.run_in_executor(self._pool, self.handler.decode, instances)
+
+    @abstractmethod
+    def check_admissible(self, n: int, level: int | None = None,
+                         deadline: float | None = None) -> None:
+        """Raise Unavailable unless ``n`` items at ``level`` may be queued now (and, given a
+        ``deadline``, answered before it)."""
+
+    @abstractmethod
+    def enqueue(self, items: list[Any], deadline: float, level: int | None = None,
+                trace: Any = None, admitted: int | None = None) -> Waiting:
+        """Admit a request whole or refuse it whole; never waits."""
+
+    @abstractmethod
+    async def result(self, request: Any) -> list[Any]:
+        """The request's results, or its error; a request left before its answer is dropped."""

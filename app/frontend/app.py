@@ -1,0 +1,121 @@
+"""A front end's app: the inference routes served here, everything else from the device process.
+
+``POST /predict`` (and per model) and ``POST /v2/models/{name}/infer`` run the same
+``run_inference`` as a single process, over ``RemoteService``. Every other path (health, metrics,
+metadata, configuration, the repository, the OpenAPI page) is proxied to the device process's
+own app on its private Unix socket, so each has one answer whichever front end a client reaches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import httpx
+import orjson
+from fastapi import FastAPI
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+import app as package
+from app.api import errors, predict
+from app.api.access import REQUEST_ID_HEADER, AccessLog
+from app.api.body import ClientGone, read_body
+from app.api.routing import BatchServeApp
+from app.api.v2 import routes as v2
+from app.errors import ServeError, Unavailable
+from app.frontend.remote import GONE, RemoteService
+from app.logs import request_id
+
+# Hop-by-hop headers and those the proxy's own answer sets.
+_DROPPED = {b"host", b"connection", b"content-length", b"transfer-encoding", b"keep-alive",
+            REQUEST_ID_HEADER}
+_DROPPED_OUT = {"connection", "content-length", "transfer-encoding", "keep-alive",
+                REQUEST_ID_HEADER.decode()}
+_HEALTH_PATHS = {"/health_check", "/v2/health/ready", "/v2/health/live"}
+_REPOSITORY_PREFIX = "/v2/repository/"
+
+
+class DeviceProxy:
+    """Forwards a request to the device process's app and its answer back; 503 ``unhealthy``
+    when that process cannot be reached. After a repository change (load, unload) it waits for
+    this front end to hold the new model snapshot, so the next request finds what was loaded."""
+
+    def __init__(self, service: RemoteService, client: Callable[[], httpx.AsyncClient]) -> None:
+        self.service = service
+        self._client = client
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await self._forward(scope, receive)
+        await response(scope, receive, send)
+
+    async def _forward(self, scope: Scope, receive: Receive) -> Response:
+        headers = [(k, v) for k, v in scope["headers"] if k not in _DROPPED]
+        rid = request_id.get()
+        if rid is not None:
+            headers.append((REQUEST_ID_HEADER, rid.encode()))
+        try:
+            body = await read_body(receive, self.service.settings.max_body_bytes,
+                                   dict(scope["headers"]).get(b"content-length"))
+        except ClientGone:
+            return Response(status_code=499)
+        except ServeError as exc:
+            return errors.error_response(exc)
+        path = scope["path"]
+        target = path + ("?" + scope["query_string"].decode("latin-1")
+                         if scope["query_string"] else "")
+        try:
+            answer = await self._client().request(scope["method"], target, headers=headers,
+                                                  content=body)
+        except httpx.TransportError:
+            return _unreachable(path)
+        if scope["method"] == "POST" and path.startswith(_REPOSITORY_PREFIX):
+            await self.service.link.sync()
+        response = Response(answer.content, status_code=answer.status_code)
+        response.raw_headers.extend(
+            (k.encode("latin-1"), v.encode("latin-1"))
+            for k, v in answer.headers.multi_items() if k.lower() not in _DROPPED_OUT)
+        return response
+
+
+def _unreachable(path: str) -> Response:
+    if path in _HEALTH_PATHS:
+        return Response(orjson.dumps({"status": "unhealthy", "reason": GONE}), status_code=503,
+                        media_type="application/json", headers={"Retry-After": "1"})
+    return errors.error_response(Unavailable("unhealthy", GONE))
+
+
+def create_frontend_app(service: RemoteService, link: socket.socket,
+                        device_socket: str) -> FastAPI:
+    """The app of one front end: ``link`` is its socket to the device process (opened in the
+    lifespan, before the first request is taken), ``device_socket`` the path of that process's
+    own app."""
+    clients: list[httpx.AsyncClient] = []
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await service.start(*await asyncio.open_connection(sock=link))
+        clients.append(httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=device_socket), base_url="http://device",
+            timeout=None))
+        try:
+            yield
+        finally:
+            await clients[0].aclose()
+            await service.stop()
+
+    app = BatchServeApp(title="batchserve", version=package.__version__, lifespan=lifespan,
+                        docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.service = service
+    errors.install(app)
+    for route in predict.routes(service, {}):
+        app.add_raw_route(route)
+    app.include_router(v2.infer_router)
+    proxy = DeviceProxy(service, lambda: clients[0])
+    app.router.routes.append(Route("/{path:path}", proxy, methods=[
+        "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]))
+    app.add_middleware(AccessLog)
+    return app

@@ -1,0 +1,99 @@
+"""The device process's front ends: start N, replace one that dies, stop them all on drain.
+
+Each front end is ``python -m app.frontend.process`` with the listening socket and one end of a
+socketpair (its link, served by ``Bridge``) inherited, and the settings pickled on its standard
+input. Runs on the device process's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Coroutine
+from typing import Any
+
+from app.bridge import Bridge
+from app.config import Settings
+
+log = logging.getLogger("batchserve.frontends")
+
+RESTART_DELAY_S = 1.0
+
+
+class Frontends:
+    def __init__(self, settings: Settings, count: int, listener: socket.socket,
+                 device_socket: str, bridge: Bridge) -> None:
+        self.settings = settings
+        self.count = count
+        self.listener = listener
+        self.device_socket = device_socket
+        self.bridge = bridge
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
+        self.stopping = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        for index in range(self.count):
+            self._spawn(index)
+
+    @property
+    def alive(self) -> bool:
+        return any(p.poll() is None for p in self.processes.values())
+
+    def stop(self) -> None:
+        """SIGTERM to every front end: each stops taking requests and answers what it holds."""
+        self.stopping = True
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until every front end has exited (killed after ``timeout_s``)."""
+        for process in self.processes.values():
+            try:
+                await asyncio.to_thread(process.wait, timeout_s)
+            except subprocess.TimeoutExpired:
+                log.error("front end %d did not stop within %.0fs; killing it", process.pid,
+                          timeout_s)
+                process.kill()
+        self.bridge.close()
+
+    def _spawn(self, index: int) -> None:
+        ours, theirs = socket.socketpair()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "app.frontend.process",
+             "--listen-fd", str(self.listener.fileno()), "--link-fd", str(theirs.fileno()),
+             "--device-socket", self.device_socket],
+            stdin=subprocess.PIPE, pass_fds=(self.listener.fileno(), theirs.fileno()))
+        theirs.close()
+        assert process.stdin is not None
+        process.stdin.write(pickle.dumps(self.settings))
+        process.stdin.close()
+        self.processes[index] = process
+        self._task(self._link(ours))
+        self._task(self._watch(index, process))
+
+    def _task(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _link(self, sock: socket.socket) -> None:
+        reader, writer = await asyncio.open_connection(sock=sock)
+        await self.bridge.serve(reader, writer)
+
+    async def _watch(self, index: int, process: subprocess.Popen[bytes]) -> None:
+        code = await asyncio.to_thread(process.wait)
+        if self.stopping:
+            return
+        log.error("front end %d (pid %d) exited with %d; starting another in %.0fs", index,
+                  process.pid, code, RESTART_DELAY_S)
+        await asyncio.sleep(RESTART_DELAY_S)
+        if not self.stopping:
+            self.bridge.service.metrics.frontend_restarts.inc()
+            self._spawn(index)

@@ -1,0 +1,214 @@
+"""``python -m bench.frontends``: throughput and tail latency against the number of front ends.
+
+For each N of ``--frontends``, one server with ``--frontends N`` under wrk at each
+``--concurrency``, one after another in this run: requests and items per second, p50 and p99,
+errors, the mean batch, the cores the whole server used (device process and front ends), and
+the GPU's busy share where the devices are CUDA. ``--offline`` adds the model called in-process
+at the max batch (bench.run's ceiling) for the ratios.
+
+    python -m bench.frontends --workload linear --frontends 1,2 --concurrency 64
+    python -m bench.frontends --workload mlp --instances 32 --binary --devices cuda \\
+        --max-batch-size 256 --frontends 1,4,14 --concurrency 256 --offline
+
+Bodies: ``--instances`` per request as /predict JSON, or with ``--binary`` one v2 infer request
+whose tensor travels as binary data (Triton's binary tensor extension).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from app.devices import resolve_devices
+from bench.run import (
+    SmSampler,
+    answered_s,
+    batch_totals,
+    check_answers,
+    cpu_seconds,
+    instance_for,
+    offline_items_s,
+    run_wrk,
+    scrape,
+    server_flags,
+    server_process,
+)
+
+
+@dataclass
+class Point:
+    frontends: int
+    concurrency: int
+    req_s: float
+    items_s: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    mean_batch: float
+    server_cpu: float
+    sm_util: float | None
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and its child processes (the front ends)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [pid, *(int(c) for c in children)]
+
+
+def tree_cpu(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            total += cpu_seconds(pid)
+    return total
+
+
+@contextmanager
+def body(workload: str, instances: int, binary: bool) -> Iterator[tuple[str, str, dict[str, str]]]:
+    """(body file, path, extra environment for post.lua) for one request of ``instances``."""
+    rows = [instance_for(workload, i) for i in range(instances)]
+    if binary:
+        data = np.asarray(rows, dtype=np.float32).tobytes()
+        head = json.dumps({
+            "inputs": [{"name": "INPUT0", "shape": [instances, len(rows[0])], "datatype": "FP32",
+                        "parameters": {"binary_data_size": len(data)}}],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+        }).encode()
+        content, path = head + data, f"/v2/models/{workload}/infer"
+        env = {"BENCH_HEADER_LENGTH": str(len(head))}
+    else:
+        content, path, env = json.dumps({"instances": rows}).encode(), "/predict", {}
+    with tempfile.NamedTemporaryFile("wb", suffix=".body", delete=False) as f:
+        f.write(content)
+    try:
+        yield f.name, path, env
+    finally:
+        os.unlink(f.name)
+
+
+def wait_for_frontends(url: str, count: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if count == 1 or scrape(url, "batchserve_frontends_connected")[0] >= count:
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"bench: {count} front ends did not connect")
+
+
+def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point]:
+    flags = [*server_flags(args.workload, args.max_batch_size, args.devices, args.max_wait_ms,
+                           args.torch_threads, frontends),
+             "--queue-capacity", str(args.queue_capacity)]
+    points = []
+    with server_process(flags) as (url, pid), body(args.workload, args.instances,
+                                                     args.binary) as (path_file, path, env):
+        wait_for_frontends(url, frontends)
+        if check:
+            check_answers(url, args.workload)
+        for c in args.concurrency:
+            run_wrk(url, path_file, c, args.warmup_s, path, threads=args.threads, env=env)
+            sum0, count0 = batch_totals(url)
+            pids = tree(pid)
+            cpu0, t0 = tree_cpu(pids), time.monotonic()
+            with SmSampler(args.devices) as sm:
+                r = run_wrk(url, path_file, c, args.seconds, path, threads=args.threads,
+                            env=env)
+            cpu1, t1 = tree_cpu(pids), time.monotonic()
+            sum1, count1 = batch_totals(url)
+            req_s = answered_s(r)
+            point = Point(frontends, c, req_s, req_s * args.instances, r["p50_us"] / 1000,
+                          r["p99_us"] / 1000, r["http_errors"] + r["socket_errors"],
+                          (sum1 - sum0) / max(1.0, count1 - count0), (cpu1 - cpu0) / (t1 - t0),
+                          sm.mean)
+            print(row(point), flush=True)
+            points.append(point)
+    return points
+
+
+HEAD = (f"{'front ends':>10}{'conc':>6}{'req/s':>10}{'items/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'errors':>8}{'batch':>7}{'cores':>7}{'GPU busy':>9}")
+
+
+def row(p: Point) -> str:
+    sm = f"{p.sm_util:>8.0f}%" if p.sm_util is not None else f"{'-':>9}"
+    return (f"{p.frontends:>10}{p.concurrency:>6}{p.req_s:>10.0f}{p.items_s:>10.0f}"
+            f"{p.p50_ms:>9.2f}{p.p99_ms:>9.2f}{p.errors:>8}{p.mean_batch:>7.1f}"
+            f"{p.server_cpu:>7.2f}{sm}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workload", choices=["linear", "mlp", "minilm"], default="linear")
+    p.add_argument("--frontends", default="1,2", help="comma list of N (1,2)")
+    p.add_argument("--concurrency", default="64", help="comma list (64)")
+    p.add_argument("--seconds", type=float, default=5.0, help="per measured point (5)")
+    p.add_argument("--warmup-s", type=float, default=2.0)
+    p.add_argument("--rounds", type=int, default=1, help="repeat the curve, N in turn (1)")
+    p.add_argument("--devices", default="cpu")
+    p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--max-wait-ms", type=float, default=5.0)
+    p.add_argument("--torch-threads", type=int, default=1)
+    p.add_argument("--instances", type=int, default=1, help="instances per request (1)")
+    p.add_argument("--queue-capacity", type=int, default=4096,
+                   help="items (4096; above concurrency x instances, so nothing is refused)")
+    p.add_argument("--binary", action="store_true", help="v2 infer with a binary tensor")
+    p.add_argument("--threads", type=int, default=1, help="wrk threads (1)")
+    p.add_argument("--offline", action="store_true", help="the model alone at the max batch")
+    p.add_argument("--out", type=Path, default=None, help="write the points here as JSON")
+    args = p.parse_args(argv)
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    counts = [int(n) for n in args.frontends.split(",")]
+    print(f"== {args.workload}, {args.instances} instance(s) a request"
+          f"{' as v2 binary' if args.binary else ''}, max batch {args.max_batch_size}, "
+          f"devices {args.devices}, {os.cpu_count()} cores", flush=True)
+    offline = None
+    if args.offline:
+        device = resolve_devices(args.devices)[0]
+        if args.torch_threads:
+            torch.set_num_threads(args.torch_threads)
+        offline = offline_items_s(args.workload, args.max_batch_size, 3.0, 8, device)
+        print(f"offline at batch {args.max_batch_size}: {offline:,.0f} items/s", flush=True)
+    print(HEAD, flush=True)
+    points: list[Point] = []
+    for round_ in range(args.rounds):
+        for n in counts if round_ % 2 == 0 else counts[::-1]:
+            points.extend(measure(args, n, check=not points))
+    if args.rounds > 1 or len(counts) > 1:
+        print("medians:")
+        for n in counts:
+            for c in args.concurrency:
+                mine = [q for q in points if q.frontends == n and q.concurrency == c]
+                print(f"  N={n} c={c}: {statistics.median(q.items_s for q in mine):,.0f} "
+                      f"items/s, p99 {statistics.median(q.p99_ms for q in mine):.2f} ms"
+                      + (f", {statistics.median(q.items_s for q in mine) / offline:.3f} x "
+                         "offline" if offline else ""))
+        for n in counts[1:]:
+            ratios = [b.items_s / a.items_s for a, b in zip(
+                [q for q in points if q.frontends == counts[0]],
+                [q for q in points if q.frontends == n], strict=True)]
+            print(f"  N={n} over N={counts[0]}: {statistics.median(ratios):.3f} x"
+                  + (f" (rounds: {', '.join(f'{r:.3f}' for r in ratios)})"
+                     if len(ratios) > 1 else ""))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"settings": {k: v for k, v in vars(args).items()
+                                                     if k != "out"},
+                                        "offline_items_s": offline,
+                                        "points": [asdict(q) for q in points]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

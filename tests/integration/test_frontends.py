@@ -1,0 +1,177 @@
+"""``batchserve serve --frontends 2``: two front-end processes and one device process behave as one
+server (docs/frontends.md): global admission, one health answer, metrics counted once, load and
+unload through any front end, SIGTERM, a killed front end, a killed device process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import WAIT_S, sample, serve, wait_ready, wait_until_sync
+
+pytestmark = pytest.mark.slow
+
+GATED = ("--model", "tests.fakes:gate_file_module", "--devices", "cpu", "--frontends", "2")
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    return sample(httpx.get(url + "/metrics", timeout=10).text, name, **labels)
+
+
+@contextmanager
+def split_server(*args: str, env: dict[str, str] | None = None
+                 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A server with two front ends, both linked to the device process."""
+    with serve(*args, env=env) as (proc, url):
+        wait_ready(url)
+        wait_until_sync(lambda: metric(url, "batchserve_frontends_connected") == 2,
+                        "two front ends linked")
+        assert len(children(proc.pid)) == 2
+        yield proc, url
+
+
+def fresh_get(url: str, path: str) -> httpx.Response:
+    """A GET on a new connection: the kernel may hand it to either front end."""
+    with httpx.Client(timeout=10) as client:
+        return client.get(url + path)
+
+
+def post(url: str, instances: list[list[float]], path: str = "/predict") -> httpx.Response:
+    with httpx.Client(timeout=60) as client:
+        return client.post(url + path, json={"instances": instances})
+
+
+def test_admission_is_global_and_every_front_end_gives_one_answer(tmp_path: Path) -> None:
+    """queue_capacity 4 holds for the whole server: with the model stalled, requests through
+    both front ends fill it to 4 items, not 4 per front end, and the rest are refused at once."""
+    gate = tmp_path / "gate"
+    with split_server(*GATED, "--max-batch-size", "1", "--queue-capacity", "4",
+                      env={"GATE_FILE": str(gate)}) as (_, url), ThreadPoolExecutor(16) as pool:
+        futures = [pool.submit(post, url, [[i, i]]) for i in range(16)]
+        wait_until_sync(lambda: sum(f.done() for f in futures) >= 11,
+                        "the requests past capacity refused")
+        refused = [f.result() for f in futures if f.done()]
+        assert all(r.status_code == 503 and r.json()["error"]["type"] == "busy"
+                   and r.headers["retry-after"] for r in refused)
+        assert metric(url, "batchserve_queue_depth") <= 4
+        health = {fresh_get(url, "/health_check").json()["status"] for _ in range(12)}
+        assert health == {"busy"}
+        gate.touch()
+        answered = [f.result() for f in futures if f.result().status_code == 200]
+        # At most 1 in the device thread's hands and 4 queued when the others arrived.
+        assert len(answered) == 16 - len(refused) <= 5
+        assert all(r.json()["predictions"][0][0] % 2 == 0 for r in answered)
+        health = {fresh_get(url, "/health_check").json()["status"] for _ in range(12)}
+        assert health == {"ready"}
+
+
+def test_metrics_count_each_request_once_and_errors_match_one_process() -> None:
+    with split_server("--model", "linear", "--devices", "cpu", "--frontends", "2") as (_, url):
+        for i in range(10):
+            r = post(url, [[i, 1, 2, 3]])
+            assert r.status_code == 200 and len(r.json()["predictions"][0]) == 2
+        bad = post(url, [[1, 2]])
+        assert bad.status_code == 422 and "expected shape" in bad.json()["error"]["message"]
+        v2 = httpx.post(url + "/v2/models/linear/infer", timeout=10, json={"inputs": [
+            {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+        assert v2.status_code == 200 and v2.json()["outputs"][0]["shape"] == [1, 2]
+        missing = post(url, [[1, 2, 3, 4]], "/models/nope/predict")
+        assert missing.status_code == 404 and "unknown model 'nope'" in missing.text
+        assert metric(url, "batchserve_requests_total", status="200") == 11
+        assert metric(url, "batchserve_requests_total", status="422") == 1
+        assert metric(url, "batchserve_requests_total", status="404") == 1
+        metadata = fresh_get(url, "/v2/models/linear")
+        assert metadata.status_code == 200 and metadata.json()["name"] == "linear"
+
+
+def test_load_and_unload_through_any_front_end_act_on_the_one_repository(
+        tmp_path: Path) -> None:
+    for name, model in (("lin", "linear"), ("other", "linear")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.toml").write_text(f'model = "{model}"\n')
+    with split_server("--model-repository", str(tmp_path), "--devices", "cpu",
+                      "--model-control-mode", "explicit", "--load-model", "lin",
+                      "--frontends", "2") as (_, url):
+        assert post(url, [[1, 2, 3, 4]], "/models/other/predict").status_code == 404
+        with httpx.Client(timeout=60) as client:  # one connection: one front end
+            assert client.post(url + "/v2/repository/models/other/load").status_code == 200
+            r = client.post(url + "/models/other/predict", json={"instances": [[1, 2, 3, 4]]})
+            assert r.status_code == 200
+        for _ in range(6):  # and every front end knows it
+            assert post(url, [[1, 2, 3, 4]], "/models/other/predict").status_code == 200
+        with httpx.Client(timeout=60) as client:
+            assert client.post(url + "/v2/repository/models/other/unload").status_code == 200
+            r = client.post(url + "/models/other/predict", json={"instances": [[1, 2, 3, 4]]})
+            assert r.status_code == 404
+        index = httpx.post(url + "/v2/repository/index", timeout=10).json()
+        assert {m["name"]: m.get("state") for m in index} == {"lin": "READY",
+                                                                "other": "UNAVAILABLE"}
+
+
+def test_sigterm_answers_everything_accepted_then_exits_0(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    with split_server(*GATED, "--max-batch-size", "2", env={"GATE_FILE": str(gate)}
+                      ) as (proc, url), ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(post, url, [[i, i]]) for i in range(6)]
+        wait_until_sync(lambda: metric(url, "batchserve_in_flight_requests") == 6,
+                        "6 requests in flight")
+        fronts = children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        wait_until_sync(lambda: fresh_get(url, "/health_check").json()["status"] == "draining",
+                        "draining")
+        late = post(url, [[9, 9]])
+        assert late.status_code == 503 and late.json()["error"]["type"] == "draining"
+        gate.touch()
+        responses = [f.result() for f in futures]
+        assert [r.status_code for r in responses] == [200] * 6
+        assert [r.json()["predictions"] for r in responses] == [[[2 * i, 2 * i]] for i in
+                                                                range(6)]
+        assert proc.wait(WAIT_S) == 0
+    assert not any(Path(f"/proc/{pid}").exists() for pid in fronts)
+
+
+def test_a_killed_front_end_is_replaced_and_the_other_serves_on() -> None:
+    with split_server("--model", "linear", "--devices", "cpu", "--frontends", "2"
+                      ) as (proc, url):
+        first, second = children(proc.pid)
+        os.kill(first, signal.SIGKILL)
+        for _ in range(10):
+            assert post(url, [[1, 2, 3, 4]]).status_code == 200
+        wait_until_sync(lambda: len(children(proc.pid)) == 2 and first not in children(proc.pid),
+                        "a new front end")
+        wait_until_sync(lambda: metric(url, "batchserve_frontends_connected") == 2,
+                        "the new front end linked")
+        assert metric(url, "batchserve_frontend_restarts_total") == 1
+        assert second in children(proc.pid)
+        for _ in range(10):
+            assert post(url, [[1, 2, 3, 4]]).status_code == 200
+
+
+def test_a_killed_device_process_makes_the_front_ends_answer_503_and_exit(
+        tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    with split_server(*GATED, env={"GATE_FILE": str(gate)}) as (proc, url), \
+            ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(post, url, [[i, i]]) for i in range(4)]
+        wait_until_sync(lambda: metric(url, "batchserve_in_flight_requests") == 4,
+                        "4 requests in flight")
+        fronts = children(proc.pid)
+        proc.kill()  # the device process
+        answers = [f.result() for f in futures]
+        assert all(r.status_code == 503 and r.json()["error"]["type"] == "unhealthy"
+                   for r in answers)
+        assert proc.wait(WAIT_S) != 0
+        wait_until_sync(lambda: not any(Path(f"/proc/{pid}").exists() for pid in fronts),
+                        "the front ends gone")
