@@ -140,8 +140,11 @@ class Bridge:
             origin.outbox.add("synced", token)
 
     def _handle(self, link: _Link, message: dict[str, list[Any]]) -> None:
-        for entry in message.get("requests", ()):
-            self._admit(link, *entry)
+        items = wire.values_of(message, "requests")
+        at = 0
+        for rid, name, version, level, deadline, log_id, n in message.get("requests", ()):
+            self._admit(link, rid, name, version, level, deadline, items[at:at + n], log_id)
+            at += n
         for rid in message.get("cancel", ()):
             pending = link.waiting.get(rid)
             if pending is not None:
@@ -175,7 +178,7 @@ class Bridge:
             model.check_admissible(len(items), level, deadline)
             pending = model.enqueue(items, deadline, level, admitted=len(items))
         except ServeError as exc:
-            link.outbox.add("results", (rid, error_fields(exc), None))
+            link.outbox.add("results", (rid, error_fields(exc), 0))
             return
         finally:
             request_id.reset(token)
@@ -190,13 +193,13 @@ class Bridge:
             return  # the front end cancelled it, or went away
         exc = future.exception()
         if exc is None:
-            link.outbox.add("results", (rid, None, future.result()))
+            results = future.result()
+            link.outbox.add("results", (rid, None, len(results)), results)
         elif isinstance(exc, ServeError):
-            link.outbox.add("results", (rid, error_fields(exc), None))
+            link.outbox.add("results", (rid, error_fields(exc), 0))
         else:
             log.error("request %s failed", rid, exc_info=exc)
-            link.outbox.add("results", (rid, (500, "internal_error", "internal error", None),
-                                        None))
+            link.outbox.add("results", (rid, (500, "internal_error", "internal error", None), 0))
 
 
 @dataclass(eq=False)

@@ -4,6 +4,11 @@ A message is one pickle whose numpy arrays travel as protocol-5 out-of-band fram
 of a request's tensors are copied once into the socket and never pickled element by element.
 On the wire: total length, header length and frame count, then each frame's length, the pickle,
 the frames. Frames are read into a writable buffer, so arrays arrive writable.
+
+The items (or results) of all the requests in one message travel together (``pack``): arrays
+of one dtype and shape as one stacked array, 1-D arrays of one dtype (token ids) as one
+concatenated array and their lengths. Pickling an array costs about as much as pickling a
+hundred of them stacked, so a message of 64 small requests costs a fifth of what it would.
 """
 
 from __future__ import annotations
@@ -13,7 +18,32 @@ import pickle
 import struct
 from typing import Any
 
+import numpy as np
+
 _PREFIX = struct.Struct("!III")  # bytes after the prefix, pickle length, frame count
+
+
+def pack(values: list[Any]) -> tuple[Any, ...]:
+    """``values`` in the form that pickles fastest; ``unpack`` gives them back, as views."""
+    if values and all(type(v) is np.ndarray for v in values):
+        first = values[0]
+        dtype, shape = first.dtype, first.shape
+        if not dtype.hasobject and first.ndim and all(v.dtype == dtype for v in values):
+            if all(v.shape == shape for v in values):
+                return ("stacked", np.stack(values))
+            if all(v.ndim == 1 for v in values):
+                return ("joined", np.concatenate(values), [len(v) for v in values])
+    return ("list", values)
+
+
+def unpack(packed: tuple[Any, ...]) -> list[Any]:
+    kind = packed[0]
+    if kind == "stacked":
+        return list(packed[1])
+    if kind == "joined":
+        flat, lengths = packed[1], packed[2]
+        return np.split(flat, np.cumsum(lengths)[:-1]) if lengths else []
+    return list(packed[1])
 
 
 def encode(message: Any) -> bytes:
@@ -43,23 +73,37 @@ async def read(reader: asyncio.StreamReader) -> Any:
 
 class Outbox:
     """Collects what one pass of the event loop has to say to the peer and sends it as one
-    message when the pass is done: many requests (or results) travel in one write."""
+    message when the pass is done: many requests (or results) travel in one write. An entry
+    may carry values (a request's items, its results): those of every entry of a kind travel
+    packed together, under ``KIND_values``, in the entries' order."""
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self._writer = writer
         self._parts: dict[str, list[Any]] = {}
+        self._values: dict[str, list[Any]] = {}
         self._due = False
 
-    def add(self, kind: str, entry: Any) -> None:
+    def add(self, kind: str, entry: Any, values: list[Any] | None = None) -> None:
         self._parts.setdefault(kind, []).append(entry)
+        if values:
+            self._values.setdefault(kind, []).extend(values)
         if not self._due:
             self._due = True
             asyncio.get_running_loop().call_soon(self.flush)
 
     def flush(self) -> None:
         self._due = False
-        if not self._parts or self._writer.is_closing():
-            self._parts = {}
+        parts, values = self._parts, self._values
+        self._parts, self._values = {}, {}
+        if not parts or self._writer.is_closing():
             return
-        parts, self._parts = self._parts, {}
-        self._writer.write(encode(parts))
+        message: dict[str, Any] = dict(parts)
+        for kind, flat in values.items():
+            message[kind + "_values"] = pack(flat)
+        self._writer.write(encode(message))
+
+
+def values_of(message: dict[str, Any], kind: str) -> list[Any]:
+    """The values the entries of ``kind`` carry, in their order."""
+    packed = message.get(kind + "_values")
+    return unpack(packed) if packed is not None else []

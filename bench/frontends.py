@@ -118,12 +118,13 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
         if check:
             check_answers(url, args.workload)
         for c in args.concurrency:
-            run_wrk(url, path_file, c, args.warmup_s, path, threads=args.threads, env=env)
+            run_wrk(url, path_file, c, args.warmup_s, path, threads=min(c, args.threads),
+                    env=env)
             sum0, count0 = batch_totals(url)
             pids = tree(pid)
             cpu0, t0 = tree_cpu(pids), time.monotonic()
             with SmSampler(args.devices) as sm:
-                r = run_wrk(url, path_file, c, args.seconds, path, threads=args.threads,
+                r = run_wrk(url, path_file, c, args.seconds, path, threads=min(c, args.threads),
                             env=env)
             cpu1, t1 = tree_cpu(pids), time.monotonic()
             sum1, count1 = batch_totals(url)
@@ -195,12 +196,14 @@ def main(argv: list[str] | None = None) -> int:
                       + (f", {statistics.median(q.items_s for q in mine) / offline:.3f} x "
                          "offline" if offline else ""))
         for n in counts[1:]:
-            ratios = [b.items_s / a.items_s for a, b in zip(
-                [q for q in points if q.frontends == counts[0]],
-                [q for q in points if q.frontends == n], strict=True)]
-            print(f"  N={n} over N={counts[0]}: {statistics.median(ratios):.3f} x"
-                  + (f" (rounds: {', '.join(f'{r:.3f}' for r in ratios)})"
-                     if len(ratios) > 1 else ""))
+            for c in args.concurrency:
+                ratios = [b.items_s / a.items_s for a, b in zip(
+                    [q for q in points if q.frontends == counts[0] and q.concurrency == c],
+                    [q for q in points if q.frontends == n and q.concurrency == c],
+                    strict=True)]
+                print(f"  c={c}: N={n} over N={counts[0]}: {statistics.median(ratios):.3f} x"
+                      + (f" (rounds: {', '.join(f'{r:.3f}' for r in ratios)})"
+                         if len(ratios) > 1 else ""))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"settings": {k: v for k, v in vars(args).items()

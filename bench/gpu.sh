@@ -30,7 +30,7 @@ curve() {  # name, then bench.frontends flags
   local name=$1
   shift
   echo "== front-end curve: $name"
-  timeout 150 "$PY" -m bench.frontends --devices "$DEVICES" --frontends "$FRONTENDS" \
+  timeout 130 "$PY" -m bench.frontends --devices "$DEVICES" --frontends "$FRONTENDS" \
     --seconds "$SECONDS_PER_POINT" --warmup-s 1 --threads 4 --offline \
     --out "$OUT/frontends-$name.json" "$@"
   echo "== curve exit $?"
@@ -45,7 +45,7 @@ main() {
   echo "== tests (unit and API; the server's default devices are auto, so CUDA where present)"
   # The MiniLM weights travel stored as float16 (bench/carry.py): sentence-transformers would
   # compute in float16 from them, so the parity test against it is left to CI.
-  timeout 150 "$PY" -m pytest -q -p no:cacheprovider -W default --continue-on-collection-errors \
+  timeout 120 "$PY" -m pytest -q -p no:cacheprovider -W default --continue-on-collection-errors \
     --junitxml="$OUT/tests.xml" tests/unit tests/api \
     --deselect tests/unit/models/test_minilm.py::test_minilm_matches_sentence_transformers
   echo "== tests exit $?"

@@ -90,12 +90,13 @@ class DeviceLink:
         if self._outbox is not None and not self.gone:
             self._outbox.add(kind, entry)
 
-    def submit(self, entry: tuple[Any, ...]) -> RemoteRequest:
+    def submit(self, entry: tuple[Any, ...], items: list[Any]) -> RemoteRequest:
         """Send one request (its id is filled in here) and return what will hold its answer."""
         rid = next(self._ids)
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         self.waiting[rid] = future
-        self.send("requests", (rid, *entry))
+        if self._outbox is not None and not self.gone:
+            self._outbox.add("requests", (rid, *entry, len(items)), items)
         return RemoteRequest(rid, future)
 
     async def sync(self) -> None:
@@ -119,14 +120,16 @@ class DeviceLink:
         self._lost()
 
     def _apply(self, message: dict[str, list[Any]]) -> None:
-        for rid, error, results in message.get("results", ()):
+        values = wire.values_of(message, "results")
+        at = 0
+        for rid, error, n in message.get("results", ()):
             future = self.waiting.pop(rid, None)
-            if future is None or future.done():
-                continue
-            if error is None:
-                future.set_result(results)
-            else:
-                future.set_exception(RemoteError(*error))
+            if future is not None and not future.done():
+                if error is None:
+                    future.set_result(values[at:at + n])
+                else:
+                    future.set_exception(RemoteError(*error))
+            at += n
         snapshots = message.get("models")
         if snapshots:
             self.snapshot = snapshots[-1]
@@ -178,7 +181,7 @@ class RemoteModel(ModelFacade):
         self._service.check_open()
         level = level or self.settings.default_level
         return self._service.link.submit(
-            (self.name, self.version, level, deadline, items, request_id.get()))
+            (self.name, self.version, level, deadline, request_id.get()), items)
 
     async def result(self, request: RemoteRequest) -> list[Any]:
         try:
