@@ -8,12 +8,15 @@
 #   on the device:  bash bench/gpu.sh            (logs and result JSON go to $OUT)
 #   dry run here:   INSTALL=0 PY=.venv/bin/python DEVICES=cpu FRONTENDS=1,2 OUT=/tmp/gpu \
 #                   bash bench/gpu.sh
+#   a part of it:   TESTS=tests/unit/test_repository.py CURVES=minilm FRONTENDS=1,8 ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 DEVICES=${DEVICES:-cuda}
 FRONTENDS=${FRONTENDS:-1,2,4,8,14}
 SECONDS_PER_POINT=${SECONDS_PER_POINT:-4}
+TESTS=${TESTS:-tests/unit tests/api}  # what pytest runs
+CURVES=${CURVES:-mlp-json mlp-binary32 minilm}  # which curves
 OUT=${OUT:?OUT: where the logs and results go}
 mkdir -p "$OUT"
 
@@ -29,6 +32,7 @@ export PATH=$PWD/.carry/bin:$PATH LD_LIBRARY_PATH=$PWD/.carry/lib HF_HUB_OFFLINE
 curve() {  # name, then bench.frontends flags
   local name=$1
   shift
+  [[ " $CURVES " == *" $name "* ]] || return 0
   echo "== front-end curve: $name"
   timeout 130 "$PY" -m bench.frontends --devices "$DEVICES" --frontends "$FRONTENDS" \
     --seconds "$SECONDS_PER_POINT" --warmup-s 1 --threads 4 --offline \
@@ -45,8 +49,9 @@ main() {
   echo "== tests (unit and API; the server's default devices are auto, so CUDA where present)"
   # The MiniLM weights travel stored as float16 (bench/carry.py): sentence-transformers would
   # compute in float16 from them, so the parity test against it is left to CI.
+  # shellcheck disable=SC2086 # $TESTS: paths, word-split on purpose
   timeout 120 "$PY" -m pytest -q -p no:cacheprovider -W default --continue-on-collection-errors \
-    --junitxml="$OUT/tests.xml" tests/unit tests/api \
+    --junitxml="$OUT/tests.xml" $TESTS \
     --deselect tests/unit/models/test_minilm.py::test_minilm_matches_sentence_transformers
   echo "== tests exit $?"
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from app.cli import build_parser
-from app.config import ConfigError, Settings, load_settings
+from app.config import ConfigError, Settings, frontend_count, load_settings
+from tests.conftest import make_settings
 
 
 def test_defaults_match_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,3 +136,15 @@ def test_load_model_needs_explicit_control() -> None:
     settings = load_settings(None, {"model_repository": "/tmp", "load_model": ["a", "b"],
                                     "model_control_mode": "explicit"})
     assert settings.load_model == ["a", "b"]
+
+
+def test_frontends_is_a_number_or_auto_and_auto_follows_the_cores() -> None:
+    assert make_settings().frontends == "auto"
+    assert make_settings(frontends=3).frontends == 3
+    with pytest.raises(ValueError):
+        make_settings(frontends=0)
+    with pytest.raises(ConfigError, match="frontends"):
+        load_settings(None, {"frontends": "many"})
+    assert load_settings(None, {"frontends": "4"}).frontends == 4
+    assert [frontend_count("auto", cores) for cores in (1, 2, 4, 6, 16, 64)] == [1, 1, 1, 4, 8, 8]
+    assert frontend_count(3, 64) == 3
