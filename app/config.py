@@ -169,7 +169,7 @@ class Settings(BaseSettings, BatchSettings):
     )
     frontends: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field(
         "auto", description="front-end processes feeding one device process (1: one process; "
-        "auto: 1 on 4 cores or fewer, else cores - 2, at most 8)",
+        "auto: 1 on 4 cores or fewer, else cores - 2)",
     )
     host: str = Field("127.0.0.1", description="address to bind")
     port: int = Field(8000, ge=0, le=65535, description="port to bind (0: any free port)")
@@ -299,18 +299,14 @@ def load_settings(
     return Settings(**{name: getattr(layered, name) for name in layered.explicit})
 
 
-AUTO_FRONTENDS_MAX = 8  # past this the device process, not the front ends, is the limit
-
-
 def frontend_count(setting: int | str, cores: int | None = None) -> int:
     """How many front ends ``frontends`` means on a machine of ``cores`` (this one's): ``auto``
-    is 1 up to 4 cores (the event loop is not the limit there), else cores - 2 (two cores for
-    the device process) up to 8: on a 16-core H100 box mlp went 14.4 k -> 15.1 k requests/s from
-    8 to 14 front ends and 60.8 k -> 60.3 k items/s with 32 a request (docs/benchmarks.md)."""
+    is 1 up to 4 cores (the model, not the event loop, is the limit there), else cores - 2, two
+    cores left to the device process (docs/frontends.md)."""
     if setting != "auto":
         return int(setting)
     cores = cores if cores is not None else os.cpu_count() or 1
-    return 1 if cores <= 4 else min(cores - 2, AUTO_FRONTENDS_MAX)
+    return 1 if cores <= 4 else cores - 2
 
 
 def describe_errors(exc: ValueError) -> str:
