@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import signal
 import sys
 import types
@@ -10,7 +12,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from app.config import ENV_PREFIX, Settings, load_settings
+from app.config import ENV_PREFIX, Settings, load_settings, unknown_variables
 from app.errors import BatchServeError, ConfigError
 
 
@@ -94,6 +96,8 @@ def worker(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     configure_logging(settings.log_level, settings.log_format)
+    for warning in unknown_variables(os.environ):
+        logging.getLogger("batchserve").warning("%s", warning)
     return asyncio.run(run_worker(settings))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import tomllib
@@ -297,6 +298,22 @@ def load_settings(
     except ValueError as exc:
         raise ConfigError(describe_errors(exc)) from exc
     return Settings(**{name: getattr(layered, name) for name in layered.explicit})
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One warning for each ``BATCHSERVE_*`` variable that names no setting (a typo is
+    otherwise ignored in silence), with the setting it most resembles."""
+    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields} | {CONFIG_ENV}
+    warnings = []
+    for key in sorted(k for k in environ if k.upper().startswith(ENV_PREFIX)):
+        if key.upper() in known:
+            continue
+        names = [k.removeprefix(ENV_PREFIX) for k in known]
+        near = difflib.get_close_matches(key.upper().removeprefix(ENV_PREFIX), names, n=1,
+                                         cutoff=0.7)
+        hint = f"; did you mean {ENV_PREFIX}{near[0]}?" if near else ""
+        warnings.append(f"{key} is not a batchserve setting and is ignored{hint}")
+    return warnings
 
 
 def frontend_count(setting: int | str, cores: int | None = None) -> int:

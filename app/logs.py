@@ -23,6 +23,25 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+# Control characters as escapes: a line of the text log is one record, whatever a request's path,
+# model name or body put in its message (a decoded %0a would otherwise start a forged line).
+_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)} | {
+    ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+
+
+def escape_controls(text: str) -> str:
+    return text.translate(_ESCAPES)
+
+
+class TextFormatter(logging.Formatter):
+    """The text log: each record's message on one line, control characters escaped (a
+    traceback, added after the message, keeps its lines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        record.message = escape_controls(record.message)
+        return super().formatMessage(record)
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, request fields when present."""
 
@@ -50,7 +69,7 @@ def configure_logging(level: str, fmt: str) -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter(
+        handler.setFormatter(TextFormatter(
             "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
         ))
     root = logging.getLogger()

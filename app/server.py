@@ -7,6 +7,7 @@ listening socket (docs/frontends.md): ``serve`` picks, ``run_frontend`` is a fro
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import signal
 import socket
@@ -19,7 +20,7 @@ import torch
 import uvicorn
 
 from app.bridge import Bridge
-from app.config import Settings, frontend_count
+from app.config import Settings, frontend_count, unknown_variables
 from app.errors import ConfigError
 from app.frontend.app import create_frontend_app
 from app.frontend.remote import RemoteService
@@ -133,15 +134,21 @@ class DeviceServer(DrainingServer):
 def serve(settings: Settings, fd: int | None = None) -> int:
     """Run the server until it is stopped; the process's exit code."""
     configure_logging(settings.log_level, settings.log_format)
+    for warning in unknown_variables(os.environ):
+        log.warning("%s", warning)
     tune_for_serving()
     count = frontend_count(settings.frontends)
     if count > 1:
         return _serve_split(settings, count, fd)
+    # Bound here, not by uvicorn: a port in use is one line and exit 2. An inherited socket is
+    # wrapped with its real family (uvicorn's own --fd assumes AF_UNIX, which leaves
+    # TCP_NODELAY off and costs ~40 ms per small response to delayed ACKs).
+    listener = socket.socket(fileno=fd) if fd is not None else _listen(settings.host,
+                                                                       settings.port)
     app = create_app(settings)
     server = DrainingServer(_config(settings, app), app.state.service, _drain_limit_s(settings))
-    # An inherited socket is wrapped with its real family (uvicorn's own --fd assumes AF_UNIX,
-    # which leaves TCP_NODELAY off and costs ~40 ms per small response to delayed ACKs).
-    server.run(sockets=[socket.socket(fileno=fd)] if fd is not None else None)
+    log.info("listening on %s", _address(listener))
+    server.run(sockets=[listener])
     return 0 if server.started and not server.fatal else 1
 
 
@@ -177,13 +184,17 @@ def _serve_split(settings: Settings, count: int, fd: int | None) -> int:
         frontends = Frontends(settings, count, listener, device_socket, Bridge(service))
         server = DeviceServer(_config(settings, app, uds=device_socket), service,
                               _drain_limit_s(settings), frontends)
-        host, port = listener.getsockname()[:2]
-        log.info("serving on %s:%s with %d front ends", host, port, count)
+        log.info("listening on %s with %d front ends", _address(listener), count)
         server.run()
         return 0 if server.started and not server.fatal else 1
     finally:
         listener.close()
         shutil.rmtree(private, ignore_errors=True)
+
+
+def _address(listener: socket.socket) -> str:
+    host, port = listener.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -192,7 +203,8 @@ def _listen(host: str, port: int) -> socket.socket:
     try:
         return socket.create_server((host, port), family=family, backlog=2048)
     except OSError as exc:
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ConfigError(f"cannot listen on {host}:{port}: {reason}") from None
 
 
 def run_frontend(settings: Settings, listener: socket.socket, link: socket.socket,

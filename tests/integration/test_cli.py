@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import WAIT_S, sample, serve, wait_ready, wait_until_sync
+from tests.conftest import WAIT_S, free_socket, sample, serve, wait_ready, wait_until_sync
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +87,27 @@ def test_json_logs_carry_the_request_id() -> None:
     assert access and access[0]["request_id"] == "trace-42" and access[0]["status"] == 200
 
 
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_path_cannot_forge_a_log_line(log_format: str) -> None:
+    """A decoded %0a in a request's path (its 404 logged by the access log and the error) stays
+    inside its own line, escaped; so does a %00."""
+    with serve("--model", "linear", "--devices", "cpu", "--log-format", log_format,
+               stderr=subprocess.PIPE) as (proc, url):
+        wait_ready(url)
+        r = httpx.post(url + "/models/x%0aCRITICAL%20batchserve%20forged%00/predict",
+                       json={"instances": [[1, 2, 3, 4]]}, timeout=60)
+        assert r.status_code == 404
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT_S) == 0
+        lines = proc.stderr.read().decode().splitlines()
+    assert not [line for line in lines if line.startswith("CRITICAL")]
+    assert not [line for line in lines if "\x00" in line]
+    forged = [line for line in lines if "forged" in line]
+    assert forged
+    if log_format == "text":
+        assert all("x\\nCRITICAL batchserve forged\\x00" in line for line in forged)
+
+
 def test_a_small_queue_alone_gives_a_working_server() -> None:
     """BATCHSERVE_QUEUE_CAPACITY=4 and nothing else: max_instances follows it down to 4."""
     with serve("--model", "linear", "--devices", "cpu",
@@ -157,6 +178,22 @@ def test_start_up_failures_are_one_line(tmp_path: Path, args: list[str], says: s
         assert proc.returncode == 2, proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("batchserve: ") and says in lines[0], lines
+
+
+@pytest.mark.parametrize("frontends", ["1", "2"])
+def test_a_port_in_use_or_a_host_not_here_is_one_line_and_exit_2(frontends: str) -> None:
+    taken = free_socket()
+    try:
+        port = str(taken.getsockname()[1])
+        for host, says in (("127.0.0.1", "Address already in use"),
+                           ("192.0.2.1", "Cannot assign requested address")):
+            proc = run_cli("serve", "--model", "linear", "--devices", "cpu", "--host", host,
+                           "--port", port, "--frontends", frontends)
+            assert proc.returncode == 2, proc.stderr
+            lines = proc.stderr.strip().splitlines()
+            assert lines == [f"batchserve: cannot listen on {host}:{port}: {says}"], lines
+    finally:
+        taken.close()
 
 
 @pytest.mark.parametrize(

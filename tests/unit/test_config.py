@@ -6,7 +6,13 @@ from pathlib import Path
 import pytest
 
 from app.cli import build_parser
-from app.config import ConfigError, Settings, frontend_count, load_settings
+from app.config import (
+    ConfigError,
+    Settings,
+    frontend_count,
+    load_settings,
+    unknown_variables,
+)
 from tests.conftest import make_settings
 
 
@@ -148,3 +154,14 @@ def test_frontends_is_a_number_or_auto_and_auto_follows_the_cores() -> None:
     assert load_settings(None, {"frontends": "4"}).frontends == 4
     assert [frontend_count("auto", cores) for cores in (1, 2, 4, 6, 16, 64)] == [1, 1, 1, 4, 14, 62]
     assert frontend_count(3, 64) == 3
+
+
+def test_a_misspelt_variable_is_named_with_the_setting_it_resembles() -> None:
+    warnings = unknown_variables({"BATCHSERVE_MAX_BATCH_SIZZE": "3", "BATCHSERVE_PORT": "1",
+                                  "BATCHSERVE_CONFIG": "x.toml", "BATCHSERVE_ZZZ": "1",
+                                  "HOME": "/root"})
+    assert warnings == [
+        "BATCHSERVE_MAX_BATCH_SIZZE is not a batchserve setting and is ignored; did you mean "
+        "BATCHSERVE_MAX_BATCH_SIZE?",
+        "BATCHSERVE_ZZZ is not a batchserve setting and is ignored",
+    ]
