@@ -1,6 +1,7 @@
 """ModelQueue: one model's waiting items, between the event loop and the device threads.
 
-The event loop puts admitted items into a bounded janus queue. Device threads move them into a
+The event loop puts each admitted request's items into a bounded janus queue, as one entry (one
+lock and one hand-over per request, however many items it has). Device threads move them into a
 staging area, one deque per priority level, under a lock only they take: choosing between models
 needs each model's most urgent item in sight, which a FIFO queue shows only by giving it up, and
 an urgent item must overtake a backlog of less urgent ones. Several device threads serving one
@@ -31,7 +32,7 @@ class ModelQueue:
     def __init__(self, capacity: int, levels: int = 1) -> None:
         self.capacity = capacity
         self.levels = levels
-        self._janus: janus.Queue[PendingItem] | None = None
+        self._janus: janus.Queue[list[PendingItem]] | None = None
         self._staged: list[deque[PendingItem]] = [deque() for _ in range(levels)]
         self._put = [0] * levels
         self._taken = [0] * levels
@@ -41,14 +42,22 @@ class ModelQueue:
     # ---- event loop ------------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Create the janus queue on the running loop (it binds to it)."""
+        """Create the janus queue on the running loop (it binds to it). It holds a list of items
+        an entry, each at least one item: ``capacity`` entries always fit ``capacity`` items."""
         self._janus = janus.Queue(maxsize=self.capacity)
 
     def put(self, item: PendingItem) -> None:
         """Queue one admitted item. The caller checked ``depth`` first: this never waits."""
+        self.put_all([item])
+
+    def put_all(self, items: list[PendingItem]) -> None:
+        """Queue one request's admitted items (one level), together. The caller checked
+        ``depth`` first: this never waits."""
         assert self._janus is not None
-        self._put[item.request.level - 1] += 1
-        self._janus.async_q.put_nowait(item)
+        if not items:
+            return
+        self._put[items[0].request.level - 1] += len(items)
+        self._janus.async_q.put_nowait(items)
 
     @property
     def depth(self) -> int:
@@ -81,10 +90,10 @@ class ModelQueue:
         sync_q = self._janus.sync_q if self._janus is not None else None
         while sync_q is not None and sync_q.qsize():  # no exception when empty
             try:
-                item = sync_q.get_nowait()
+                items = sync_q.get_nowait()
             except (queue.Empty, janus.SyncQueueShutDown):
                 return
-            self._staged[item.request.level - 1].append(item)
+            self._staged[items[0].request.level - 1].extend(items)
 
     def head(self) -> PendingItem | None:
         """The most urgent waiting item (the oldest of the most urgent level), left in place;

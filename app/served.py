@@ -187,11 +187,10 @@ class ServedModel(ModelFacade):
         request = PendingRequest(self._loop.create_future(), len(items), deadline, now, level)
         request.trace = trace
         key = self.handler.key
-        put = self.queue.put
         # Only this thread puts, and device threads only take, so the capacity check above
-        # guarantees every put below succeeds: a request is never partly queued.
-        for index, data in enumerate(items):
-            put(PendingItem(request, index, data, key(data)))
+        # guarantees the put succeeds; the request's items go in together, never partly.
+        self.queue.put_all([PendingItem(request, index, data, key(data))
+                            for index, data in enumerate(items)])
         self.in_flight += 1
         self._peak.note(self.in_flight, now)
         request.timer = self._loop.call_later(deadline - now, _expire, request.future)
