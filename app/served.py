@@ -30,6 +30,7 @@ from app.errors import (
 from app.facade import ModelFacade
 from app.metrics import ModelMetrics
 from app.models.base import ModelHandler
+from app.models.signature import TensorSpec
 from app.queues import ModelQueue
 from app.tracing import Tracing
 
@@ -69,6 +70,7 @@ class ServedModel(ModelFacade):
         self.in_flight = 0
         self._peak = RecentPeak()  # of in_flight: the clients to expect (``concurrency``)
         self.costs: dict[str, CostModel] = {}  # per device (label); refined on the loop
+        self._batch_s: float | None = None  # a full batch's predicted seconds, while valid
         self.work_per_item = 1.0  # cost-model work of a typical item (padded tokens, for text)
         self.tokens_per_item = 1.0  # a typical item's own length (tokens, for text)
         self.neighbours: list[ServedModel] = []  # the models sharing its devices (itself too)
@@ -118,14 +120,26 @@ class ServedModel(ModelFacade):
         return room(s.queue_capacity, s.priority_levels, s.default_level, level)
 
     def predicted_wait_s(self, ahead: int) -> float | None:
-        """Seconds until ``ahead`` items are done, from the cost model (None: not known yet)."""
-        cost = next(iter(self.costs.values()), None)
-        if cost is None or not cost.known:
-            return None
-        limit = self.batch_limit
+        """Seconds until ``ahead`` items are done, from the cost model (None: not known yet).
+        A full batch's seconds are kept until the next batch teaches something (admission asks
+        for every request)."""
+        batch_s = self._batch_s
+        if batch_s is None:
+            cost = next(iter(self.costs.values()), None)
+            if cost is None or not cost.known:
+                return None
+            batch_s = self._batch_s = cost.predict(self.batch_limit * self.work_per_item)
         sharing = sum(1 for m in self.neighbours if m is self or m.queue.depth)
-        return predicted_wait_s(ahead, limit, cost.predict(limit * self.work_per_item),
-                                sharing, len(self.devices))
+        return predicted_wait_s(ahead, self.batch_limit, batch_s, sharing, len(self.devices))
+
+    def learn(self, device: str, cost: CostModel, work_per_item: float,
+              outputs: list[TensorSpec] | None) -> None:
+        """What a replica's warm-up on ``device`` measured: its cost model, a typical item's
+        work, and the outputs (kept from the first replica)."""
+        self.costs[device] = cost
+        self.work_per_item = self.tokens_per_item = work_per_item
+        self.outputs = self.outputs or outputs
+        self._batch_s = None
 
     def concurrency(self) -> int:
         """Requests to expect in flight: admitted now, or the most admitted at once within the
@@ -262,6 +276,7 @@ class ServedModel(ModelFacade):
             self.tokens_per_item += WORK_WEIGHT * (tokens / size - self.tokens_per_item)
             if report.padded:
                 m.padding_waste.observe(1.0 - tokens / work)
+        self._batch_s = None
         if report.expired:
             m.dropped("expired", report.expired)
         if report.cancelled:

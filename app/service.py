@@ -200,9 +200,7 @@ class InferenceService:
         if loader is None:
             loader = self._loaders[worker.device] = Loader(worker.device)
         warm = await loader.warm(model.handler, model.batch_limit)
-        model.outputs = model.outputs or warm.outputs
-        model.costs[worker.label] = warm.cost
-        model.work_per_item = model.tokens_per_item = warm.work_per_item
+        model.learn(worker.label, warm.cost, warm.work_per_item, warm.outputs)
         assert self._loop is not None
         attached: asyncio.Future[None] = self._loop.create_future()
         worker.attach(model, warm, _settle(attached))
