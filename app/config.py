@@ -168,6 +168,15 @@ class Settings(BaseSettings, BatchSettings):
     torch_threads: int | None = Field(
         None, ge=1, description="torch intra-op threads per process (default: torch's choice)"
     )
+    read_timeout_s: float | None = Field(
+        None, gt=0, le=DAY_S, allow_inf_nan=False,
+        description="longest a request's headers and body may take to arrive, then 408 and "
+        "the connection is closed (default: request_timeout_s)",
+    )
+    max_connections: int = Field(
+        1000, ge=1, description="open connections (and requests in flight) per process, past "
+        "which new ones get 503",
+    )
     frontends: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field(
         "auto", description="front-end processes feeding one device process (1: one process; "
         "auto: 1 on 4 cores or fewer, else cores - 2)",

@@ -15,9 +15,13 @@ implementation; ``uvicorn --factory app.main:create_app`` runs with uvicorn's ow
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from app.api.errors import BATCHSERVE, V2
+from app.api.inference import READ_TIMED_OUT
 
 
 class _Held:
@@ -79,9 +83,65 @@ class OneWriteCycle(RequestResponseCycle):
 
 
 class OneWriteProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with ``OneWriteCycle`` for every request."""
+    """uvicorn's httptools protocol with ``OneWriteCycle`` for every request, and a bound on how
+    long a request may take to arrive: a client that stalls in its headers or body is answered
+    408 and its connection closed, so slow clients cannot hold the server's connections
+    (``protocol_for`` sets the bound)."""
+
+    read_timeout_s: float | None = None
+    _read_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._start_read_timer({})  # a connection that never sends a request is cut off too
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._start_read_timer(self.scope)
+
+    def _start_read_timer(self, scope: Any) -> None:
+        self._cancel_read_timer()
+        if self.read_timeout_s is not None:
+            self._read_timer = self.loop.call_later(self.read_timeout_s, self._read_timed_out,
+                                                    scope)
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         if type(self.cycle) is RequestResponseCycle:
             self.cycle.__class__ = OneWriteCycle
+
+    def on_message_complete(self) -> None:
+        self._cancel_read_timer()
+        super().on_message_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_read_timer()
+        super().connection_lost(exc)
+
+    def _cancel_read_timer(self) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+
+    def _read_timed_out(self, scope: Any) -> None:
+        """The request has not arrived whole in time: answer 408 unless the app already
+        answered, and close (the app, if it is reading the body, sees the client gone)."""
+        self._read_timer = None
+        if self.transport.is_closing():
+            return
+        scope[READ_TIMED_OUT] = True
+        cycle = self.cycle
+        if cycle is None or cycle.scope is not scope or not cycle.response_started:
+            fmt = V2 if str(scope.get("path", "")).startswith("/v2/") else BATCHSERVE
+            body = fmt.render(408, "request_timeout",
+                              f"the request did not arrive within {self.read_timeout_s:g} s").body
+            self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json"
+                                 b"\r\nconnection: close\r\ncontent-length: "
+                                 + str(len(body)).encode() + b"\r\n\r\n" + bytes(body))
+        self.transport.close()
+
+
+def protocol_for(read_timeout_s: float) -> type[OneWriteProtocol]:
+    """``OneWriteProtocol`` cutting off requests that take longer than ``read_timeout_s`` to
+    arrive."""
+    return type("OneWriteProtocol", (OneWriteProtocol,), {"read_timeout_s": read_timeout_s})

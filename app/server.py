@@ -27,7 +27,7 @@ from app.frontend.remote import RemoteService
 from app.logs import configure_logging
 from app.main import create_app
 from app.process import freeze_startup_objects, tune_for_serving
-from app.protocol import OneWriteProtocol
+from app.protocol import protocol_for
 from app.supervisor import Frontends
 
 log = logging.getLogger("batchserve")
@@ -160,7 +160,9 @@ def _config(settings: Settings, app: Any, **where: Any) -> uvicorn.Config:
         log_config=None,
         log_level=settings.log_level,
         lifespan="on",
-        http=OneWriteProtocol,  # each answer in one write (app/protocol.py)
+        # Each answer in one write; slow clients cut off (app/protocol.py).
+        http=protocol_for(settings.read_timeout_s or settings.request_timeout_s),
+        limit_concurrency=settings.max_connections,
         access_log=False,  # app.api.access logs each request, with its request id
         timeout_graceful_shutdown=int(_drain_limit_s(settings)),
         **where,

@@ -23,12 +23,13 @@ from starlette.types import Receive, Scope
 from app.api.body import ClientGone, read_body
 from app.api.errors import format_of
 from app.config import Settings
-from app.errors import InvalidInput, NotFound, ServeError, Unauthorized
+from app.errors import InvalidInput, NotFound, RequestTimeout, ServeError, Unauthorized
 from app.facade import ModelFacade, RequestCounts, Waiting
 from app.tracing import Tracing, carrier_of
 
 TIMEOUT_HEADER = "x-request-timeout"
 PRIORITY_HEADER = "x-priority"
+READ_TIMED_OUT = "batchserve.read_timed_out"  # app/protocol.py sets it in a cut-off request's scope
 CLIENT_CLOSED = 499  # nginx's convention; never reaches the (gone) client, only metrics
 WATCH_AFTER_S = 0.02  # a request still unanswered after this starts watching for a disconnect
 
@@ -222,9 +223,13 @@ async def run_inference(
         status = response.status_code
         return response
     except ClientGone:
-        status = CLIENT_CLOSED
-        metrics.rejected("disconnected")
-        return Response(status_code=CLIENT_CLOSED)
+        if scope.get(READ_TIMED_OUT):  # cut off by the protocol, which answered 408 itself
+            status = RequestTimeout.status
+            metrics.rejected(RequestTimeout.type)
+        else:
+            status = CLIENT_CLOSED
+            metrics.rejected("disconnected")
+        return Response(status_code=status)
     except ServeError as exc:
         status = format_of(scope).status_of(exc.status)
         if status != 500:

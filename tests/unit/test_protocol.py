@@ -10,7 +10,8 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from app.protocol import OneWriteProtocol
+from app.api.inference import READ_TIMED_OUT
+from app.protocol import OneWriteProtocol, protocol_for
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.asyncio
@@ -154,3 +155,38 @@ async def test_a_client_gone_between_head_and_body_gets_nothing_written() -> Non
     go_on.set()
     await wait_until(lambda: not protocol.server_state.tasks, "the app finished")
     assert transport.writes == []
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-le",  # stalled in its headers
+    b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{\"inst",  # in its body
+])
+async def test_a_request_that_does_not_arrive_in_time_gets_408_and_is_closed(
+        request_bytes: bytes) -> None:
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        while (message := await receive())["type"] == "http.request" and message["more_body"]:
+            pass
+        seen.append(message["type"])  # the app, reading the body, sees the client gone
+
+    protocol, transport = connect(protocol_for(0.05), app, request_bytes)
+    await wait_until(lambda: "close" in transport.events, "the connection closed")
+    (written,) = transport.writes
+    assert written.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+    assert written.endswith(b'{"error":{"type":"request_timeout","message":"the request did not '
+                            b'arrive within 0.05 s"}}')
+    protocol.connection_lost(None)  # as a real transport does once closed
+    if b"\r\n\r\n" in request_bytes:
+        await wait_until(lambda: seen, "the app done")
+        assert seen == ["http.disconnect"] and protocol.scope[READ_TIMED_OUT]
+
+
+async def test_a_request_that_arrives_in_time_is_not_cut_off_while_the_app_works() -> None:
+    async def slow(scope: Any, receive: Any, send: Any) -> None:
+        await asyncio.sleep(0.15)  # longer than the read bound: the app's time does not count
+        await answer(scope, receive, send)
+
+    protocol, transport = connect(protocol_for(0.05), slow)
+    await wait_until(lambda: protocol.cycle.response_complete, "the response")
+    assert transport.writes[0].startswith(b"HTTP/1.1 200 OK") and "close" not in transport.events

@@ -1,0 +1,71 @@
+"""Clients that hold connections: one stalled in its headers or body is answered 408 and cut
+off within ``read_timeout_s``; past ``max_connections`` a new one gets 503, not a hang."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import WAIT_S, sample, serve, wait_ready, wait_until_sync
+
+pytestmark = pytest.mark.slow
+
+
+def raw(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=WAIT_S)
+    return sock
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+@pytest.mark.parametrize("sent", [
+    b"",  # connected, never a byte
+    b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Le",  # stalled in its headers
+    b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 1000\r\n\r\n{\"instances\": [[1",  # in its body
+    b"POST /v2/models/linear/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{",
+])
+def test_a_stalled_request_is_answered_408_and_closed(sent: bytes) -> None:
+    with serve("--model", "linear", "--devices", "cpu", "--read-timeout-s", "0.5") as (_, url):
+        wait_ready(url)
+        sock = raw(url)
+        started = time.monotonic()
+        sock.sendall(sent)
+        answer = read_all(sock)  # returns once the server closes
+        sock.close()
+        assert time.monotonic() - started < WAIT_S
+        assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
+        v2 = sent.startswith(b"POST /v2/")
+        assert answer.endswith(b'{"error":"the request did not arrive within 0.5 s"}' if v2 else
+                               b'"message":"the request did not arrive within 0.5 s"}}')
+        if b"\r\n\r\n" in sent:  # the app had the request: it is counted, as a 408
+            metrics = httpx.get(url + "/metrics", timeout=10).text
+            assert sample(metrics, "batchserve_requests_total", status="408") == 1
+        assert httpx.post(url + "/predict", json={"instances": [[1, 2, 3, 4]]},
+                          timeout=10).status_code == 200
+
+
+def test_past_max_connections_a_new_one_gets_503() -> None:
+    with serve("--model", "linear", "--devices", "cpu", "--max-connections", "3") as (_, url):
+        wait_ready(url)
+        idle = [raw(url) for _ in range(3)]
+
+        def status() -> int:
+            with httpx.Client(timeout=10) as client:  # a new connection each time
+                return client.post(url + "/predict", json={"instances": [[1, 2, 3, 4]]}
+                                   ).status_code
+
+        wait_until_sync(lambda: status() == 503, "503 once the idle ones are accepted")
+        for sock in idle:
+            sock.close()
+        wait_until_sync(lambda: status() == 200, "served again once they are gone")
