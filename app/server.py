@@ -71,6 +71,7 @@ class DrainingServer(uvicorn.Server):
         self.drain_limit_s = drain_limit_s
         self.drain_started: float | None = None
         self.fatal = False
+        self.created = time.monotonic()
         self._frozen = False
 
     def handle_exit(self, sig: int, frame: types.FrameType | None) -> None:
@@ -91,6 +92,7 @@ class DrainingServer(uvicorn.Server):
         if not self._frozen and service.status == "ready":
             freeze_startup_objects()
             self._frozen = True
+            log.info("ready in %.1f s", time.monotonic() - self.created)
         if self.drain_started is not None:
             waited = time.monotonic() - self.drain_started
             if self.settled() or waited > self.drain_limit_s:

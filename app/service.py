@@ -199,7 +199,12 @@ class InferenceService:
         loader = self._loaders.get(worker.device)
         if loader is None:
             loader = self._loaders[worker.device] = Loader(worker.device)
+        log.info("model %s version %s: loading and warming up on %s", model.name,
+                 model.version, worker.label)
+        started = time.monotonic()
         warm = await loader.warm(model.handler, model.batch_limit)
+        log.info("model %s version %s: warm on %s in %.1f s", model.name, model.version,
+                 worker.label, time.monotonic() - started)
         model.learn(worker.label, warm.cost, warm.work_per_item, warm.outputs)
         assert self._loop is not None
         attached: asyncio.Future[None] = self._loop.create_future()

@@ -1,7 +1,8 @@
 """Request ids and the access log: a pure ASGI middleware (no per-request task or copy).
 
 The id comes from the client's ``X-Request-ID`` (if sane) or is generated; it is echoed in the
-response and attached to every log line written while the request is handled.
+response and attached to every log line written while the request is handled. Health probes are
+logged when their answer changes (else at debug level).
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.logs import request_id
 
 REQUEST_ID_HEADER = b"x-request-id"
+# Load balancers and kubelets probe these every few seconds: an answer like the last one is
+# logged at debug level only.
+HEALTH_PATHS = frozenset({"/health_check", "/v2/health/ready", "/v2/health/live"})
 _SANE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 log = logging.getLogger("batchserve.access")
@@ -28,6 +32,7 @@ class AccessLog:
         # Generated ids: a random per-process prefix and a counter (uuid4 costs a syscall each).
         self._prefix = os.urandom(8).hex()
         self._counter = itertools.count(1)
+        self._health: dict[str, int] = {}  # each probe path's last status
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -55,9 +60,16 @@ class AccessLog:
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            if log.isEnabledFor(logging.INFO):
+            level = logging.INFO
+            path = scope["path"]
+            if path in HEALTH_PATHS:  # probes: logged when their answer changes
+                if self._health.get(path) == status:
+                    level = logging.DEBUG
+                self._health[path] = status
+            if log.isEnabledFor(level):
                 client = scope.get("client")
-                log.info(
+                log.log(
+                    level,
                     '%s "%s %s" %d %.1fms', client[0] if client else "-", scope["method"],
                     scope["path"], status, (time.perf_counter() - started) * 1000,
                     extra={"method": scope["method"], "path": scope["path"], "status": status,

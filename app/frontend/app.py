@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 import app as package
 from app.api import errors, predict
-from app.api.access import REQUEST_ID_HEADER, AccessLog
+from app.api.access import HEALTH_PATHS, REQUEST_ID_HEADER, AccessLog
 from app.api.body import ClientGone, read_body
 from app.api.routing import BatchServeApp
 from app.api.v2 import routes as v2
@@ -35,7 +35,6 @@ _DROPPED = {b"host", b"connection", b"content-length", b"transfer-encoding", b"k
             REQUEST_ID_HEADER}
 _DROPPED_OUT = {"connection", "content-length", "transfer-encoding", "keep-alive",
                 REQUEST_ID_HEADER.decode()}
-_HEALTH_PATHS = {"/health_check", "/v2/health/ready", "/v2/health/live"}
 _REPOSITORY_PREFIX = "/v2/repository/"
 
 
@@ -82,7 +81,7 @@ class DeviceProxy:
 
 
 def _unreachable(path: str) -> Response:
-    if path in _HEALTH_PATHS:
+    if path in HEALTH_PATHS:
         return Response(orjson.dumps({"status": "unhealthy", "reason": GONE}), status_code=503,
                         media_type="application/json", headers={"Retry-After": "1"})
     return errors.error_response(Unavailable("unhealthy", GONE))

@@ -87,6 +87,22 @@ def test_json_logs_carry_the_request_id() -> None:
     assert access and access[0]["request_id"] == "trace-42" and access[0]["status"] == 200
 
 
+def test_start_up_says_what_it_does_and_probes_are_logged_when_they_change() -> None:
+    with serve("--model", "linear", "--devices", "cpu", stderr=subprocess.PIPE) as (proc, url):
+        wait_ready(url)
+        for _ in range(5):
+            assert httpx.get(url + "/health_check", timeout=10).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT_S) == 0
+        lines = proc.stderr.read().decode().splitlines()
+    said = "\n".join(lines)
+    assert "model linear version 1: loading and warming up on cpu" in said
+    assert re.search(r"model linear version 1: warm on cpu in [0-9.]+ s", said)
+    assert re.search(r"INFO batchserve .*: ready in [0-9.]+ s", said)
+    probes = [line for line in lines if '"GET /health_check" 200' in line]
+    assert len(probes) == 1, probes  # six answered 200, one line
+
+
 @pytest.mark.parametrize("log_format", ["text", "json"])
 def test_a_path_cannot_forge_a_log_line(log_format: str) -> None:
     """A decoded %0a in a request's path (its 404 logged by the access log and the error) stays
