@@ -106,18 +106,28 @@ def submit_jobs(args: argparse.Namespace) -> int:
     import json
 
     _jobs_extra()
+    from redis.exceptions import RedisError
     from tqdm import tqdm
 
     from app.jobs.client import submit
 
     settings = load_settings(args.config, {"redis_url": args.redis_url,
                                            "job_stream": args.job_stream})
-    with open(args.file, "rb") as f:
-        instances = [json.loads(line) for line in f if line.strip()]
+    instances = _read_jsonl(args.file)
     jobs = [instances[i:i + args.job_size] for i in range(0, len(instances), args.job_size)]
-    with tqdm(total=len(jobs), unit="job", file=sys.stderr, disable=args.quiet) as bar:
-        results = submit(settings.redis_url, jobs, settings.job_stream, args.timeout_s,
-                         progress=bar.update)
+    try:
+        with tqdm(total=len(jobs), unit="job", file=sys.stderr, disable=args.quiet) as bar:
+            results = submit(settings.redis_url, jobs, settings.job_stream, args.timeout_s,
+                             progress=bar.update)
+    except TimeoutError as exc:  # before OSError, of which it is one
+        print(f"batchserve submit: {exc} after {args.timeout_s:g} s (--timeout-s)",
+              file=sys.stderr)
+        return 1
+    except (RedisError, OSError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"batchserve submit: cannot use Redis at {settings.redis_url}: {reason}",
+              file=sys.stderr)
+        return 1
     out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115
     try:
         for result in results:
@@ -129,6 +139,26 @@ def submit_jobs(args: argparse.Namespace) -> int:
     if failed:
         print(f"batchserve submit: {failed} of {len(results)} jobs failed", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _read_jsonl(path: str) -> list[Any]:
+    """One instance per non-blank line; ConfigError naming the file (and line) otherwise."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    instances = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            instances.append(json.loads(line))
+        except ValueError as exc:
+            raise ConfigError(f"{path} line {number} is not JSON: {exc}") from None
+    return instances
 
 
 def build_parser() -> argparse.ArgumentParser:

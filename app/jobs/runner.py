@@ -9,6 +9,7 @@ import signal
 import socket
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from app.config import Settings
 from app.jobs.worker import JobWorker
@@ -55,8 +56,13 @@ async def run_worker(settings: Settings) -> int:
                  settings.job_group)
         try:
             await worker.run(stop)
-        except Exception:
-            log.exception("the worker stopped on an error")
+        except Exception as exc:  # noqa: BLE001 - Redis gone: one line; anything else: logged
+            cause = exc.__cause__ if isinstance(exc, RuntimeError) and exc.__cause__ else exc
+            if isinstance(cause, (RedisError, OSError)):
+                log.critical("cannot use Redis at %s: %s; exiting", settings.redis_url,
+                             _first_line(cause))
+            else:
+                log.exception("the worker stopped on an error")
             return 1
         finally:
             await client.aclose()
@@ -64,3 +70,8 @@ async def run_worker(settings: Settings) -> int:
         return 0
     finally:
         await service.stop()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

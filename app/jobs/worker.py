@@ -10,6 +10,7 @@ event loop of ``batchserve worker``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -63,6 +64,7 @@ class JobWorker:
         self.read_ahead = 2 * settings.max_batch_size * max(1, len(service.devices))
         self.held: dict[str, asyncio.Task[None]] = {}
         self._room = asyncio.Event()
+        self._stop = asyncio.Event()  # set once stopping: ends the claim loop's rest at once
         self._stopping = False
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -77,8 +79,11 @@ class JobWorker:
         renew = asyncio.create_task(self._renew_loop(), name="jobs-renew")
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait([stopped, *background], return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            log.info("stopping: no more reads; finishing what is held")
         self._stopping = True
         self._room.set()
+        self._stop.set()
         outcomes = await asyncio.gather(*background, return_exceptions=True)  # within a read
         log.info("stopping: finishing %d held jobs", len(self.held))
         while self.held:
@@ -146,7 +151,12 @@ class JobWorker:
                 if fields is not None:  # None: deleted while pending
                     await self._claimed(entry.decode(), fields)
             if cursor in (b"0-0", "0-0"):  # scanned the whole pending list: rest a while
-                await asyncio.sleep(interval)
+                await self._rest(interval)
+
+    async def _rest(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less if the worker starts stopping."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
 
     async def _claimed(self, entry: str, fields: dict[bytes, bytes]) -> None:
         s = self.settings

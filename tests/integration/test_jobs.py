@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -274,3 +275,53 @@ def test_a_jobs_spans_join_its_senders_trace(redis_url: str) -> None:
     assert sorted(s.name for s in receiver.spans if s.parent_span_id == job.span_id) == [
         "device", "queue"]
     assert len(receiver.named("batch")) == 1
+
+
+def run_app(*args: str, timeout: float = WAIT_S) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "app", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def a_closed_port() -> int:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port: int = sock.getsockname()[1]
+    sock.close()  # nothing listens there now
+    return port
+
+
+def test_submit_and_worker_fail_in_one_line(redis_url: str, tmp_path: Path) -> None:
+    """A missing file, a line that is not JSON, a Redis that is down, results that do not come
+    in time: one line on stderr and a non-zero exit, never a traceback."""
+    good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+    good.write_text("[1, 2, 3, 4]\n")
+    bad.write_text("[1, 2, 3, 4]\nnot json\n")
+    down = f"redis://127.0.0.1:{a_closed_port()}/0"
+    cases = [
+        (["submit", str(tmp_path / "missing.jsonl")], 2, "cannot read"),
+        (["submit", str(bad)], 2, "bad.jsonl line 2 is not JSON"),
+        (["submit", str(good), "--redis-url", down, "--quiet"], 1, "cannot use Redis at"),
+        (["submit", str(good), "--redis-url", redis_url, "--quiet", "--timeout-s", "0.5"], 1,
+         "1 of 1 jobs have no result yet after 0.5 s"),  # no worker runs
+    ]
+    for args, code, says in cases:
+        proc = run_app(*args)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == code and len(lines) == 1 and says in lines[0], proc.stderr
+    proc = run_app("worker", "--redis-url", down, "--model", "linear", "--devices", "cpu",
+                   "--log-level", "warning")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot use Redis at" in lines[0], proc.stderr
+
+
+def test_an_idle_worker_stops_within_a_second_of_sigterm(redis_url: str) -> None:
+    """The claim loop rests job_lease_s / 4 between scans (30 s here); SIGTERM ends the rest at
+    once (the bound below is a third of that rest, far above the second it takes)."""
+    with worker(redis_url, "--model", "linear", "--job-lease-s", "120") as proc:
+        r = redis.Redis.from_url(redis_url)
+        wait_until_sync(lambda: r.keys("batchserve:worker:*"), "the worker up")
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT_S) == 0
+        assert time.monotonic() - started < 10.0
