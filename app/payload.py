@@ -34,6 +34,8 @@ def dense_instances(body: bytes, width: int, max_instances: int) -> list[np.ndar
     "instances", simdjson reads the first and orjson the last; RFC 8259 leaves that open.)"""
     if body.startswith(b"\xef\xbb\xbf"):  # simdjson skips a byte order mark; JSON has none
         return None
+    if b"true" in body or b"false" in body:  # simdjson reads them as 1 and 0: not numbers here
+        return None
     try:
         document = simdjson.Parser().parse(body)
         if not isinstance(document, simdjson.Object):
@@ -72,6 +74,17 @@ def whole_number_of(value: Any, what: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidInput(f"{what} must be a whole number >= 0, got {value!r}")
     return value
+
+
+def first_boolean(instances: list[Any]) -> int | None:
+    """The index of the first instance holding a JSON true or false anywhere, or None. numpy
+    would take them for 1 and 0 beside numbers; a numeric model's instances hold numbers only."""
+    def has(value: Any) -> bool:
+        if type(value) is bool:
+            return True
+        return type(value) is list and any(has(v) for v in value)
+
+    return next((i for i, instance in enumerate(instances) if has(instance)), None)
 
 
 def instances_of(payload: Any, max_instances: int) -> list[Any]:

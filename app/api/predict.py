@@ -21,8 +21,9 @@ from app.api.inference import (
     run_inference,
 )
 from app.api.routing import RawRoute
+from app.errors import InvalidInput
 from app.facade import ModelFacade
-from app.payload import dense_instances, instances_of, parse_json
+from app.payload import dense_instances, first_boolean, instances_of, parse_json
 from app.schemas import ErrorResponse, PredictRequest, PredictResponse
 
 _ERRORS = {
@@ -42,7 +43,12 @@ def _parse(model: ModelFacade, body: bytes) -> tuple[list[Any], None, Asked]:
     width = model.handler.dense_width
     if width is not None and (dense := dense_instances(body, width, limit)) is not None:
         return dense, None, NOTHING_ASKED
-    return instances_of(parse_json(body), limit), None, NOTHING_ASKED
+    instances = instances_of(parse_json(body), limit)
+    if model.handler.input_datatype != "BYTES" and (b"true" in body or b"false" in body):
+        index = first_boolean(instances)
+        if index is not None:
+            raise InvalidInput(f"instances[{index}]: expected numbers, got true or false")
+    return instances, None, NOTHING_ASKED
 
 
 def _render(_: ModelFacade, results: list[Any], __: None) -> Response:

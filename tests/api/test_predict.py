@@ -391,3 +391,16 @@ async def test_a_request_that_cannot_finish_in_time_gets_503_at_once() -> None:
         assert [(await t).status_code for t in held] == [200] * 4
         registry = client.app.state.service.metrics.registry  # type: ignore[attr-defined]
         assert sample(registry, "batchserve_rejected_total", reason="deadline") == 1
+
+
+async def test_booleans_are_not_numbers() -> None:
+    """JSON true and false are refused where numbers are expected, on the dense path (which
+    would read them as 1 and 0) as on the general one."""
+    async with app_client(make_settings()) as client:
+        for body in ({"instances": [[True, False, 1, 2]]},
+                     {"instances": [[1, 2, 3, 4], [[1, 2], 3, True, 4]]}):
+            r = await client.post("/predict", json=body)
+            index = 0 if body["instances"][0][0] is True else 1
+            assert_error(r, 422, "invalid_input", f"instances[{index}]: expected numbers")
+        r = await client.post("/predict", json={"instances": [[1, 2, 3, 4]]})
+        assert r.status_code == 200

@@ -78,9 +78,12 @@ def _rows(tensor: dict[str, Any], binary: bytes, max_rows: int, model: str,
         raise InvalidInput(
             f"unexpected inference input '{name}' for model '{model}'; it has '{expected.name}'"
         )
-    if (not isinstance(shape, list) or not shape
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+    if not isinstance(shape, list) or not shape:
         raise InvalidInput(f"input '{name}': 'shape' must be a non-empty list of sizes")
+    for d in shape:
+        if not isinstance(d, int) or isinstance(d, bool) or not 0 <= d <= MAX_DIM:
+            raise InvalidInput(f"input '{name}': 'shape' must be a non-empty list of sizes "
+                               f"(whole numbers from 0 to 2^63 - 1); {json_text(d)} is not one")
     if datatype != expected.datatype:
         raise InvalidInput(
             f"inference input '{name}' data-type is '{datatype}', but model '{model}' expects "
@@ -94,16 +97,32 @@ def _rows(tensor: dict[str, Any], binary: bytes, max_rows: int, model: str,
     params = tensor.get("parameters") or {}
     size = params.get("binary_data_size") if isinstance(params, dict) else None
     if size is not None:
-        if not isinstance(size, int) or size < 0 or size > len(binary):
-            raise InvalidInput(f"input '{name}': binary_data_size does not match the body")
-        array = _from_binary(binary[:size], datatype, shape, name)
+        if not isinstance(size, int) or isinstance(size, bool) or size != len(binary):
+            raise InvalidInput(f"input '{name}': binary_data_size is {json_text(size)} but the "
+                               f"body holds {len(binary)} bytes of binary data")
+        array = _from_binary(binary, datatype, shape, name)
     elif "data" in tensor:
+        if binary:
+            raise InvalidInput(f"input '{name}': the body holds {len(binary)} bytes of binary "
+                               "data, but the input has no binary_data_size")
         array = _from_json(tensor["data"], datatype, shape, name)
     else:
         raise InvalidInput(f"input '{name}': no 'data' and no binary_data_size")
     if datatype == "BYTES":
         return [_text(v, name, i) for i, v in enumerate(array.reshape(shape[0]))]
+    if array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
+        row = int(np.argmin(np.isfinite(array).reshape(shape[0], -1).all(axis=1)))
+        raise InvalidInput(f"input '{name}': row {row} holds a NaN or an infinity")
     return list(array)
+
+
+MAX_DIM = 2**63 - 1  # the protocol's sizes are int64
+
+
+def json_text(value: Any) -> str:
+    """``value`` as the client wrote it in JSON, for messages (``1e+30``, ``"x"``, ``true``)."""
+    return orjson.dumps(value).decode() if value is None or isinstance(value, (bool, str)) \
+        else repr(value)
 
 
 def _check_item_shape(name: str, shape: list[int], expected: TensorSpec) -> None:

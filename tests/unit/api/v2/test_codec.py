@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import re
 import struct
 
 import numpy as np
 import orjson
+import pytest
 
-from app.api.v2.codec import InferRequest, encode_response, output_tensors
+from app.api.v2.codec import InferRequest, encode_response, output_tensors, parse_request
+from app.errors import InvalidInput
+from app.models.signature import TensorSpec
 
 
 def request(binary: dict[str, bool], binary_all: bool) -> InferRequest:
@@ -33,3 +38,47 @@ def test_string_outputs_in_json() -> None:
     assert length is None
     assert orjson.loads(body)["outputs"][0] == {"name": "OUTPUT0", "datatype": "BYTES",
                                                 "shape": [2], "data": ["é", "b"]}
+
+
+INPUT = TensorSpec("INPUT0", "FP32", (2,))
+
+
+def infer(inputs: dict, binary: bytes | None = None) -> InferRequest:
+    head = json.dumps({"inputs": [inputs]}).encode()  # orjson stops at 64-bit integers
+    if binary is None:
+        return parse_request(head, None, 16, "m", INPUT)
+    return parse_request(head + binary, str(len(head)), 16, "m", INPUT)
+
+
+@pytest.mark.parametrize(("size", "shows"), [
+    (2**63, "9223372036854775808"), (-1, "-1"), (1.5, "1.5"), ("2", '"2"'), (True, "true"),
+    (10**30, "1e+30"),  # past 64 bits the JSON parser reads a number as a float
+])
+def test_a_bad_size_in_shape_is_400_naming_it(size: object, shows: str) -> None:
+    with pytest.raises(InvalidInput, match=r"'shape' must be a non-empty list of sizes .*; "
+                                           + re.escape(shows) + " is not one"):
+        infer({"name": "INPUT0", "shape": [size, 2], "datatype": "FP32", "data": [1, 2]})
+    with pytest.raises(InvalidInput, match=re.escape(shows) + " is not one"):
+        infer({"name": "INPUT0", "shape": [1, size], "datatype": "FP32", "data": [1, 2]})
+
+
+def test_binary_data_must_be_exactly_what_binary_data_size_says() -> None:
+    data = np.ones(2, np.float32).tobytes()
+    tensor = {"name": "INPUT0", "shape": [1, 2], "datatype": "FP32",
+              "parameters": {"binary_data_size": 8}}
+    assert [r.tolist() for r in infer(tensor, data).rows] == [[1.0, 1.0]]
+    with pytest.raises(InvalidInput, match="binary_data_size is 8 but the body holds 12 bytes"):
+        infer(tensor, data + b"\0\0\0\0")
+    with pytest.raises(InvalidInput, match="binary_data_size is 8 but the body holds 4 bytes"):
+        infer(tensor, data[:4])
+    json_tensor = {"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}
+    with pytest.raises(InvalidInput, match="4 bytes of binary data, but the input has no"):
+        infer(json_tensor, b"\0\0\0\0")
+
+
+def test_a_binary_nan_is_named_by_its_row_in_the_protocols_words() -> None:
+    data = np.array([[1, 2], [3, np.nan]], np.float32).tobytes()
+    tensor = {"name": "INPUT0", "shape": [2, 2], "datatype": "FP32",
+              "parameters": {"binary_data_size": len(data)}}
+    with pytest.raises(InvalidInput, match="^input 'INPUT0': row 1 holds a NaN or an infinity$"):
+        infer(tensor, data)
