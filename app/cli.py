@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 import types
@@ -46,11 +47,31 @@ def add_setting_flags(parser: argparse.ArgumentParser, skip: frozenset[str] = fr
             type=kind,
             choices=choices,
             default=None,
-            help=f"{field.description} (env {env}; default {field.default})",
+            help=f"{field.description} (env {env}"
+                 f"{_default_text(field.description, field.default)})",
         )
 
 
+# Settings only one command reads: each command lists its own.
+JOB_SETTINGS = frozenset({"redis_url", "job_stream", "job_group", "job_lease_s",
+                          "job_max_deliveries", "result_ttl_s", "worker_metrics_port"})
+HTTP_SETTINGS = frozenset({"frontends", "read_timeout_s", "max_connections", "max_body_bytes",
+                           "api_key", "port"})
+
+
+def _default_text(description: str | None, default: Any) -> str:
+    """``; default X`` in words, unless the description already says what the default is."""
+    if description and re.search(r"\([^)]*default", description):  # "(default: ...)"
+        return ""
+    if default is None:
+        return "; unset by default"
+    if isinstance(default, float):
+        return f"; default {default:g}"
+    return f"; default {default}"
+
+
 def _settings(args: argparse.Namespace) -> Settings:
+    # A setting the command does not list is None here: not given.
     overrides = {name: getattr(args, name, None) for name in Settings.model_fields}
     return load_settings(args.config, overrides)
 
@@ -165,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="batchserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_serve = sub.add_parser("serve", help="run the HTTP server")
-    add_setting_flags(p_serve)
+    add_setting_flags(p_serve, skip=JOB_SETTINGS)
     p_serve.add_argument(
         "--fd", type=int, default=None,
         help="serve on an inherited, already bound socket (file descriptor) instead of host:port",
@@ -174,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_worker = sub.add_parser(
         "worker", help="serve jobs from a Redis stream (job-queue mode) instead of HTTP"
     )
-    add_setting_flags(p_worker)
+    add_setting_flags(p_worker, skip=HTTP_SETTINGS)
     p_worker.set_defaults(func=worker)
     p_submit = sub.add_parser(
         "submit", help="enqueue instances from a JSONL file as jobs and wait for the results"
@@ -193,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="builtin name, module:callable, or a .pt / .pt2 file")
     p_check.add_argument("--model", dest="model_flag", metavar="MODEL",
                          help="the same, as a flag (as serve takes it)")
-    add_setting_flags(p_check, skip=frozenset({"model"}))
+    add_setting_flags(p_check, skip=JOB_SETTINGS | HTTP_SETTINGS | {"model", "host"})
     p_check.set_defaults(func=check_model)
     return parser
 

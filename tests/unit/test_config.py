@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import build_parser
+from app.cli import HTTP_SETTINGS, JOB_SETTINGS, build_parser
 from app.config import (
     ConfigError,
     Settings,
@@ -122,12 +122,32 @@ def test_the_shipped_config_documents_every_setting() -> None:
     assert set(Settings.model_fields) <= keys
 
 
-def test_every_setting_has_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
+def help_of(command: str, capsys: pytest.CaptureFixture[str]) -> str:
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["serve", "--help"])
-    text = capsys.readouterr().out
-    for name in Settings.model_fields:
-        assert "--" + name.replace("_", "-") in text
+        build_parser().parse_args([command, "--help"])
+    return capsys.readouterr().out
+
+
+def flags_in(text: str) -> set[str]:
+    return {name for name in Settings.model_fields if "--" + name.replace("_", "-") in text}
+
+
+def test_every_setting_has_a_flag_in_the_command_that_reads_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """serve lists no job-mode setting, worker no HTTP one; between them, every setting."""
+    serve, worker = help_of("serve", capsys), help_of("worker", capsys)
+    assert flags_in(serve) | flags_in(worker) == set(Settings.model_fields)
+    assert not flags_in(serve) & JOB_SETTINGS and not flags_in(worker) & HTTP_SETTINGS
+    assert "frontends" in flags_in(serve) and "redis_url" in flags_in(worker)
+
+
+def test_help_says_each_default_once_in_words(capsys: pytest.CaptureFixture[str]) -> None:
+    text = " ".join(help_of("serve", capsys).split())  # argparse wraps lines
+    assert "None" not in text
+    assert "default 30)" in text  # request_timeout_s: 30.0 in words
+    options = text.split(" options: ", 1)[1]
+    for entry in re.split(r" --", options):  # one flag's entry each
+        assert len(re.findall(r"(?:\(|; |, )default\b", entry)) <= 1, entry
 
 
 @pytest.mark.parametrize("single", [{"model": "linear"}, {"model_name": "x"}])
