@@ -49,15 +49,19 @@ class ModelFacade(ABC):
         self.settings = settings
         self.handler = handler
         self.outputs: list[TensorSpec] | None = None  # learned from the warm-up results
+        self.fits: int | None = None  # the largest batch the warm-up could run, if it ran out
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: Executor | None = None
 
     @property
     def batch_limit(self) -> int:
-        """The most items in one model call: the setting, or less where the model says so."""
+        """The most items in one model call: the setting, or less where the model says so or
+        where a larger batch ran out of device memory at warm-up (``fits``)."""
         limit = self.settings.max_batch_size
         if self.handler.max_batch_size is not None:
             limit = min(limit, self.handler.max_batch_size)
+        if self.fits is not None:
+            limit = min(limit, self.fits)
         return limit
 
     @property

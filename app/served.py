@@ -133,9 +133,10 @@ class ServedModel(ModelFacade):
         return predicted_wait_s(ahead, self.batch_limit, batch_s, sharing, len(self.devices))
 
     def learn(self, device: str, cost: CostModel, work_per_item: float,
-              outputs: list[TensorSpec] | None) -> None:
+              outputs: list[TensorSpec] | None, fits: int) -> None:
         """What a replica's warm-up on ``device`` measured: its cost model, a typical item's
-        work, and the outputs (kept from the first replica)."""
+        work, the outputs (kept from the first replica) and the largest batch that fits."""
+        self.fits = min(self.fits or fits, fits)
         self.costs[device] = cost
         self.work_per_item = self.tokens_per_item = work_per_item
         self.outputs = self.outputs or outputs

@@ -205,7 +205,11 @@ class InferenceService:
         warm = await loader.warm(model.handler, model.batch_limit)
         log.info("model %s version %s: warm on %s in %.1f s", model.name, model.version,
                  worker.label, time.monotonic() - started)
-        model.learn(worker.label, warm.cost, warm.work_per_item, warm.outputs)
+        if warm.batch_limit < model.batch_limit:
+            log.warning("model %s version %s on %s: batches above %d items run out of device "
+                        "memory; serving with a batch limit of %d", model.name, model.version,
+                        worker.label, warm.batch_limit, warm.batch_limit)
+        model.learn(worker.label, warm.cost, warm.work_per_item, warm.outputs, warm.batch_limit)
         assert self._loop is not None
         attached: asyncio.Future[None] = self._loop.create_future()
         worker.attach(model, warm, _settle(attached))

@@ -32,6 +32,7 @@ class Warm:
     replica: Replica
     outputs: list[TensorSpec] | None
     cost: CostModel
+    batch_limit: int  # the most items a batch may have: the one asked, or the largest that fits
     work_per_item: float = 1.0  # the examples' (their tokens, for a text model)
     padded: bool = False  # the handler gives lengths: batches are padded to the longest
 
@@ -71,7 +72,7 @@ def warm_replica(handler: ModelHandler, device: torch.device, limit: int,
         replica = handler.load(device)
         examples = handler.examples()
         if not examples:
-            return Warm(replica, None, CostModel())
+            return Warm(replica, None, CostModel(), limit)
         executor = executor or DeviceExecutor(device)
         items = handler.decode(examples)
         results: list[Any] = []
@@ -80,14 +81,16 @@ def warm_replica(handler: ModelHandler, device: torch.device, limit: int,
         lengths = [handler.length(i) for i in items]
         padded = None not in lengths
         per_item = sum(lengths) / len(lengths) if padded else 1.0  # type: ignore[arg-type]
-        return Warm(replica, describe_outputs(results),
-                    measure(handler, replica, executor, items, limit, padded), per_item, padded)
+        cost, fits = measure(handler, replica, executor, items, limit, padded)
+        return Warm(replica, describe_outputs(results), cost, fits, per_item, padded)
 
 
 def measure(handler: ModelHandler, replica: Replica, executor: DeviceExecutor,
-            items: list[Any], limit: int, padded: bool) -> CostModel:
+            items: list[Any], limit: int, padded: bool) -> tuple[CostModel, int]:
     """The cost grid, from batches of the warm-up items: repeated, or for a model that pads
-    (``padded``) the first one cut to each of TEXT_LENGTHS."""
+    (``padded``) the first one cut to each of TEXT_LENGTHS; and the batch limit. A batch that
+    runs out of device memory halves the limit, as serving does, until one fits (a model that
+    cannot run one item fails to load)."""
     first = items[0]
     lengths = TEXT_LENGTHS if padded else (None,)
 
@@ -99,6 +102,24 @@ def measure(handler: ModelHandler, replica: Replica, executor: DeviceExecutor,
     def seconds(n: int, length: int | None) -> float:
         return executor.launch(handler, replica, batch(n, length)).wait()[1]
 
-    samples = [(n * (length or 1), seconds(n, length))
-               for length in lengths for n in grid(limit) for _ in range(3)]
-    return CostModel.measured(samples)
+    samples: list[tuple[float, float]] = []
+    for length in lengths:
+        sizes, ran = grid(limit), 0  # ran: the largest batch of this length that fitted
+        while sizes:
+            n = sizes.pop(0)
+            try:
+                samples += [(n * (length or 1), seconds(n, length)) for _ in range(3)]
+                ran = n
+            except torch.OutOfMemoryError:
+                if n == 1:
+                    raise
+                _release(executor)
+                limit = max(n // 2, ran)
+                sizes = [limit] if limit > ran else []
+    return CostModel.measured(samples), limit
+
+
+def _release(executor: DeviceExecutor) -> None:
+    """What an out-of-memory batch left cached goes back, for the next try."""
+    if executor.device.type == "cuda":
+        torch.cuda.empty_cache()

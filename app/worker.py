@@ -95,7 +95,7 @@ class DeviceWorker:
         """Serve ``model`` with a warmed replica from the next batch on; ``done`` runs on the
         loop."""
         def run() -> None:
-            self._slots[model] = Slot(model, warm.replica, model.batch_limit, warm.cost,
+            self._slots[model] = Slot(model, warm.replica, warm.batch_limit, warm.cost,
                                       warm.padded)
             self._loop.call_soon_threadsafe(done)
 

@@ -143,12 +143,17 @@ class CrashingHandler(EchoHandler):
 
 
 class OOMHandler(EchoHandler):
-    """Out of device memory above ``fits`` items, or on the value 999 even alone."""
+    """Out of device memory above ``fits`` items, or on the value 999 even alone; with
+    ``examples``, warmed up (and measured) with them."""
 
-    def __init__(self, fits: int) -> None:
+    def __init__(self, fits: int, examples: list[Any] | None = None) -> None:
         super().__init__()
         self.fits = fits
         self.attempts: list[int] = []
+        self._examples = examples or []
+
+    def examples(self) -> list[Any]:
+        return list(self._examples)
 
     def compute(self, batch: torch.Tensor) -> torch.Tensor:
         self.attempts.append(len(batch))

@@ -19,6 +19,7 @@ from tests.fakes import (
     EchoHandler,
     FailingHandler,
     GatedHandler,
+    OOMHandler,
     SlowLoadHandler,
     SteadyHandler,
 )
@@ -404,3 +405,25 @@ async def test_booleans_are_not_numbers() -> None:
             assert_error(r, 422, "invalid_input", f"instances[{index}]: expected numbers")
         r = await client.post("/predict", json={"instances": [[1, 2, 3, 4]]})
         assert r.status_code == 200
+
+
+async def test_a_model_too_big_for_large_batches_serves_with_the_limit_that_fits() -> None:
+    """Out of memory above 2 items at warm-up: it loads with a batch limit of 2, says so in its
+    configuration and the metric, and a request of 7 is split at serve time."""
+    handler = OOMHandler(2, examples=[1.0])
+    async with app_client(make_settings(max_batch_size=8), handler) as client:
+        config = (await client.get("/v2/models/echo/config")).json()
+        assert config["max_batch_size"] == 2
+        metrics = (await client.get("/metrics")).text
+        assert sample(metrics, "batchserve_effective_batch_limit", model="echo") == 2
+        r = await client.post("/predict", json={"instances": [1, 2, 3, 4, 5, 6, 7]})
+        assert r.status_code == 200 and r.json()["predictions"] == [2, 4, 6, 8, 10, 12, 14]
+        assert max(handler.attempts[-4:]) <= 2
+
+
+async def test_a_model_that_cannot_load_is_unhealthy_not_loading_for_ever() -> None:
+    async with app_client(make_settings(), OOMHandler(0, examples=[1.0]),
+                          wait_ready=False) as client:
+        await wait_until(lambda: client.app.state.service.status == "unhealthy", "unhealthy")
+        health = await client.get("/health_check")
+        assert health.status_code == 503 and health.json()["status"] == "unhealthy"

@@ -10,6 +10,7 @@ import torch
 from app.models.builtin import linear_handler
 from app.models.signature import TensorSpec
 from app.warmup import warm_replica
+from tests.fakes import OOMHandler
 
 pytestmark = pytest.mark.asyncio
 CPU = torch.device("cpu")
@@ -30,3 +31,22 @@ async def test_a_text_models_cost_is_by_padded_tokens() -> None:
     works = [work for work, _ in warm.cost.curve()]
     assert works == sorted({n * length for n in (1, 2, 4) for length in (16, 128)})
     assert warm.padded and warm.work_per_item > 1
+
+
+@pytest.mark.parametrize(("limit", "fits", "found"), [
+    (8, 2, 2), (8, 8, 8), (5, 1, 1),
+    (6, 5, 4),  # 6 fails: half of it is 3, but 4 ran already
+    (16, 11, 8),
+])
+async def test_the_warm_up_finds_the_largest_batch_that_fits(limit: int, fits: int,
+                                                             found: int) -> None:
+    """A batch out of device memory halves the limit, as serving does, until one fits (or keeps
+    the largest batch that ran, where that is more)."""
+    warm = await asyncio.to_thread(warm_replica, OOMHandler(fits, examples=[1.0]), CPU, limit)
+    assert warm.batch_limit == found
+    assert max(work for work, _ in warm.cost.curve()) == found
+
+
+async def test_a_model_that_cannot_run_one_item_fails_to_load() -> None:
+    with pytest.raises(torch.OutOfMemoryError):
+        await asyncio.to_thread(warm_replica, OOMHandler(0, examples=[1.0]), CPU, 4)
