@@ -63,6 +63,13 @@ class CostModel:
         # Scale the error to the point's own work: a batch near the point says the most.
         self.seconds[i] += REFINE_WEIGHT * (seconds - expected) * self.seconds[i] / expected
 
+    def take(self, measured: CostModel) -> None:
+        """Hold ``measured``'s points instead of its own (a curve measured after the model
+        started serving; device threads read it meanwhile: seconds first, then work, so a
+        reader never indexes past either)."""
+        self.seconds = list(measured.seconds)
+        self.work = list(measured.work)
+
     def curve(self) -> list[tuple[float, float]]:
         return list(zip(self.work, self.seconds, strict=True))
 

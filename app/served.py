@@ -30,7 +30,7 @@ from app.errors import (
 from app.facade import ModelFacade
 from app.metrics import ModelMetrics
 from app.models.base import ModelHandler
-from app.models.signature import TensorSpec
+from app.models.signature import TensorSpec, describe_outputs
 from app.queues import ModelQueue
 from app.tracing import Tracing
 
@@ -71,6 +71,9 @@ class ServedModel(ModelFacade):
         self._peak = RecentPeak()  # of in_flight: the clients to expect (``concurrency``)
         self.costs: dict[str, CostModel] = {}  # per device (label); refined on the loop
         self._batch_s: float | None = None  # a full batch's predicted seconds, while valid
+        # Called once with the first request's items, when the warm-up measured no cost (a
+        # model without examples): the runtime measures one from them.
+        self.first_items: Callable[[list[Any]], None] | None = None
         self.work_per_item = 1.0  # cost-model work of a typical item (padded tokens, for text)
         self.tokens_per_item = 1.0  # a typical item's own length (tokens, for text)
         self.neighbours: list[ServedModel] = []  # the models sharing its devices (itself too)
@@ -206,6 +209,9 @@ class ServedModel(ModelFacade):
         # guarantees the put succeeds; the request's items go in together, never partly.
         self.queue.put_all([PendingItem(request, index, data, key(data))
                             for index, data in enumerate(items)])
+        if self.first_items is not None:
+            hook, self.first_items = self.first_items, None
+            hook(items)
         self.in_flight += 1
         self._peak.note(self.in_flight, now)
         request.timer = self._loop.call_later(deadline - now, _expire, request.future)
@@ -278,6 +284,9 @@ class ServedModel(ModelFacade):
             if report.padded:
                 m.padding_waste.observe(1.0 - tokens / work)
         self._batch_s = None
+        if self.outputs is None:  # no warm-up results: the first batch's describe the outputs
+            values = [v for _, v in report.results if not isinstance(v, ServeError)]
+            self.outputs = describe_outputs(values) if values else None
         if report.expired:
             m.dropped("expired", report.expired)
         if report.cancelled:

@@ -21,6 +21,7 @@ import torch
 
 from app.catalog import Catalog
 from app.config import Settings
+from app.cost import CostModel
 from app.devices import resolve_devices
 from app.errors import ConfigError
 from app.metrics import Metrics
@@ -71,6 +72,7 @@ class InferenceService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._startup: asyncio.Task[None] | None = None
         self._loaders: dict[torch.device, Loader] = {}  # per device, made at its first load
+        self._measuring: set[asyncio.Task[None]] = set()
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -220,9 +222,46 @@ class InferenceService:
             self._check_stranded()
         self.metrics.batch_limit.labels(model=model.name, device=worker.label).set_function(
             lambda: worker.batch_limit(model))
-        for index, (work, _) in enumerate(warm.cost.curve()):
-            self.metrics.cost.labels(model.name, worker.label, f"{work:g}").set_function(
-                functools.partial(warm.cost.seconds.__getitem__, index))
+        self._export_cost(model, worker.label, warm.cost)
+        if not warm.cost.known and model.handler.measured_from_traffic:  # no examples
+            model.first_items = functools.partial(self._measure_from, model)
+
+    def _export_cost(self, model: ServedModel, label: str, cost: CostModel) -> None:
+        for index, (work, _) in enumerate(cost.curve()):
+            self.metrics.cost.labels(model.name, label, f"{work:g}").set_function(
+                functools.partial(_point, cost, index))
+
+    def _measure_from(self, model: ServedModel, items: list[Any]) -> None:
+        """A model whose warm-up had no examples serves without a cost model (its batches do
+        not wait to fill); its first request's items measure one on each device's loader,
+        off the request path."""
+        key = model.handler.key
+        alike = [item for item in items if key(item) == key(items[0])]
+        assert self._loop is not None
+        for worker in self.workers:
+            task = self._loop.create_task(self._measure_on(model, worker, alike))
+            self._measuring.add(task)
+            task.add_done_callback(self._measuring.discard)
+
+    async def _measure_on(self, model: ServedModel, worker: DeviceWorker,
+                          items: list[Any]) -> None:
+        replica = worker.replica_of(model)
+        cost = model.costs.get(worker.label)
+        if replica is None or cost is None or cost.known:
+            return
+        try:
+            measured, fits = await self._loaders[worker.device].measure(
+                model.handler, replica, items, worker.batch_limit(model))
+        except Exception as exc:  # noqa: BLE001 - it serves on without one, as before
+            log.warning("model %s version %s: no cost measured on %s from its first request "
+                        "(%s: %s)", model.name, model.version, worker.label,
+                        type(exc).__name__, exc)
+            return
+        cost.take(measured)
+        model.learn(worker.label, cost, model.work_per_item, None, fits)
+        self._export_cost(model, worker.label, cost)
+        log.info("model %s version %s: cost measured on %s from its first request",
+                 model.name, model.version, worker.label)
 
     async def remove(self, model: ServedModel) -> None:
         """Detach ``model`` from every device thread and let its replicas go."""
@@ -275,6 +314,11 @@ class InferenceService:
         return [{"model": m.name, "version": m.version, "status": m.health,
                  "queue_depth": m.queue.depth, "queue_capacity": m.settings.queue_capacity}
                 for m in self.repository.models()]
+
+
+def _point(cost: CostModel, index: int) -> float:
+    """A gauge callback: the cost curve's ``index``-th point as it is now."""
+    return cost.seconds[index] if index < len(cost.seconds) else float("nan")
 
 
 def _settle(future: asyncio.Future[None]) -> Callable[[], None]:

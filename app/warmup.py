@@ -58,6 +58,21 @@ class Loader:
             self._executor = DeviceExecutor(self.device)
         return warm_replica(handler, self.device, limit, self._executor)
 
+    async def measure(self, handler: ModelHandler, replica: Replica, items: list[Any],
+                      limit: int) -> tuple[CostModel, int]:
+        """The cost grid of a replica already serving, from real items (a model without
+        warm-up examples, after its first request)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._measure, handler, replica, items,
+                                          limit)
+
+    def _measure(self, handler: ModelHandler, replica: Replica, items: list[Any],
+                 limit: int) -> tuple[CostModel, int]:
+        if self._executor is None:
+            self._executor = DeviceExecutor(self.device)
+        with torch.inference_mode():
+            return measure(handler, replica, self._executor, items, limit, padded=False)
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 

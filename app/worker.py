@@ -22,6 +22,7 @@ import torch
 
 from app.batching import BatchReport, PendingItem, collect_batch, group_by, split_live
 from app.errors import DeadlineExceeded, ModelError
+from app.models.base import Replica
 from app.scheduling import Fairness
 from app.served import ServedModel
 from app.slot import Slot
@@ -114,6 +115,10 @@ class DeviceWorker:
 
     def holds(self, model: ServedModel) -> bool:
         return model in self._slots
+
+    def replica_of(self, model: ServedModel) -> Replica | None:
+        slot = self._slots.get(model)
+        return slot.replica if slot is not None else None
 
     def batch_limit(self, model: ServedModel) -> int:
         slot = self._slots.get(model)

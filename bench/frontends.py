@@ -111,6 +111,8 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
     flags = [*server_flags(args.workload, args.max_batch_size, args.devices, args.max_wait_ms,
                            args.torch_threads, frontends),
              "--queue-capacity", str(args.queue_capacity)]
+    if args.model is not None:  # the same model as another setting (a module:callable)
+        flags += ["--model", args.model, "--model-name", args.workload]
     points = []
     with server_process(flags) as (url, pid), body(args.workload, args.instances,
                                                      args.binary) as (path_file, path, env):
@@ -167,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--binary", action="store_true", help="v2 infer with a binary tensor")
     p.add_argument("--threads", type=int, default=1, help="wrk threads (1)")
     p.add_argument("--offline", action="store_true", help="the model alone at the max batch")
+    p.add_argument("--model", default=None,
+                   help="serve the workload's model given this way (app.models.builtin:"
+                        "mlp_module: the mlp as a bare module); requests are the workload's")
     p.add_argument("--out", type=Path, default=None, help="write the points here as JSON")
     args = p.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]

@@ -30,7 +30,9 @@ class ModelHandler(ABC):
     the model for the Open Inference Protocol's metadata. ``dense_width``: a length of flat
     numeric instances that ``decode`` also takes as float64 numpy rows; a /predict body whose
     instances are all such arrays is then parsed straight into one array (app/payload.py).
-    None: ``decode`` sees JSON values only.
+    None: ``decode`` sees JSON values only. ``measured_from_traffic``: where ``examples`` is
+    empty, the server may time its replica on copies of the first request's items to learn
+    what a batch costs (the replica must have no side effects; a plain ``nn.Module`` has none).
     """
 
     name: str = "model"
@@ -41,6 +43,7 @@ class ModelHandler(ABC):
     input_shape: tuple[int, ...] | None = None
     output_shape: tuple[int, ...] | None = None
     dense_width: int | None = None
+    measured_from_traffic: bool = False
 
     def examples(self) -> list[Any]:
         """Raw instances (as a client would send them) to warm the model up with."""

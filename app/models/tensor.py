@@ -34,8 +34,11 @@ class TensorHandler(ModelHandler):
     """Wraps a module factory. ``input_shape`` is the per-item shape (no batch dimension).
 
     Without a declared shape any numeric array is accepted, and a batch only joins items of one
-    shape. ``build(device)`` returns the replica module for one device.
+    shape. ``build(device)`` returns the replica module for one device. A module's forward has
+    no side effects, so without examples its cost is measured from its first request.
     """
+
+    measured_from_traffic = True
 
     def __init__(
         self,

@@ -17,7 +17,9 @@ import torch
 
 from app.errors import DeadlineExceeded, ModelError, NotFound, Unavailable
 from app.models.base import ModelHandler
-from app.models.builtin import linear_handler
+from app.models.builtin import linear_handler, mlp_module
+from app.models.signature import TensorSpec
+from app.models.tensor import TensorHandler
 from app.service import InferenceService, build_service
 from app.worker import WorkerState
 from tests.conftest import make_settings, sample, wait_until
@@ -220,3 +222,21 @@ async def test_pipelined_cuda_worker_answers_every_request_in_order() -> None:
         want = handler.load(torch.device("cpu"))(torch.tensor(instances)).numpy()
     got = np.stack([r[0] for r in results])
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.asyncio
+async def test_a_bare_module_learns_its_cost_and_outputs_from_its_first_request() -> None:
+    """An nn.Module with no input_shape and no examples has nothing to warm up with: its first
+    request's items measure the cost curve (off the request path) and its first batch shows
+    the outputs, so it then batches as a module that declared them would."""
+    handler = TensorHandler.from_module("bare", mlp_module((6, 8, 3)))
+    async with running(handler, max_batch_size=8) as service:
+        model = service.repository.get()
+        assert not model.costs["cpu"].known and model.output_specs is None
+        assert len((await call(service, [[1.0] * 6]))[0]) == 3
+        await wait_until(lambda: model.costs["cpu"].known, "the cost measured")
+        assert [work for work, _ in model.costs["cpu"].curve()] == [1, 2, 4, 8]
+        assert model.output_specs == [TensorSpec("OUTPUT0", "FP32", (3,))]
+        assert model.predicted_wait_s(8) is not None
+        assert sample(service.metrics.registry, "batchserve_cost_seconds", model="bare",
+                      device="cpu", work="8") > 0
