@@ -8,8 +8,9 @@ request with 16 float32 values. Printed: requests per second and each side's CPU
     python -m bench.ipc --transport unix --per-message 1
 
 Transports: ``unix`` (asyncio streams on a socketpair, one pickle per message with the arrays'
-bytes as protocol-5 out-of-band frames: what app/bridge.py does) and ``zmq`` (pyzmq's asyncio
-PAIR socket, the same pickle, the frames as zmq message parts), when pyzmq is installed.
+bytes as protocol-5 out-of-band frames: app/wire.py, as the front ends use it) and ``zmq``
+(pyzmq's asyncio PAIR socket, the same pickle, the frames as zmq message parts), when pyzmq is
+installed.
 """
 
 from __future__ import annotations
@@ -19,44 +20,19 @@ import asyncio
 import multiprocessing as mp
 import pickle
 import socket
-import struct
 import time
 from typing import Any
 
 import numpy as np
 
-HEAD = struct.Struct("!II")  # header length, number of frames; then each frame's length
-
-
-def pack(obj: Any) -> list[bytes | memoryview]:
-    frames: list[pickle.PickleBuffer] = []
-    head = pickle.dumps(obj, protocol=5, buffer_callback=frames.append)
-    views = [f.raw() for f in frames]
-    sizes = struct.pack(f"!{len(views)}I", *(v.nbytes for v in views))
-    return [HEAD.pack(len(head), len(views)), sizes, head, *views]
-
-
-async def read_message(reader: asyncio.StreamReader) -> Any:
-    total_head = await reader.readexactly(HEAD.size + 4)
-    n_head, n_frames = HEAD.unpack_from(total_head)
-    (body_len,) = struct.unpack_from("!I", total_head, HEAD.size)
-    data = bytearray(await reader.readexactly(body_len))
-    view = memoryview(data)
-    sizes = struct.unpack_from(f"!{n_frames}I", view)
-    at = 4 * n_frames
-    head = view[at:at + n_head]
-    at += n_head
-    bufs = []
-    for size in sizes:
-        bufs.append(view[at:at + size])
-        at += size
-    return pickle.loads(head, buffers=bufs)
+from app import wire
 
 
 def write_message(writer: asyncio.StreamWriter, obj: Any) -> None:
-    parts = pack(obj)
-    body = b"".join(parts[1:])
-    writer.write(parts[0] + struct.pack("!I", len(body)) + body)
+    writer.write(wire.encode(obj))
+
+
+read_message = wire.read
 
 
 def _device_unix(sock: socket.socket, q: Any) -> None:
