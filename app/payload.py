@@ -71,9 +71,21 @@ def whole_number_of(value: Any, what: str) -> int | None:
     priority (0: the model's default level; app/served.py checks the range) or a timeout."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidInput(f"{what} must be a whole number >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT64:
+        raise InvalidInput(f"{what} must be a whole number >= 0 (at most 2^63 - 1), got "
+                           f"{json_text(value)}")
     return value
+
+
+MAX_INT64 = 2**63 - 1  # the protocol's integers (sizes, parameters) are int64
+
+
+def json_text(value: Any) -> str:
+    """``value`` as JSON writes it, for messages (``true``, ``"5"``, ``1e+30``: past 64 bits a
+    JSON number is read as a float), not as Python does (``True``, ``'5'``)."""
+    if isinstance(value, (bool, str)) or value is None:
+        return orjson.dumps(value).decode()
+    return repr(value)
 
 
 def first_boolean(instances: list[Any]) -> int | None:

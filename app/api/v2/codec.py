@@ -17,7 +17,7 @@ import orjson
 
 from app.errors import InvalidInput, PayloadTooLarge
 from app.models.signature import DATATYPES, TensorSpec, datatype_of, output_columns
-from app.payload import json_object, whole_number_of
+from app.payload import MAX_INT64, json_object, json_text, whole_number_of
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -81,7 +81,7 @@ def _rows(tensor: dict[str, Any], binary: bytes, max_rows: int, model: str,
     if not isinstance(shape, list) or not shape:
         raise InvalidInput(f"input '{name}': 'shape' must be a non-empty list of sizes")
     for d in shape:
-        if not isinstance(d, int) or isinstance(d, bool) or not 0 <= d <= MAX_DIM:
+        if not isinstance(d, int) or isinstance(d, bool) or not 0 <= d <= MAX_INT64:
             raise InvalidInput(f"input '{name}': 'shape' must be a non-empty list of sizes "
                                f"(whole numbers from 0 to 2^63 - 1); {json_text(d)} is not one")
     if datatype != expected.datatype:
@@ -114,15 +114,6 @@ def _rows(tensor: dict[str, Any], binary: bytes, max_rows: int, model: str,
         row = int(np.argmin(np.isfinite(array).reshape(shape[0], -1).all(axis=1)))
         raise InvalidInput(f"input '{name}': row {row} holds a NaN or an infinity")
     return list(array)
-
-
-MAX_DIM = 2**63 - 1  # the protocol's sizes are int64
-
-
-def json_text(value: Any) -> str:
-    """``value`` as the client wrote it in JSON, for messages (``1e+30``, ``"x"``, ``true``)."""
-    return orjson.dumps(value).decode() if value is None or isinstance(value, (bool, str)) \
-        else repr(value)
 
 
 def _check_item_shape(name: str, shape: list[int], expected: TensorSpec) -> None:

@@ -82,3 +82,14 @@ def test_a_binary_nan_is_named_by_its_row_in_the_protocols_words() -> None:
               "parameters": {"binary_data_size": len(data)}}
     with pytest.raises(InvalidInput, match="^input 'INPUT0': row 1 holds a NaN or an infinity$"):
         infer(tensor, data)
+
+
+@pytest.mark.parametrize(("timeout", "shows"), [
+    (1e30, "1e+30"), (0.5, "0.5"), ("5", '"5"'), (True, "true"), (-1, "-1"), (2**63, str(2**63)),
+])
+def test_a_bad_timeout_is_named_as_json_writes_it(timeout: object, shows: str) -> None:
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32",
+                                   "data": [1, 2]}], "parameters": {"timeout": timeout}})
+    with pytest.raises(InvalidInput, match=re.escape(
+            f"parameter 'timeout' must be a whole number >= 0 (at most 2^63 - 1), got {shows}")):
+        parse_request(body.encode(), None, 16, "m", INPUT)
