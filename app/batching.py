@@ -33,7 +33,7 @@ class PendingRequest:
     slots: one is built per request on the event loop's hot path.)
     """
 
-    __slots__ = ("future", "size", "deadline", "enqueued_at", "results", "remaining", "timer",
+    __slots__ = ("future", "deadline", "enqueued_at", "results", "remaining", "timer",
                  "level", "trace")
 
     def __init__(
@@ -41,7 +41,6 @@ class PendingRequest:
         level: int = 1,
     ) -> None:
         self.future = future
-        self.size = size
         self.deadline = deadline
         self.enqueued_at = enqueued_at
         self.level = level  # priority, 1 the most urgent

@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from app import wire
+import app.wire as wire
 from app.batching import PendingRequest
 from app.config import BatchSettings
 from app.errors import ServeError

@@ -13,7 +13,6 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import HTMLResponse
 
-import app as package
 from app.api import errors, health, predict
 from app.api.access import AccessLog
 from app.api.routing import BatchServeApp, RawRoute
@@ -22,6 +21,7 @@ from app.api.v2 import routes as v2
 from app.config import Settings, load_settings
 from app.models.base import ModelHandler
 from app.service import InferenceService, build_service
+from app.version import __version__
 
 DOCS_ASSETS = "/docs/assets"
 
@@ -46,7 +46,7 @@ def create_app(settings: Settings | None = None, handler: ModelHandler | None = 
     app = BatchServeApp(
         title="batchserve",
         summary="Dynamic-batching inference server for PyTorch models",
-        version=package.__version__,
+        version=__version__,
         lifespan=lifespan,
         docs_url=None,  # served below, from this machine
         redoc_url=None,

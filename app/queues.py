@@ -37,7 +37,6 @@ class ModelQueue:
         self._put = [0] * levels
         self._taken = [0] * levels
         self._lock = threading.Lock()
-        self._closed = False
 
     # ---- event loop ------------------------------------------------------------------------------
 
@@ -70,18 +69,12 @@ class ModelQueue:
 
     def shutdown(self) -> None:
         """No more puts; device threads still take what is left."""
-        self._closed = True
         if self._janus is not None:
             self._janus.shutdown()
 
     async def wait_closed(self) -> None:
         if self._janus is not None:
             await self._janus.wait_closed()
-
-    @property
-    def finished(self) -> bool:
-        """Shut down, and nothing left to take."""
-        return self._closed and self.depth == 0
 
     # ---- device threads --------------------------------------------------------------------------
 

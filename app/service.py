@@ -247,7 +247,8 @@ class InferenceService:
                           items: list[Any]) -> None:
         replica = worker.replica_of(model)
         cost = model.costs.get(worker.label)
-        if replica is None or cost is None or cost.known:
+        # (The first batch may have observed one point already: the grid replaces it.)
+        if replica is None or cost is None:  # unloaded meanwhile
             return
         try:
             measured, fits = await self._loaders[worker.device].measure(

@@ -19,8 +19,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from app import __version__
 from app.errors import ConfigError
+from app.version import __version__
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider

@@ -20,7 +20,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-import app as package
 from app.api import errors, predict
 from app.api.access import HEALTH_PATHS, REQUEST_ID_HEADER, AccessLog
 from app.api.body import ClientGone, read_body
@@ -29,6 +28,7 @@ from app.api.v2 import routes as v2
 from app.errors import ServeError, Unavailable
 from app.frontend.remote import GONE, RemoteService
 from app.logs import request_id
+from app.version import __version__
 
 # Hop-by-hop headers and those the proxy's own answer sets.
 _DROPPED = {b"host", b"connection", b"content-length", b"transfer-encoding", b"keep-alive",
@@ -106,7 +106,7 @@ def create_frontend_app(service: RemoteService, link: socket.socket,
             await clients[0].aclose()
             await service.stop()
 
-    app = BatchServeApp(title="batchserve", version=package.__version__, lifespan=lifespan,
+    app = BatchServeApp(title="batchserve", version=__version__, lifespan=lifespan,
                         docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     errors.install(app)

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from app import wire
+import app.wire as wire
 from app.bridge import ModelEntry, Snapshot
 from app.config import Settings
 from app.errors import BatchServeError, NotFound, ServeError, Unavailable

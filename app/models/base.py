@@ -58,7 +58,9 @@ class ModelHandler(ABC):
 
     def length(self, item: Any) -> int | None:
         """How long a decoded item is, for a model whose batches are padded to their longest
-        item (text: its tokens); None for items that are all alike (the default)."""
+        item (text: its tokens); None for items that are all alike (the default). A handler
+        that gives lengths decodes each item to a 1-D array: the warm-up cuts and repeats one
+        example's to time batches of other lengths (app/warmup.py)."""
         return None
 
     def key(self, item: Any) -> Hashable:

@@ -46,8 +46,8 @@ async def test_a_shut_down_queue_still_gives_what_it_holds() -> None:
     for item in items(2):
         q.put(item)
     q.shutdown()
-    assert not q.finished
-    assert len(q.take(4)) == 2 and q.take(4) == [] and q.finished
+    assert q.depth == 2
+    assert len(q.take(4)) == 2 and q.take(4) == [] and q.depth == 0
     await q.wait_closed()
 
 

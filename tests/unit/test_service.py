@@ -234,8 +234,10 @@ async def test_a_bare_module_learns_its_cost_and_outputs_from_its_first_request(
         model = service.repository.get()
         assert not model.costs["cpu"].known and model.output_specs is None
         assert len((await call(service, [[1.0] * 6]))[0]) == 3
-        await wait_until(lambda: model.costs["cpu"].known, "the cost measured")
+        await wait_until(lambda: len(model.costs["cpu"].curve()) == 4, "the cost measured")
         assert [work for work, _ in model.costs["cpu"].curve()] == [1, 2, 4, 8]
+        # Learned once the batch's answers are out (ServedModel._account, after the futures).
+        await wait_until(lambda: model.output_specs is not None, "the outputs learned")
         assert model.output_specs == [TensorSpec("OUTPUT0", "FP32", (3,))]
         assert model.predicted_wait_s(8) is not None
         assert sample(service.metrics.registry, "batchserve_cost_seconds", model="bare",

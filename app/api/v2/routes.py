@@ -12,7 +12,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse, Response
 
-import app as package
 from app.api.deps import ServiceDep
 from app.api.errors import V2Route
 from app.api.inference import TIMEOUT_PARAMETER, Asked, run_inference
@@ -28,6 +27,7 @@ from app.facade import ModelFacade
 from app.models.signature import DATATYPES
 from app.served import ServedModel
 from app.service import InferenceService
+from app.version import __version__
 
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol v2"], route_class=V2Route)
 # Inference: served by every front end itself (app/frontend/app.py); ``router``: the rest.
@@ -107,7 +107,7 @@ _NOT_FOUND: dict[int | str, dict[str, Any]] = {
 
 @router.get("", summary="Server metadata")
 async def server_metadata() -> dict[str, Any]:
-    return {"name": "batchserve", "version": package.__version__,
+    return {"name": "batchserve", "version": __version__,
             "extensions": ["binary_tensor_data", "model_configuration", "model_repository"]}
 
 
