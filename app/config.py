@@ -325,16 +325,6 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     return warnings
 
 
-def frontend_count(setting: int | str, cores: int | None = None) -> int:
-    """How many front ends ``frontends`` means on a machine of ``cores`` (this one's): ``auto``
-    is 1 up to 4 cores (the model, not the event loop, is the limit there), else cores - 2, two
-    cores left to the device process (docs/frontends.md)."""
-    if setting != "auto":
-        return int(setting)
-    cores = cores if cores is not None else os.cpu_count() or 1
-    return 1 if cores <= 4 else cores - 2
-
-
 def describe_errors(exc: ValueError) -> str:
     """One line naming every invalid setting of a validation error."""
     errors = getattr(exc, "errors", None)

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from fastapi.staticfiles import StaticFiles
-from starlette.responses import HTMLResponse
 
 from app.api import errors, health, predict
 from app.api.access import AccessLog
+from app.api.docs import add_docs
 from app.api.routing import BatchServeApp, RawRoute
 from app.api.v2 import repository as v2_repository
 from app.api.v2 import routes as v2
@@ -22,8 +19,6 @@ from app.config import Settings, load_settings
 from app.models.base import ModelHandler
 from app.service import InferenceService, build_service
 from app.version import __version__
-
-DOCS_ASSETS = "/docs/assets"
 
 
 def create_app(settings: Settings | None = None, handler: ModelHandler | None = None) -> FastAPI:
@@ -63,35 +58,6 @@ def create_app(settings: Settings | None = None, handler: ModelHandler | None = 
     app.add_middleware(AccessLog)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
-
-
-def add_docs(app: FastAPI) -> None:
-    """``/docs`` (Swagger UI) and ``/redoc`` with their scripts and styles served from the
-    fastapi-offline package, not a CDN: the pages work on a machine without internet."""
-    app.mount(DOCS_ASSETS, StaticFiles(directory=offline_assets()), name="docs-assets")
-
-    @app.get("/docs", include_in_schema=False)
-    async def swagger_ui(request: Request) -> HTMLResponse:
-        root = request.scope.get("root_path", "")
-        return get_swagger_ui_html(
-            openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} - Swagger UI",
-            swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
-            swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
-            swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png")
-
-    @app.get("/redoc", include_in_schema=False)
-    async def redoc(request: Request) -> HTMLResponse:
-        root = request.scope.get("root_path", "")
-        return get_redoc_html(
-            openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} - ReDoc",
-            redoc_js_url=f"{root}{DOCS_ASSETS}/redoc.standalone.js",
-            redoc_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png", with_google_fonts=False)
-
-
-def offline_assets() -> str:
-    import fastapi_offline
-
-    return str(Path(fastapi_offline.__file__).parent / "static")
 
 
 def _single_model(service: InferenceService) -> tuple[dict[str, Any], int | None]:

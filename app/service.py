@@ -21,9 +21,9 @@ import torch
 
 from app.catalog import Catalog
 from app.config import Settings
-from app.cost import CostModel
 from app.devices import resolve_devices
 from app.errors import ConfigError
+from app.learning import busy_ratio, export_cost, measure_on
 from app.metrics import Metrics
 from app.models.base import ModelHandler
 from app.models.registry import load_handler
@@ -94,7 +94,7 @@ class InferenceService:
     def _spawn(self, device: torch.device, label: str) -> DeviceWorker:
         worker = DeviceWorker(device, label, self._loop, self._worker_changed)
         self.workers.append(worker)
-        self.metrics.device_busy.labels(device=label).set_function(_busy_ratio(worker))
+        self.metrics.device_busy.labels(device=label).set_function(busy_ratio(worker))
         self.metrics.device_up.labels(device=label).set_function(
             lambda: worker.state is not WorkerState.FAILED)
         worker.start()
@@ -222,47 +222,21 @@ class InferenceService:
             self._check_stranded()
         self.metrics.batch_limit.labels(model=model.name, device=worker.label).set_function(
             lambda: worker.batch_limit(model))
-        self._export_cost(model, worker.label, warm.cost)
+        export_cost(self.metrics, model, worker.label, warm.cost)
         if not warm.cost.known and model.handler.measured_from_traffic:  # no examples
             model.first_items = functools.partial(self._measure_from, model)
 
-    def _export_cost(self, model: ServedModel, label: str, cost: CostModel) -> None:
-        for index, (work, _) in enumerate(cost.curve()):
-            self.metrics.cost.labels(model.name, label, f"{work:g}").set_function(
-                functools.partial(_point, cost, index))
-
     def _measure_from(self, model: ServedModel, items: list[Any]) -> None:
-        """A model whose warm-up had no examples serves without a cost model (its batches do
-        not wait to fill); its first request's items measure one on each device's loader,
-        off the request path."""
+        """The first request's items (of the first item's key) measure the cost of a model that
+        had no warm-up examples, on each device's loader (app/learning.py)."""
         key = model.handler.key
         alike = [item for item in items if key(item) == key(items[0])]
         assert self._loop is not None
         for worker in self.workers:
-            task = self._loop.create_task(self._measure_on(model, worker, alike))
+            task = self._loop.create_task(measure_on(
+                model, worker, self._loaders[worker.device], alike, self.metrics))
             self._measuring.add(task)
             task.add_done_callback(self._measuring.discard)
-
-    async def _measure_on(self, model: ServedModel, worker: DeviceWorker,
-                          items: list[Any]) -> None:
-        replica = worker.replica_of(model)
-        cost = model.costs.get(worker.label)
-        # (The first batch may have observed one point already: the grid replaces it.)
-        if replica is None or cost is None:  # unloaded meanwhile
-            return
-        try:
-            measured, fits = await self._loaders[worker.device].measure(
-                model.handler, replica, items, worker.batch_limit(model))
-        except Exception as exc:  # noqa: BLE001 - it serves on without one, as before
-            log.warning("model %s version %s: no cost measured on %s from its first request "
-                        "(%s: %s)", model.name, model.version, worker.label,
-                        type(exc).__name__, exc)
-            return
-        cost.take(measured)
-        model.learn(worker.label, cost, model.work_per_item, None, fits)
-        self._export_cost(model, worker.label, cost)
-        log.info("model %s version %s: cost measured on %s from its first request",
-                 model.name, model.version, worker.label)
 
     async def remove(self, model: ServedModel) -> None:
         """Detach ``model`` from every device thread and let its replicas go."""
@@ -317,11 +291,6 @@ class InferenceService:
                 for m in self.repository.models()]
 
 
-def _point(cost: CostModel, index: int) -> float:
-    """A gauge callback: the cost curve's ``index``-th point as it is now."""
-    return cost.seconds[index] if index < len(cost.seconds) else float("nan")
-
-
 def _settle(future: asyncio.Future[None]) -> Callable[[], None]:
     """A callback that resolves ``future`` (once)."""
     def settle() -> None:
@@ -329,17 +298,3 @@ def _settle(future: asyncio.Future[None]) -> Callable[[], None]:
             future.set_result(None)
 
     return settle
-
-
-def _busy_ratio(worker: DeviceWorker) -> Any:
-    """A gauge callback: share of wall time spent computing since the previous scrape."""
-    last = {"busy": worker.busy_s, "at": time.monotonic()}
-
-    def ratio() -> float:
-        now, busy_s = time.monotonic(), worker.busy_s
-        elapsed = now - last["at"]
-        value = (busy_s - last["busy"]) / elapsed if elapsed > 0 else 0.0
-        last.update(busy=busy_s, at=now)
-        return min(1.0, max(0.0, value))
-
-    return ratio

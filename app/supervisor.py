@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import pickle
 import signal
 import socket
@@ -23,6 +24,16 @@ from app.config import Settings
 log = logging.getLogger("batchserve.frontends")
 
 RESTART_DELAY_S = 1.0
+
+
+def frontend_count(setting: int | str, cores: int | None = None) -> int:
+    """How many front ends ``frontends`` means on a machine of ``cores`` (this one's): ``auto``
+    is 1 up to 4 cores (the model, not the event loop, is the limit there), else cores - 2, two
+    cores left to the device process (docs/frontends.md)."""
+    if setting != "auto":
+        return int(setting)
+    cores = cores if cores is not None else os.cpu_count() or 1
+    return 1 if cores <= 4 else cores - 2
 
 
 class Frontends:

@@ -9,10 +9,10 @@ from app.cli import HTTP_SETTINGS, JOB_SETTINGS, build_parser
 from app.config import (
     ConfigError,
     Settings,
-    frontend_count,
     load_settings,
     unknown_variables,
 )
+from app.supervisor import frontend_count
 from tests.conftest import make_settings
 
 

@@ -21,7 +21,7 @@ LAYERS = [
     ["app.transfer", "app.queues", "app.warmup", "app.facade"],
     ["app.served"],
     ["app.slot", "app.worker"],
-    ["app.catalog", "app.repository"],
+    ["app.catalog", "app.repository", "app.learning"],
     ["app.service"],
     ["app.api", "app.jobs"],
     ["app.main", "app.check", "app.bridge", "app.frontend"],

@@ -1,0 +1,71 @@
+"""What the runtime learns of a model version once it is placed, and the gauges showing it.
+
+A model whose warm-up had no examples serves without a cost model (its batches do not wait to
+fill): ``measure_on`` times its replica with its first request's items on the device's loader,
+off the request path. ``export_cost`` and ``busy_ratio`` are the gauges of what a device
+believes and does.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from app.cost import CostModel
+from app.metrics import Metrics
+from app.served import ServedModel
+from app.warmup import Loader
+from app.worker import DeviceWorker
+
+log = logging.getLogger("batchserve.service")
+
+
+async def measure_on(model: ServedModel, worker: DeviceWorker, loader: Loader,
+                     items: list[Any], metrics: Metrics) -> None:
+    """Measure ``model``'s cost on ``worker``'s device from ``items`` (real ones, of one key);
+    it serves on without one if that fails."""
+    replica = worker.replica_of(model)
+    cost = model.costs.get(worker.label)
+    # (The first batch may have observed one point already: the grid replaces it.)
+    if replica is None or cost is None:  # unloaded meanwhile
+        return
+    try:
+        measured, fits = await loader.measure(model.handler, replica, items,
+                                              worker.batch_limit(model))
+    except Exception as exc:  # noqa: BLE001 - it serves on without one, as before
+        log.warning("model %s version %s: no cost measured on %s from its first request "
+                    "(%s: %s)", model.name, model.version, worker.label, type(exc).__name__, exc)
+        return
+    cost.take(measured)
+    model.learn(worker.label, cost, model.work_per_item, None, fits)
+    export_cost(metrics, model, worker.label, cost)
+    log.info("model %s version %s: cost measured on %s from its first request",
+             model.name, model.version, worker.label)
+
+
+def export_cost(metrics: Metrics, model: ServedModel, label: str, cost: CostModel) -> None:
+    """``batchserve_cost_seconds``: the curve a device believes, point by point as it is now."""
+    for index, (work, _) in enumerate(cost.curve()):
+        metrics.cost.labels(model.name, label, f"{work:g}").set_function(
+            functools.partial(_point, cost, index))
+
+
+def _point(cost: CostModel, index: int) -> float:
+    return cost.seconds[index] if index < len(cost.seconds) else float("nan")
+
+
+def busy_ratio(worker: DeviceWorker) -> Callable[[], float]:
+    """A gauge callback: share of wall time spent computing since the previous scrape."""
+    last = {"busy": worker.busy_s, "at": time.monotonic()}
+
+    def ratio() -> float:
+        now, busy_s = time.monotonic(), worker.busy_s
+        elapsed = now - last["at"]
+        value = (busy_s - last["busy"]) / elapsed if elapsed > 0 else 0.0
+        last.update(busy=busy_s, at=now)
+        return min(1.0, max(0.0, value))
+
+    return ratio
