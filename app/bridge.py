@@ -151,8 +151,8 @@ class Bridge:
                 pending.future.cancel()
         for name, version, reason in message.get("rejected", ()):
             self._metrics(name, version).rejected(reason)
-        for name, version, status, seconds in message.get("answered", ()):
-            self._metrics(name, version).answered(status, seconds)
+        for name, version, status, seconds, protocol in message.get("answered", ()):
+            self._metrics(name, version).answered(status, seconds, protocol)
         for key in message.get("acked", ()):
             ack = link.acks.pop(key, None)
             if ack is not None and not ack.done():

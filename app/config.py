@@ -183,6 +183,10 @@ class Settings(BaseSettings, BatchSettings):
     )
     host: str = Field("127.0.0.1", description="address to bind")
     port: int = Field(8000, ge=0, le=65535, description="port to bind (0: any free port)")
+    grpc_port: int = Field(
+        8001, ge=0, le=65535, description="port of the Open Inference Protocol over gRPC, on "
+        "the same host (0: no gRPC)",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     log_format: Literal["text", "json"] = Field("text", description="log line format")
     otel_endpoint: str | None = Field(

@@ -94,6 +94,18 @@ class ModelError(ServeError):
         super().__init__(message)
 
 
+class Relayed(ServeError):
+    """An error another process of the server answered with (the device process, or the app
+    behind a gRPC call), as the same status, type and message."""
+
+    def __init__(self, status: int, type_: str, message: str,
+                 retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type_
+        self.retry_after_s = retry_after_s
+
+
 def busy(capacity: int, level: int | None = None, room: int | None = None) -> Unavailable:
     if level is None or room is None or room == capacity:
         return Unavailable("busy", f"the queue is full ({capacity} items); retry later")

@@ -57,11 +57,12 @@ class Metrics:
         return cls(
             registry=r,
             requests=Counter(
-                "batchserve_requests", "Requests answered, by HTTP status",
-                ["model", "version", "status"], registry=r,
+                "batchserve_requests", "Requests answered, by HTTP status (gRPC calls: the "
+                "status HTTP would have answered), and protocol (http, grpc)",
+                ["model", "version", "status", "protocol"], registry=r,
             ),
             request_duration=Histogram(
-                "batchserve_request_duration_seconds", "Arrival to answer", ["model"],
+                "batchserve_request_duration_seconds", "Arrival to answer", ["model", "protocol"],
                 buckets=LATENCY_BUCKETS, registry=r,
             ),
             queue_depth=Gauge(
@@ -141,12 +142,8 @@ class ModelMetrics:
     metrics: Metrics
     model: str
     version: str
-    _by_status: dict[int, Any] = field(default_factory=dict)
+    _by_status: dict[tuple[int, str], tuple[Any, Any]] = field(default_factory=dict)
     _by_reason: dict[tuple[str, str], Any] = field(default_factory=dict)
-
-    @cached_property
-    def request_duration(self) -> Any:
-        return self.metrics.request_duration.labels(model=self.model)
 
     @cached_property
     def queue_wait(self) -> Any:
@@ -164,14 +161,16 @@ class ModelMetrics:
     def padding_waste(self) -> Any:
         return self.metrics.padding_waste.labels(model=self.model)
 
-    def answered(self, status: int, seconds: float) -> None:
+    def answered(self, status: int, seconds: float, protocol: str = "http") -> None:
         """Count one answered request (runs per request)."""
-        child = self._by_status.get(status)
-        if child is None:
-            child = self._by_status[status] = self.metrics.requests.labels(
-                model=self.model, version=self.version, status=str(status))
-        child.inc()
-        self.request_duration.observe(seconds)
+        children = self._by_status.get((status, protocol))
+        if children is None:
+            children = self._by_status[(status, protocol)] = (
+                self.metrics.requests.labels(model=self.model, version=self.version,
+                                             status=str(status), protocol=protocol),
+                self.metrics.request_duration.labels(model=self.model, protocol=protocol))
+        children[0].inc()
+        children[1].observe(seconds)
 
     def _counted(self, family: str, reason: str) -> Any:
         child = self._by_reason.get((family, reason))

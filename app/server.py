@@ -16,6 +16,7 @@ import time
 import types
 from typing import Any, Protocol
 
+import httpx
 import torch
 import uvicorn
 
@@ -24,6 +25,8 @@ from app.config import Settings, unknown_variables
 from app.errors import ConfigError
 from app.frontend.app import create_frontend_app
 from app.frontend.remote import RemoteService
+from app.grpc.server import GrpcServer, reserve
+from app.grpc.server import address as grpc_address
 from app.logs import configure_logging
 from app.main import create_app
 from app.process import freeze_startup_objects, tune_for_serving
@@ -33,6 +36,7 @@ from app.supervisor import Frontends, frontend_count
 log = logging.getLogger("batchserve")
 
 DRAIN_MARGIN_S = 5.0  # beyond the request timeout, for the last answers to be written
+GRPC_GRACE_S = 1.0  # for calls still running once the drain is over (health, metadata)
 
 
 class Drainable(Protocol):
@@ -65,14 +69,29 @@ class DrainingServer(uvicorn.Server):
     """
 
     def __init__(self, config: uvicorn.Config, service: Drainable,
-                 drain_limit_s: float) -> None:
+                 drain_limit_s: float, grpc: GrpcServer | None = None) -> None:
         super().__init__(config)
         self.service = service
         self.drain_limit_s = drain_limit_s
+        self.grpc = grpc  # started after HTTP, stopped once nothing is left in flight
         self.drain_started: float | None = None
         self.fatal = False
         self.created = time.monotonic()
         self._frozen = False
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and not self.should_exit and self.grpc is not None:
+            try:
+                await self.grpc.start()
+            except ConfigError as exc:
+                log.critical("%s", exc.message)
+                self.fatal = self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.grpc is not None:
+            await self.grpc.stop(GRPC_GRACE_S)
+        await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame: types.FrameType | None) -> None:
         if self.drain_started is not None or not self.started:
@@ -112,7 +131,7 @@ class DeviceServer(DrainingServer):
 
     def __init__(self, config: uvicorn.Config, service: Drainable, drain_limit_s: float,
                  frontends: Frontends) -> None:
-        super().__init__(config, service, drain_limit_s)
+        super().__init__(config, service, drain_limit_s)  # gRPC: the front ends serve it
         self.frontends = frontends
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -147,11 +166,19 @@ def serve(settings: Settings, fd: int | None = None) -> int:
     # TCP_NODELAY off and costs ~40 ms per small response to delayed ACKs).
     listener = socket.socket(fileno=fd) if fd is not None else _listen(settings.host,
                                                                        settings.port)
-    app = create_app(settings)
-    server = DrainingServer(_config(settings, app), app.state.service, _drain_limit_s(settings))
-    log.info("listening on %s", _address(listener))
-    server.run(sockets=[listener])
-    return 0 if server.started and not server.fatal else 1
+    reserved = reserve(settings.host, settings.grpc_port) if settings.grpc_port else None
+    try:
+        app = create_app(settings)
+        service = app.state.service
+        grpc = GrpcServer(settings, service, lambda: httpx.ASGITransport(app=app)) \
+            if reserved is not None else None
+        server = DrainingServer(_config(settings, app), service, _drain_limit_s(settings), grpc)
+        log.info("listening on %s%s", _address(listener), _grpc_text(settings))
+        server.run(sockets=[listener])
+        return 0 if server.started and not server.fatal else 1
+    finally:
+        if reserved is not None:
+            reserved.close()
 
 
 def _config(settings: Settings, app: Any, **where: Any) -> uvicorn.Config:
@@ -180,6 +207,7 @@ def _serve_split(settings: Settings, count: int, fd: int | None) -> int:
     a private Unix socket, and runs ``count`` front ends on the listening socket."""
     listener = socket.socket(fileno=fd) if fd is not None else _listen(settings.host,
                                                                        settings.port)
+    reserved = reserve(settings.host, settings.grpc_port) if settings.grpc_port else None
     private = tempfile.mkdtemp(prefix="batchserve-")
     device_socket = f"{private}/device.sock"
     try:
@@ -188,17 +216,26 @@ def _serve_split(settings: Settings, count: int, fd: int | None) -> int:
         frontends = Frontends(settings, count, listener, device_socket, Bridge(service))
         server = DeviceServer(_config(settings, app, uds=device_socket), service,
                               _drain_limit_s(settings), frontends)
-        log.info("listening on %s with %d front ends", _address(listener), count)
+        log.info("listening on %s%s with %d front ends", _address(listener),
+                 _grpc_text(settings), count)
         server.run()
         return 0 if server.started and not server.fatal else 1
     finally:
         listener.close()
+        if reserved is not None:
+            reserved.close()
         shutil.rmtree(private, ignore_errors=True)
 
 
 def _address(listener: socket.socket) -> str:
     host, port = listener.getsockname()[:2]
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _grpc_text(settings: Settings) -> str:
+    if not settings.grpc_port:
+        return ""
+    return f" and grpc://{grpc_address(settings.host, settings.grpc_port)}"
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -219,6 +256,8 @@ def run_frontend(settings: Settings, listener: socket.socket, link: socket.socke
     torch.set_num_threads(1)  # decoding only: the device process computes
     service = RemoteService(settings)
     app = create_frontend_app(service, link, device_socket)
-    server = DrainingServer(_config(settings, app), service, _drain_limit_s(settings))
+    grpc = GrpcServer(settings, service, lambda: httpx.AsyncHTTPTransport(uds=device_socket),
+                      service.link.sync) if settings.grpc_port else None
+    server = DrainingServer(_config(settings, app), service, _drain_limit_s(settings), grpc)
     server.run(sockets=[listener])
     return 0 if server.started and not server.fatal else 1

@@ -187,7 +187,8 @@ def server_process(flags: list[str], cwd: str | None = None,
     checkout whose server runs (default: this one); ``launcher``: what runs it, after the
     Python interpreter (a module that wraps the CLI, as bench.loop_profile does)."""
     cmd = [sys.executable, *launcher, "serve", "--log-level", "warning", *flags]
-    with listening(cmd, "/health_check", {"HF_HUB_OFFLINE": "1"}, cwd=cwd) as started:
+    env = {"HF_HUB_OFFLINE": "1", "BATCHSERVE_GRPC_PORT": "0"}  # gRPC: only where flags ask
+    with listening(cmd, "/health_check", env, cwd=cwd) as started:
         yield started
 
 

@@ -24,10 +24,14 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.config import Settings
+from app.grpc.server import GrpcServer
 from app.main import create_app
 from app.models.base import ModelHandler
 
 WAIT_S = 60.0  # upper bound for waiting on a condition; never a timing assertion
+# For servers the tests start as processes: no downloads, and no gRPC on its default (fixed)
+# port unless a test asks for it on a free one.
+QUIET_ENV = {"HF_HUB_OFFLINE": "1", "BATCHSERVE_GRPC_PORT": "0"}
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -120,27 +124,61 @@ def free_socket() -> socket.socket:
     return sock
 
 
+def free_port() -> int:
+    """A loopback port no socket holds now, for a listener that binds by number (gRPC)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 class LiveServer:
-    def __init__(self, app: Any, server: uvicorn.Server, url: str) -> None:
+    def __init__(self, app: Any, server: uvicorn.Server, url: str,
+                 grpc_url: str | None = None) -> None:
         self.app = app
         self.server = server
         self.url = url
+        self.grpc_url = grpc_url  # host:port, when the server serves gRPC
+
+
+class _WithGrpc(uvicorn.Server):
+    """uvicorn's Server that also serves gRPC on its loop, as ``batchserve serve`` does."""
+
+    def __init__(self, config: uvicorn.Config, grpc: GrpcServer | None) -> None:
+        super().__init__(config)
+        self.grpc = grpc
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.grpc is not None:
+            await self.grpc.start()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.grpc is not None:
+            await self.grpc.stop(1.0)
+        await super().shutdown(sockets)
 
 
 @contextmanager
-def live_server(settings: Settings, handler: ModelHandler | None = None) -> Iterator[LiveServer]:
-    """A real uvicorn server in a thread on a free loopback port, model ready."""
+def live_server(settings: Settings, handler: ModelHandler | None = None,
+                grpc: bool = False) -> Iterator[LiveServer]:
+    """A real uvicorn server in a thread on a free loopback port, model ready; ``grpc``: it
+    serves gRPC too, on another free port."""
+    if grpc:
+        settings = settings.model_copy(update={"grpc_port": free_port()})
     app = create_app(settings, handler)
     sock = free_socket()
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_config=None, lifespan="on", timeout_graceful_shutdown=30)
-    server = uvicorn.Server(config)
+    grpc_server = GrpcServer(settings, app.state.service,
+                             lambda: httpx.ASGITransport(app=app)) if grpc else None
+    server = _WithGrpc(config, grpc_server)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
         wait_until_sync(lambda: server.started, "server started")
         wait_until_sync(lambda: app.state.service.status == "ready", "model ready")
-        yield LiveServer(app, server, f"http://127.0.0.1:{port}")
+        yield LiveServer(app, server, f"http://127.0.0.1:{port}",
+                         f"127.0.0.1:{settings.grpc_port}" if grpc else None)
     finally:
         server.should_exit = True
         thread.join(WAIT_S)
@@ -160,7 +198,7 @@ def serve(
     proc = subprocess.Popen(
         [*wrap, sys.executable, "-m", "app", "serve", "--fd", str(sock.fileno()), *args],
         cwd=ROOT, pass_fds=[sock.fileno()], stderr=stderr, start_new_session=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+        env={**os.environ, **QUIET_ENV, **(env or {})},
     )
     sock.close()
     url = f"http://127.0.0.1:{port}"

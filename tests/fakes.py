@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from app.batching import PendingItem
@@ -78,7 +79,8 @@ class EchoHandler(ModelHandler):
     def decode(self, instances: list[Any]) -> list[Any]:
         out = []
         for i, x in enumerate(instances):
-            if isinstance(x, bool) or not isinstance(x, (int, float)):
+            # a JSON number, or a v2 row of one number (a numpy scalar)
+            if isinstance(x, bool) or not isinstance(x, (int, float, np.number)):
                 raise InvalidInput(f"instances[{i}]: expected a number")
             out.append(float(x))
         return out

@@ -26,25 +26,36 @@ _SANE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 log = logging.getLogger("batchserve.access")
 
 
+class RequestIds:
+    """A request's id: the client's own if sane, else a new one (a random per-process prefix
+    and a counter: uuid4 costs a syscall each)."""
+
+    def __init__(self) -> None:
+        self._prefix = os.urandom(8).hex()
+        self._counter = itertools.count(1)
+
+    def take(self, given: str | None) -> str:
+        if given is not None and _SANE.match(given):
+            return given
+        return f"{self._prefix}{next(self._counter):016x}"
+
+
 class AccessLog:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        # Generated ids: a random per-process prefix and a counter (uuid4 costs a syscall each).
-        self._prefix = os.urandom(8).hex()
-        self._counter = itertools.count(1)
+        self._ids = RequestIds()
         self._health: dict[str, int] = {}  # each probe path's last status
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = None
+        given = None
         for name, value in scope["headers"]:
             if name == REQUEST_ID_HEADER:
-                text = value.decode("latin-1")
-                rid = text if _SANE.match(text) else None
+                given = value.decode("latin-1")
                 break
-        rid = rid or f"{self._prefix}{next(self._counter):016x}"
+        rid = self._ids.take(given)
         token = request_id.set(rid)
         started = time.perf_counter()
         status = 0

@@ -158,6 +158,17 @@ class DisconnectWatch:
             self._task.cancel()
 
 
+async def submit(model: ModelFacade, instances: list[Any], level: int, deadline: float,
+                 span: Any) -> Waiting:
+    """Admit a parsed request whole (refused before anything is decoded), decode it and queue
+    its items: what every protocol does between parsing and awaiting the answer."""
+    model.check_admissible(len(instances), level, deadline)
+    # An inline decode lets nothing run before the put: the check above still holds then.
+    admitted = len(instances) if model.decodes_inline(len(instances)) else None
+    items = await model.decode(instances)
+    return model.enqueue(items, deadline, level, span, admitted=admitted)
+
+
 async def run_inference(
     scope: Scope,
     receive: Receive,
@@ -203,12 +214,7 @@ async def run_inference(
             priority = priority_header(headers.get(b"x-priority"))
         if asked.timeout_s:
             deadline = min(deadline, arrived + asked.timeout_s)
-        level = model.level_of(priority)
-        model.check_admissible(len(instances), level, deadline)  # refuse before decoding
-        # An inline decode lets nothing run before the put: the check above still holds then.
-        admitted = len(instances) if model.decodes_inline(len(instances)) else None
-        items = await model.decode(instances)
-        pending = model.enqueue(items, deadline, level, span, admitted=admitted)
+        pending = await submit(model, instances, model.level_of(priority), deadline, span)
         watch = DisconnectWatch(receive, pending)
         try:
             results = await model.result(pending)

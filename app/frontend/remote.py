@@ -21,7 +21,7 @@ from typing import Any
 import app.wire as wire
 from app.bridge import ModelEntry, Snapshot
 from app.config import Settings
-from app.errors import BatchServeError, NotFound, ServeError, Unavailable
+from app.errors import BatchServeError, NotFound, Relayed, Unavailable
 from app.facade import ModelFacade
 from app.logs import request_id
 from app.models.base import ModelHandler
@@ -32,16 +32,6 @@ from app.tracing import Tracing
 log = logging.getLogger("batchserve.frontend")
 
 GONE = "the device process has stopped"
-
-
-class RemoteError(ServeError):
-    """An error the device process answered a request with, as the same status and body."""
-
-    def __init__(self, status: int, type_: str, message: str, retry_after_s: int | None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.type = type_
-        self.retry_after_s = retry_after_s
 
 
 @dataclass
@@ -57,8 +47,8 @@ class RemoteCounts:
         self._link = link
         self._key = (name, version)
 
-    def answered(self, status: int, seconds: float) -> None:
-        self._link.send("answered", (*self._key, status, seconds))
+    def answered(self, status: int, seconds: float, protocol: str = "http") -> None:
+        self._link.send("answered", (*self._key, status, seconds, protocol))
 
     def rejected(self, reason: str) -> None:
         self._link.send("rejected", (*self._key, reason))
@@ -128,7 +118,7 @@ class DeviceLink:
                 if error is None:
                     future.set_result(values[at:at + n])
                 else:
-                    future.set_exception(RemoteError(*error))
+                    future.set_exception(Relayed(*error))
             at += n
         snapshots = message.get("models")
         if snapshots:

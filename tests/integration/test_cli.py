@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -12,7 +13,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import WAIT_S, free_socket, sample, serve, wait_ready, wait_until_sync
+from tests.conftest import (
+    QUIET_ENV,
+    WAIT_S,
+    free_socket,
+    sample,
+    serve,
+    wait_ready,
+    wait_until_sync,
+)
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,7 +154,7 @@ def test_bench_is_not_a_command_of_the_package() -> None:
 def test_bad_settings_exit_2_with_a_message() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "app", "serve", "--max-wait-ms", "5000", "--request-timeout-s", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S,
+        cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S, env={**os.environ, **QUIET_ENV},
     )
     assert proc.returncode == 2
     assert "max_wait_ms" in proc.stderr and "request_timeout_s" in proc.stderr
@@ -162,7 +171,7 @@ def test_a_model_that_cannot_load_exits_1_without_a_traceback() -> None:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "app", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=WAIT_S)
+                          text=True, timeout=WAIT_S, env={**os.environ, **QUIET_ENV})
 
 
 @pytest.mark.parametrize(

@@ -12,9 +12,11 @@ import sys
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
+import tritonclient.grpc as triton
 
-from tests.conftest import WAIT_S, free_socket, wait_until_sync
+from tests.conftest import WAIT_S, free_port, free_socket, wait_until_sync
 
 pytestmark = pytest.mark.slow
 DOCKERFILE = Path(__file__).resolve().parents[2] / "docker" / "Dockerfile"
@@ -49,6 +51,10 @@ def test_entrypoint_starts_and_serves() -> None:
                              .split("CMD", 1)[1])
     env = {**os.environ, **image_env(stage)}
     assert env["BATCHSERVE_HOST"] == "0.0.0.0" and env["HF_HUB_OFFLINE"] == "1"
+    assert "EXPOSE 8000 8001" in stage  # HTTP, and gRPC on its default port
+    # gRPC binds by host and port: loopback and a free port here, not the image's 0.0.0.0:8001.
+    grpc_port = free_port()
+    env |= {"BATCHSERVE_HOST": "127.0.0.1", "BATCHSERVE_GRPC_PORT": str(grpc_port)}
     exe = Path(sys.executable).parent / entrypoint[0]
     sock = free_socket()  # the test binds loopback; the image's 0.0.0.0 is not used here
     port = sock.getsockname()[1]
@@ -67,6 +73,10 @@ def test_entrypoint_starts_and_serves() -> None:
         wait_until_sync(healthy, "the image's HEALTHCHECK passing")
         r = httpx.post(url + "/predict", json={"instances": ["hello from the image"]}, timeout=60)
         assert r.status_code == 200 and len(r.json()["predictions"][0]) == 384
+        texts = triton.InferInput("INPUT0", [1], "BYTES")
+        texts.set_data_from_numpy(np.array([b"hello from the image"], dtype=object))
+        grpc_client = triton.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        assert grpc_client.infer("minilm", [texts]).as_numpy("OUTPUT0").shape == (1, 384)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(WAIT_S) == 0
         logs = proc.stderr.read().decode().splitlines()  # type: ignore[union-attr]

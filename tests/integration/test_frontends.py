@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import WAIT_S, sample, serve, wait_ready, wait_until_sync
+from tests.conftest import WAIT_S, free_port, sample, serve, wait_ready, wait_until_sync
 
 pytestmark = pytest.mark.slow
 
@@ -175,3 +175,41 @@ def test_a_killed_device_process_makes_the_front_ends_answer_503_and_exit(
         assert proc.wait(WAIT_S) != 0
         wait_until_sync(lambda: not any(Path(f"/proc/{pid}").exists() for pid in fronts),
                         "the front ends gone")
+
+
+def test_grpc_is_served_by_every_front_end_into_the_one_device_process(
+        tmp_path: Path) -> None:
+    """Each front end serves gRPC on the one port: calls on fresh channels (either front end)
+    are answered, counted once as gRPC, and a load through one is seen through all."""
+    import grpc
+    import numpy as np
+    import tritonclient.grpc as triton
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    (tmp_path / "lin").mkdir()
+    (tmp_path / "lin" / "config.toml").write_text('model = "linear"\n')
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.toml").write_text('model = "linear"\n')
+    port = free_port()
+    with split_server("--model-repository", str(tmp_path), "--devices", "cpu",
+                      "--model-control-mode", "explicit", "--load-model", "lin",
+                      "--frontends", "2", "--grpc-port", str(port)) as (_, url):
+        target = f"127.0.0.1:{port}"
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        inp = triton.InferInput("INPUT0", [1, 4], "FP32")
+        inp.set_data_from_numpy(x)
+        want = triton.InferenceServerClient(target).infer("lin", [inp]).as_numpy("OUTPUT0")
+        for _ in range(8):  # a new channel each: the kernel may hand it to either front end
+            client = triton.InferenceServerClient(target)
+            np.testing.assert_array_equal(client.infer("lin", [inp]).as_numpy("OUTPUT0"), want)
+            health = health_pb2_grpc.HealthStub(grpc.insecure_channel(target))
+            status = health.Check(health_pb2.HealthCheckRequest(service="lin")).status
+            assert status == health_pb2.HealthCheckResponse.SERVING
+            client.close()
+        assert metric(url, "batchserve_requests_total", protocol="grpc", status="200") == 9
+        triton.InferenceServerClient(target).load_model("other")
+        for _ in range(6):
+            client = triton.InferenceServerClient(target)
+            assert client.is_model_ready("other")
+            assert client.infer("other", [inp]).as_numpy("OUTPUT0").shape == (1, 2)
+            client.close()

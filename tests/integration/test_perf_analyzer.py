@@ -1,4 +1,4 @@
-"""Triton's own load generator, perf_analyzer, drives the server over HTTP.
+"""Triton's own load generator, perf_analyzer, drives the server over HTTP and gRPC.
 
 It reads the model's metadata and configuration, sends binary or JSON tensors from an
 ``--input-data`` file and checks every answer against that file's ``validation_data``. The binary
@@ -42,7 +42,8 @@ ROWS = [[float(i), 0.5, -2.0 * i - 1.0] for i in range(6)]  # no -0.0: compared 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[LiveServer]:
-    with live_server(make_settings(model="tests.fakes:pair_module", max_instances=8)) as srv:
+    with live_server(make_settings(model="tests.fakes:pair_module", max_instances=8),
+                     grpc=True) as srv:
         yield srv
 
 
@@ -55,30 +56,40 @@ def input_data(path: Path, wrong: bool = False) -> Path:
     return path
 
 
-def perf_analyzer(url: str, data: Path, fmt: str, concurrency: int
-                  ) -> subprocess.CompletedProcess[str]:
+def perf_analyzer(server: LiveServer, data: Path, fmt: str, concurrency: int,
+                  protocol: str = "http") -> subprocess.CompletedProcess[str]:
+    """One run; over gRPC the tensors are always raw (``fmt`` applies to HTTP)."""
+    url = server.url.removeprefix("http://") if protocol == "http" else server.grpc_url
+    assert url is not None
+    formats = ["--input-tensor-format", fmt, "--output-tensor-format", fmt] \
+        if protocol == "http" else []
     return subprocess.run(
-        [str(PERF_ANALYZER), "-m", "pair_module", "-u", url.removeprefix("http://"), "-i", "http",
-         "--input-data", str(data), "--input-tensor-format", fmt, "--output-tensor-format", fmt,
-         "--concurrency-range", str(concurrency), "--request-count", "120"],
+        [str(PERF_ANALYZER), "-m", "pair_module", "-u", url, "-i", protocol,
+         "--input-data", str(data), *formats, "--concurrency-range", str(concurrency),
+         "--request-count", "120"],
         capture_output=True, text=True, timeout=WAIT_S * 2,
     )
 
 
-@pytest.mark.parametrize("fmt", ["binary", "json"])
+@pytest.mark.parametrize(("protocol", "fmt"), [("http", "binary"), ("http", "json"),
+                                               ("grpc", "binary")])
 @pytest.mark.parametrize("concurrency", [1, 8])
-def test_perf_analyzer_drives_the_server(server: LiveServer, tmp_path: Path, fmt: str,
-                                         concurrency: int) -> None:
+def test_perf_analyzer_drives_the_server(server: LiveServer, tmp_path: Path, protocol: str,
+                                         fmt: str, concurrency: int) -> None:
     registry = server.app.state.service.metrics.registry
-    before = sample(registry, "batchserve_requests_total", status="200")
-    proc = perf_analyzer(server.url, input_data(tmp_path / "data.json"), fmt, concurrency)
+    before = sample(registry, "batchserve_requests_total", status="200", protocol=protocol)
+    proc = perf_analyzer(server, input_data(tmp_path / "data.json"), fmt, concurrency, protocol)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert f"Request concurrency: {concurrency}" in proc.stdout and "p99 latency" in proc.stdout
-    assert sample(registry, "batchserve_requests_total", status="200") - before >= 120
+    assert sample(registry, "batchserve_requests_total", status="200", protocol=protocol) \
+        - before >= 120
 
 
-def test_wrong_answers_fail_its_validation(server: LiveServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_wrong_answers_fail_its_validation(server: LiveServer, tmp_path: Path,
+                                           protocol: str) -> None:
     """The check above is real: answers that differ from validation_data fail the run."""
-    proc = perf_analyzer(server.url, input_data(tmp_path / "wrong.json", wrong=True), "json", 1)
+    proc = perf_analyzer(server, input_data(tmp_path / "wrong.json", wrong=True), "json", 1,
+                         protocol)
     assert proc.returncode != 0
     assert "doesn't match expected output" in proc.stdout + proc.stderr

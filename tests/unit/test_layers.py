@@ -1,4 +1,4 @@
-"""Imports point one way: entry points -> api / jobs -> service -> repository -> worker ->
+"""Imports point one way: entry points -> api, grpc / jobs -> service -> repository -> worker ->
 served model -> queues, transfer -> models.
 
 A module may import modules of its own layer or below, never above; api and jobs never import
@@ -23,7 +23,7 @@ LAYERS = [
     ["app.slot", "app.worker"],
     ["app.catalog", "app.repository", "app.learning"],
     ["app.service"],
-    ["app.api", "app.jobs"],
+    ["app.api", "app.grpc", "app.jobs"],
     ["app.main", "app.check", "app.bridge", "app.frontend"],
     ["app.server", "app.supervisor", "app.frontend.process", "app.protocol", "app.cli",
      "app.__main__", "app"],

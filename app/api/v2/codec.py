@@ -71,7 +71,29 @@ def parse_request(
 
 def _rows(tensor: dict[str, Any], binary: bytes, max_rows: int, model: str,
           expected: TensorSpec) -> list[Any]:
-    name, shape, datatype = tensor.get("name"), tensor.get("shape"), tensor.get("datatype")
+    name, shape, datatype = check_input(tensor.get("name"), tensor.get("shape"),
+                                        tensor.get("datatype"), max_rows, model, expected)
+    params = tensor.get("parameters") or {}
+    size = params.get("binary_data_size") if isinstance(params, dict) else None
+    if size is not None:
+        if not isinstance(size, int) or isinstance(size, bool) or size != len(binary):
+            raise InvalidInput(f"input '{name}': binary_data_size is {json_text(size)} but the "
+                               f"body holds {len(binary)} bytes of binary data")
+        array = from_binary(binary, datatype, shape, name)
+    elif "data" in tensor:
+        if binary:
+            raise InvalidInput(f"input '{name}': the body holds {len(binary)} bytes of binary "
+                               "data, but the input has no binary_data_size")
+        array = _from_json(tensor["data"], datatype, shape, name)
+    else:
+        raise InvalidInput(f"input '{name}': no 'data' and no binary_data_size")
+    return rows_of(array, name, datatype)
+
+
+def check_input(name: Any, shape: Any, datatype: Any, max_rows: int, model: str,
+                expected: TensorSpec) -> tuple[str, list[int], str]:
+    """An input tensor's name, shape and datatype, checked against the model's one input (any
+    protocol: ``shape`` is a list of the request's sizes)."""
     if not isinstance(name, str):
         raise InvalidInput("input needs a string 'name'")
     if name != expected.name:
@@ -94,24 +116,16 @@ def _rows(tensor: dict[str, Any], binary: bytes, max_rows: int, model: str,
     if shape[0] > max_rows:
         raise PayloadTooLarge(f"{shape[0]} rows is more than the limit of {max_rows} per request")
     _check_item_shape(name, shape, expected)
-    params = tensor.get("parameters") or {}
-    size = params.get("binary_data_size") if isinstance(params, dict) else None
-    if size is not None:
-        if not isinstance(size, int) or isinstance(size, bool) or size != len(binary):
-            raise InvalidInput(f"input '{name}': binary_data_size is {json_text(size)} but the "
-                               f"body holds {len(binary)} bytes of binary data")
-        array = _from_binary(binary, datatype, shape, name)
-    elif "data" in tensor:
-        if binary:
-            raise InvalidInput(f"input '{name}': the body holds {len(binary)} bytes of binary "
-                               "data, but the input has no binary_data_size")
-        array = _from_json(tensor["data"], datatype, shape, name)
-    else:
-        raise InvalidInput(f"input '{name}': no 'data' and no binary_data_size")
+    return name, shape, datatype
+
+
+def rows_of(array: np.ndarray, name: str, datatype: str) -> list[Any]:
+    """A checked input tensor's batch rows: arrays, or strings for BYTES."""
+    rows = array.shape[0]
     if datatype == "BYTES":
-        return [_text(v, name, i) for i, v in enumerate(array.reshape(shape[0]))]
+        return [_text(v, name, i) for i, v in enumerate(array.reshape(rows))]
     if array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
-        row = int(np.argmin(np.isfinite(array).reshape(shape[0], -1).all(axis=1)))
+        row = int(np.argmin(np.isfinite(array).reshape(rows, -1).all(axis=1)))
         raise InvalidInput(f"input '{name}': row {row} holds a NaN or an infinity")
     return list(array)
 
@@ -184,7 +198,7 @@ def _from_json(data: Any, datatype: str, shape: list[int], name: str) -> np.ndar
     return array.reshape(shape)
 
 
-def _from_binary(raw: bytes, datatype: str, shape: list[int], name: str) -> np.ndarray:
+def from_binary(raw: bytes, datatype: str, shape: list[int], name: str) -> np.ndarray:
     count = math.prod(shape)
     if datatype == "BYTES":
         values, offset = [], 0
@@ -229,7 +243,7 @@ def _as_bytes(value: Any) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode("utf-8")
 
 
-def _to_binary(array: np.ndarray, datatype: str) -> bytes:
+def to_binary(array: np.ndarray, datatype: str) -> bytes:
     """Row-major raw data; BYTES elements each prefixed by their 4-byte little-endian length."""
     if datatype == "BYTES":
         parts = [_as_bytes(v) for v in array.reshape(-1)]
@@ -237,22 +251,27 @@ def _to_binary(array: np.ndarray, datatype: str) -> bytes:
     return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
+def requested(request: InferRequest, tensors: dict[str, np.ndarray], model: str) -> list[str]:
+    """The outputs to answer with, in order: those the request named (all it did not)."""
+    names = request.outputs if request.outputs is not None else list(tensors)
+    for name in names:
+        if name not in tensors:
+            raise InvalidInput(unknown_output(name, model, list(tensors)))
+    return names
+
+
 def encode_response(
     model_name: str, version: str, request: InferRequest, tensors: dict[str, np.ndarray]
 ) -> tuple[bytes, int | None]:
     """(body, header length or None). Binary outputs follow the JSON header, in output order."""
-    names = request.outputs if request.outputs is not None else list(tensors)
-    for name in names:
-        if name not in tensors:
-            raise InvalidInput(unknown_output(name, model_name, list(tensors)))
     entries, blobs = [], []
-    for name in names:
+    for name in requested(request, tensors, model_name):
         array = np.ascontiguousarray(tensors[name])
         entry: dict[str, Any] = {
             "name": name, "datatype": datatype_of(array), "shape": list(array.shape),
         }
         if request.wants_binary(name):
-            raw = _to_binary(array, entry["datatype"])
+            raw = to_binary(array, entry["datatype"])
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         elif entry["datatype"] == "BYTES":

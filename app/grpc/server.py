@@ -1,0 +1,99 @@
+"""The gRPC listener of one serving process, started and stopped with its HTTP server.
+
+Every process that serves HTTP inference (the single process, or each front end) serves gRPC
+too, on ``grpc_port`` of the same host. Front ends share the port as they share the HTTP socket:
+each binds it with ``SO_REUSEPORT`` and the kernel spreads connections among them, while the
+parent holds a bound (not listening) socket on it for the server's life, so the port stays the
+server's while a front end is replaced (``reserve``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from collections.abc import Awaitable, Callable
+
+import grpc
+import httpx
+from grpc_health.v1 import health_pb2_grpc
+
+from app.api.inference import Serving
+from app.config import Settings
+from app.errors import ConfigError
+from app.grpc.control import Control
+from app.grpc.inference_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
+from app.grpc.service import HealthServicer, InferenceServicer
+
+
+def address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def reserve(host: str, port: int) -> socket.socket:
+    """A socket bound to the gRPC port for the server's life (ConfigError, one line, if the
+    port is taken): the listeners bind it beside this one with SO_REUSEPORT. Bound first
+    without that option, so a port another program (or another batchserve) holds is refused
+    rather than shared."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for shared in (False, True):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            if shared:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise ConfigError(f"cannot listen on {address(host, port)} for gRPC: {reason}"
+                              ) from None
+        if shared:
+            return sock
+        sock.close()
+    raise AssertionError("unreachable")
+
+
+class GrpcServer:
+    """``inference.GRPCInferenceService`` and ``grpc.health.v1.Health`` for ``service`` (this
+    process's request path); ``transport`` reaches the app that answers the other calls
+    (app/grpc/control.py), ``changed`` is awaited after a load or unload through it."""
+
+    def __init__(self, settings: Settings, service: Serving,
+                 transport: Callable[[], httpx.AsyncBaseTransport],
+                 changed: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.settings = settings
+        self.service = service
+        self._transport = transport
+        self._changed = changed
+        self._server: grpc.aio.Server | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        """Listen (on the running loop); ConfigError if the port cannot be bound."""
+        settings = self.settings
+        self._client = httpx.AsyncClient(transport=self._transport(), base_url="http://grpc",
+                                         timeout=None)
+        control = Control(self._client, self._changed)
+        server = grpc.aio.server(options=[
+            ("grpc.so_reuseport", 1),  # beside the reserved socket and the other front ends
+            ("grpc.max_receive_message_length", settings.max_body_bytes),
+            ("grpc.max_send_message_length", -1),
+        ])
+        add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            InferenceServicer(self.service, control), server)
+        health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(control), server)
+        where = address(settings.host, settings.grpc_port)
+        try:
+            server.add_insecure_port(where)
+        except RuntimeError:
+            raise ConfigError(f"cannot listen on {where} for gRPC: "
+                              f"{os.strerror(errno.EADDRINUSE)}") from None
+        await server.start()
+        self._server = server
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop taking calls; those running get ``grace_s`` seconds to finish."""
+        if self._server is not None:
+            await self._server.stop(grace_s)
+        if self._client is not None:
+            await self._client.aclose()

@@ -1,0 +1,312 @@
+"""``inference.GRPCInferenceService`` and ``grpc.health.v1.Health``: the Open Inference Protocol
+over gRPC, with the same rules as the v2 HTTP routes.
+
+ModelInfer runs in this process like an HTTP infer (app/api/inference.py: auth, deadline, parse,
+admit whole or refuse at once, decode, queue, await); the other calls are the v2 HTTP requests
+they stand for (app/grpc/control.py). Every call is logged with its request id (the
+``x-request-id`` metadata, else a new one, sent back in the trailing metadata). A client mistake
+is ``INVALID_ARGUMENT`` with the HTTP route's message, a refusal ``UNAVAILABLE`` at once with
+its reason (``retry-after`` in the trailing metadata), and a call the client cancels drops its
+queued items as a closed HTTP connection does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from app.api.access import RequestIds
+from app.api.errors import V2
+from app.api.inference import CLIENT_CLOSED, Serving, check_auth, submit
+from app.api.v2.codec import output_tensors
+from app.errors import DeadlineExceeded, InvalidInput, NotFound, ServeError
+from app.grpc import inference_pb2 as pb
+from app.grpc.codec import encode_infer, parameter_value, parse_infer
+from app.grpc.control import Control
+from app.grpc.inference_pb2_grpc import GRPCInferenceServiceServicer
+from app.logs import request_id
+
+log = logging.getLogger("batchserve.access")
+errors_log = logging.getLogger("batchserve")
+
+SERVICE = "inference.GRPCInferenceService"
+WATCH_EVERY_S = 1.0  # how often a health Watch reads the status it streams
+
+_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
+          404: grpc.StatusCode.NOT_FOUND, 408: grpc.StatusCode.DEADLINE_EXCEEDED,
+          413: grpc.StatusCode.INVALID_ARGUMENT, 422: grpc.StatusCode.INVALID_ARGUMENT,
+          499: grpc.StatusCode.CANCELLED, 503: grpc.StatusCode.UNAVAILABLE,
+          504: grpc.StatusCode.DEADLINE_EXCEEDED}
+
+Reply = TypeVar("Reply")
+Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Reply]]
+
+
+def code_of(status: int) -> grpc.StatusCode:
+    """The gRPC status of an error the HTTP routes answer with ``status``."""
+    return _CODES.get(status, grpc.StatusCode.INTERNAL)
+
+
+def metadata_of(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    return {key: value for key, value in context.invocation_metadata() or ()
+            if isinstance(value, str)}
+
+
+class Calls:
+    """What every call shares: its request id, the access log line, and errors as statuses."""
+
+    def __init__(self) -> None:
+        self.ids = RequestIds()
+
+    def rpc(self, method: Handler[Reply]) -> Handler[Reply]:
+        name = method.__name__
+
+        @functools.wraps(method)
+        async def call(servicer: Any, request: Any, context: grpc.aio.ServicerContext) -> Reply:
+            rid = self.ids.take(metadata_of(context).get("x-request-id"))
+            token = request_id.set(rid)
+            started = time.perf_counter()
+            code = grpc.StatusCode.OK
+            trailers: list[tuple[str, str]] = [("x-request-id", rid)]
+            try:
+                return await method(servicer, request, context)
+            except ServeError as exc:
+                code = code_of(exc.status)
+                if exc.retry_after_s is not None:
+                    trailers.append(("retry-after", str(exc.retry_after_s)))
+                context.set_trailing_metadata(trailers)
+                await context.abort(code, exc.message)
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except Exception:  # the traceback to the log, nothing of it to the client
+                errors_log.exception("gRPC %s failed", name)
+                code = grpc.StatusCode.INTERNAL
+                context.set_trailing_metadata(trailers)
+                await context.abort(code, "internal server error")
+            finally:
+                if code is grpc.StatusCode.OK:
+                    context.set_trailing_metadata(trailers)
+                elapsed_ms = (time.perf_counter() - started) * 1000
+                log.info('%s "gRPC %s" %s %.1fms', context.peer(), name, code.name, elapsed_ms,
+                         extra={"method": "gRPC", "path": name, "status": code.name,
+                                "duration_ms": round(elapsed_ms, 3), "client": context.peer()})
+                request_id.reset(token)
+            raise AssertionError("unreachable: abort raises")
+
+        return call
+
+
+calls = Calls()
+
+
+class InferenceServicer(GRPCInferenceServiceServicer):
+    def __init__(self, service: Serving, control: Control) -> None:
+        self.service = service
+        self.control = control
+
+    @calls.rpc
+    async def ServerLive(self, request: pb.ServerLiveRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    @calls.rpc
+    async def ServerReady(self, request: pb.ServerReadyRequest,
+                          context: grpc.aio.ServicerContext) -> pb.ServerReadyResponse:
+        status, _ = await self.control.get("/v2/health/ready", metadata_of(context))
+        return pb.ServerReadyResponse(ready=status == 200)
+
+    @calls.rpc
+    async def ModelReady(self, request: pb.ModelReadyRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ModelReadyResponse:
+        path = _model_path(request.name, request.version) + "/ready"
+        try:
+            status, _ = await self.control.get(path, metadata_of(context))
+        except ServeError as exc:  # a model the server does not have is not ready
+            if exc.status != 404:
+                raise
+            status = exc.status
+        return pb.ModelReadyResponse(ready=status == 200)
+
+    @calls.rpc
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest,
+                             context: grpc.aio.ServicerContext) -> pb.ServerMetadataResponse:
+        _, body = await self.control.get("/v2", metadata_of(context))
+        return pb.ServerMetadataResponse(name=body["name"], version=body["version"],
+                                         extensions=body["extensions"])
+
+    @calls.rpc
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest,
+                            context: grpc.aio.ServicerContext) -> pb.ModelMetadataResponse:
+        _, body = await self.control.get(_model_path(request.name, request.version),
+                                         metadata_of(context))
+        response = pb.ModelMetadataResponse(name=body["name"], versions=body["versions"],
+                                            platform=body["platform"])
+        for kind in ("inputs", "outputs"):
+            for tensor in body[kind]:
+                getattr(response, kind).add(name=tensor["name"], datatype=tensor["datatype"],
+                                            shape=tensor["shape"])
+        return response
+
+    @calls.rpc
+    async def ModelConfig(self, request: pb.ModelConfigRequest,
+                          context: grpc.aio.ServicerContext) -> pb.ModelConfigResponse:
+        from google.protobuf import json_format
+
+        _, body = await self.control.get(_model_path(request.name, request.version) + "/config",
+                                         metadata_of(context))
+        return pb.ModelConfigResponse(config=json_format.ParseDict(body, pb.ModelConfig()))
+
+    @calls.rpc
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
+                              context: grpc.aio.ServicerContext) -> pb.RepositoryIndexResponse:
+        models = await self.control.post("/v2/repository/index", metadata_of(context),
+                                         {"ready": request.ready})
+        response = pb.RepositoryIndexResponse()
+        for entry in models:
+            assert isinstance(entry, dict)
+            response.models.add(**{key: str(entry.get(key, "")) for key in
+                                   ("name", "version", "state", "reason")})
+        return response
+
+    @calls.rpc
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext,
+    ) -> pb.RepositoryModelLoadResponse:
+        params = {key: parameter_value(value) for key, value in request.parameters.items()}
+        if isinstance(params.get("config"), bytes):
+            raise InvalidInput("'config' must be a string of JSON")
+        await self.control.post(f"/v2/repository/models/{_segment(request.model_name)}/load",
+                                metadata_of(context), {"parameters": params})
+        return pb.RepositoryModelLoadResponse()
+
+    @calls.rpc
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext,
+    ) -> pb.RepositoryModelUnloadResponse:
+        params = {key: parameter_value(value) for key, value in request.parameters.items()}
+        await self.control.post(f"/v2/repository/models/{_segment(request.model_name)}/unload",
+                                metadata_of(context), {"parameters": params})
+        return pb.RepositoryModelUnloadResponse()
+
+    @calls.rpc
+    async def ModelInfer(self, request: pb.ModelInferRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
+        return await infer(self.service, request, context)
+
+
+async def infer(service: Serving, request: pb.ModelInferRequest,
+                context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
+    """One ModelInfer: the HTTP infer's steps and metrics (``protocol="grpc"``), with the gRPC
+    deadline as one more bound on the request's."""
+    arrived = time.monotonic()
+    metadata = metadata_of(context)
+    try:
+        model = service.repository.get(request.model_name, request.model_version or None)
+        missing = None
+    except NotFound as exc:  # answered after the auth check, so unknown names leak nothing
+        model, missing = None, exc
+    metrics = model.metrics if model is not None else service.unknown
+    status = 500
+    tracing = service.tracing
+    span = None
+    if tracing is not None:
+        span = tracing.start(f"{SERVICE}/ModelInfer", metadata, arrived,
+                             {"batchserve.model": model.name if model is not None else "",
+                              "rpc.system": "grpc"})
+    remaining = context.time_remaining()
+    try:
+        check_auth(metadata.get("authorization", "").encode("latin-1") or None,
+                   service.settings.api_key)
+        if model is None:
+            assert missing is not None
+            raise missing
+        deadline = arrived + model.settings.request_timeout_s
+        if remaining is not None:
+            deadline = min(deadline, arrived + remaining)
+        parsed = parse_infer(request, model.settings.max_instances, model.input_spec,
+                             model.output_specs)
+        if parsed.timeout_us:
+            deadline = min(deadline, arrived + parsed.timeout_us / 1e6)
+        pending = await submit(model, parsed.rows, model.level_of(parsed.priority), deadline,
+                               span)
+        results = await model.result(pending)
+        response = encode_infer(model.name, model.version, parsed, output_tensors(results))
+        status = 200
+        return response
+    except asyncio.CancelledError:  # the client cancelled, or its deadline passed
+        late = remaining is not None and time.monotonic() >= arrived + remaining
+        status = DeadlineExceeded.status if late else CLIENT_CLOSED
+        metrics.rejected(DeadlineExceeded.type if late else "disconnected")
+        raise
+    except ServeError as exc:
+        status = V2.status_of(exc.status)
+        if status != 500:
+            metrics.rejected(exc.type)
+        raise
+    finally:
+        ended = time.monotonic()
+        metrics.answered(status, ended - arrived, "grpc")
+        if span is not None:
+            assert tracing is not None
+            tracing.end(span, status, ended)
+
+
+class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
+    """``grpc.health.v1``: the server (service ``""`` or the inference service's name) or one
+    model (its name) is SERVING when ``/health_check`` (``?model=``) says ready, NOT_SERVING
+    when busy, loading, draining or unhealthy; an unknown model is NOT_FOUND."""
+
+    def __init__(self, control: Control) -> None:
+        self.control = control
+
+    async def _status(self, service: str, metadata: dict[str, str]) -> int:
+        params = None if service in ("", SERVICE) else {"model": service}
+        _, body = await self.control.get("/health_check", metadata, params)
+        serving = body.get("status") == "ready"
+        status: int = health_pb2.HealthCheckResponse.SERVING if serving else \
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        return status
+
+    @calls.rpc
+    async def Check(self, request: health_pb2.HealthCheckRequest,
+                    context: grpc.aio.ServicerContext) -> health_pb2.HealthCheckResponse:
+        status = await self._status(request.service, metadata_of(context))
+        return health_pb2.HealthCheckResponse(status=status)
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest,
+                    context: grpc.aio.ServicerContext
+                    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
+        """The status now, then each change, until the client leaves."""
+        last = None
+        metadata = metadata_of(context)
+        while True:
+            try:
+                status = await self._status(request.service, metadata)
+            except ServeError as exc:
+                status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN if exc.status == 404 \
+                    else health_pb2.HealthCheckResponse.NOT_SERVING
+            if status != last:
+                yield health_pb2.HealthCheckResponse(status=status)
+                last = status
+            await asyncio.sleep(WATCH_EVERY_S)
+
+
+def _segment(name: str) -> str:
+    """A model name (or version) as one URL path segment."""
+    if not name or name in (".", ".."):
+        raise InvalidInput(f"'{name}' is not a model name")
+    return quote(name, safe="")
+
+
+def _model_path(name: str, version: str) -> str:
+    path = f"/v2/models/{_segment(name)}"
+    return f"{path}/versions/{_segment(version)}" if version else path

@@ -1,0 +1,321 @@
+"""The Open Inference Protocol over gRPC, driven by the stock ``tritonclient.grpc`` client and by
+plain gRPC stubs (the typed ``contents`` tritonclient never sends, the standard health service
+as grpc_health_probe and kubelets call it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as triton
+import tritonclient.grpc.aio as triton_aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from app.grpc import inference_pb2 as pb
+from app.grpc.inference_pb2_grpc import GRPCInferenceServiceStub
+from app.models.builtin import linear_module
+from tests.conftest import (
+    LiveServer,
+    live_server,
+    make_settings,
+    queued,
+    sample,
+    wait_until,
+)
+from tests.fakes import GatedHandler, export_scale
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LiveServer]:
+    with live_server(make_settings(max_instances=8), grpc=True) as srv:
+        yield srv
+
+
+def client_for(srv: LiveServer) -> triton.InferenceServerClient:
+    assert srv.grpc_url is not None
+    return triton.InferenceServerClient(srv.grpc_url)
+
+
+def expected(x: np.ndarray) -> np.ndarray:
+    with torch.inference_mode():
+        return linear_module()(torch.from_numpy(x)).numpy()
+
+
+def one_input(x: np.ndarray, name: str = "INPUT0") -> triton.InferInput:
+    inp = triton.InferInput(name, list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    return inp
+
+
+def stub(srv: LiveServer) -> GRPCInferenceServiceStub:
+    assert srv.grpc_url is not None
+    return GRPCInferenceServiceStub(grpc.insecure_channel(srv.grpc_url))
+
+
+def code_of(call: object) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as failed:
+        call()  # type: ignore[operator]
+    return failed.value.code()  # type: ignore[attr-defined, no-any-return]
+
+
+def test_raw_tensors_match_the_model_and_count_as_grpc(server: LiveServer) -> None:
+    registry = server.app.state.service.metrics.registry
+    before = sample(registry, "batchserve_requests_total", protocol="grpc", status="200")
+    x = np.random.default_rng(0).random((3, 4), dtype=np.float32)
+    got = client_for(server).infer("linear", [one_input(x)],
+                                   outputs=[triton.InferRequestedOutput("OUTPUT0")])
+    np.testing.assert_allclose(got.as_numpy("OUTPUT0"), expected(x), rtol=1e-6)
+    assert got.get_response().model_version == "1"
+    assert sample(registry, "batchserve_requests_total", protocol="grpc", status="200") \
+        - before == 1
+
+
+def test_typed_contents_match_the_model(server: LiveServer) -> None:
+    x = np.random.default_rng(1).random((2, 4), dtype=np.float32)
+    request = pb.ModelInferRequest(model_name="linear", id="typed-1")
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[2, 4],
+                       contents=pb.InferTensorContents(fp32_contents=x.reshape(-1).tolist()))
+    answer = stub(server).ModelInfer(request)
+    assert answer.id == "typed-1" and answer.outputs[0].name == "OUTPUT0"
+    assert list(answer.outputs[0].shape) == [2, 2] and answer.outputs[0].datatype == "FP32"
+    got = np.frombuffer(answer.raw_output_contents[0], dtype="<f4").reshape(2, 2)
+    np.testing.assert_allclose(got, expected(x), rtol=1e-6)
+
+
+@pytest.mark.asyncio
+async def test_async_infer(server: LiveServer) -> None:
+    assert server.grpc_url is not None
+    xs = [np.full((1, 4), float(i), dtype=np.float32) for i in range(8)]
+    async with triton_aio.InferenceServerClient(server.grpc_url) as client:
+        answers = await asyncio.gather(*(client.infer("linear", [one_input(x)]) for x in xs))
+    for x, answer in zip(xs, answers, strict=True):
+        np.testing.assert_allclose(answer.as_numpy("OUTPUT0"), expected(x), rtol=1e-6)
+
+
+def test_health_metadata_and_config(server: LiveServer) -> None:
+    client = client_for(server)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("linear") and client.is_model_ready("linear", "1")
+    assert client.get_server_metadata().name == "batchserve"
+    meta = client.get_model_metadata("linear", as_json=True)
+    assert meta["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": ["-1", "4"]}]
+    config = client.get_model_config("linear", as_json=True)["config"]
+    http = httpx.get(server.url + "/v2/models/linear/config").json()
+    assert config["max_batch_size"] == http["max_batch_size"] == 32
+    assert config["input"][0]["data_type"] == "TYPE_FP32"
+    assert config["dynamic_batching"]["priority_levels"] == "2"  # uint64: a string in JSON
+    with pytest.raises(InferenceServerException, match="unknown model") as missing:
+        client.get_model_metadata("nope")
+    assert missing.value.status() == "StatusCode.NOT_FOUND"
+
+
+def test_the_health_service_answers_per_model(server: LiveServer) -> None:
+    assert server.grpc_url is not None
+    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(server.grpc_url))
+    serving = health_pb2.HealthCheckResponse.SERVING
+    for service in ("", "inference.GRPCInferenceService", "linear"):
+        assert health.Check(health_pb2.HealthCheckRequest(service=service)).status == serving
+    assert code_of(lambda: health.Check(health_pb2.HealthCheckRequest(service="nope"))) \
+        == grpc.StatusCode.NOT_FOUND
+    first = next(iter(health.Watch(health_pb2.HealthCheckRequest(service="linear"))))
+    assert first.status == serving
+
+
+@pytest.mark.parametrize(("build", "message"), [
+    (lambda r: r.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 3],
+                            contents=pb.InferTensorContents(fp32_contents=[0.0] * 3)),
+     r"expected shape \[4\], got \[3\]"),
+    (lambda r: r.inputs.add(name="X", datatype="FP32", shape=[1, 4]), "unexpected inference input"),
+    (lambda r: r.inputs.add(name="INPUT0", datatype="INT64", shape=[1, 4],
+                            contents=pb.InferTensorContents(int64_contents=[0] * 4)),
+     "data-type is 'INT64'"),
+    (lambda r: r.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4],
+                            contents=pb.InferTensorContents(fp32_contents=[0.0] * 3)),
+     r"3 values in fp32_contents do not fill shape"),
+    (lambda r: (r.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4]),
+                r.raw_input_contents.append(b"\0" * 15)), "15 bytes do not hold shape"),
+    (lambda r: (r.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4]),
+                r.raw_input_contents.append(np.array([[1, np.nan, 0, 0]], "<f4").tobytes())),
+     "row 0 holds a NaN"),
+    (lambda r: r.inputs.add(name="INPUT0", datatype="FP32", shape=[9, 4],
+                            contents=pb.InferTensorContents(fp32_contents=[0.0] * 36)),
+     "limit of 8"),
+    (lambda r: (r.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4],
+                             contents=pb.InferTensorContents(fp32_contents=[0.0] * 4)),
+                r.outputs.add(name="NOPE")), "unexpected inference output 'NOPE'"),
+    (lambda r: (r.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4],
+                             contents=pb.InferTensorContents(fp32_contents=[0.0] * 4)),
+                r.parameters["priority"].CopyFrom(pb.InferParameter(string_param="high"))),
+     "parameter 'priority' must be a whole number"),
+    (lambda r: None, "expected 1 input tensor"),
+])
+def test_client_mistakes_are_invalid_argument(server: LiveServer, build: object,
+                                              message: str) -> None:
+    registry = server.app.state.service.metrics.registry
+
+    def refused() -> float:  # 400, or 413 for too many rows, as over HTTP
+        return sum(sample(registry, "batchserve_requests_total", protocol="grpc", status=status)
+                   for status in ("400", "413"))
+
+    before = refused()
+    request = pb.ModelInferRequest(model_name="linear")
+    build(request)  # type: ignore[operator]
+    with pytest.raises(grpc.RpcError) as failed:
+        stub(server).ModelInfer(request)
+    assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert re.search(message, failed.value.details())  # type: ignore[attr-defined]
+    assert refused() - before == 1
+
+
+def test_priority_and_timeout_parameters(server: LiveServer) -> None:
+    client = client_for(server)
+    x = np.ones((1, 4), dtype=np.float32)
+    for priority in (1, 2, 0):
+        got = client.infer("linear", [one_input(x)], priority=priority, timeout=60_000_000)
+        np.testing.assert_allclose(got.as_numpy("OUTPUT0"), expected(x), rtol=1e-6)
+    with pytest.raises(InferenceServerException, match="priority 7 is out of range"):
+        client.infer("linear", [one_input(x)], priority=7)
+    with pytest.raises(InferenceServerException) as refused:  # one microsecond: too late
+        client.infer("linear", [one_input(x)], timeout=1)
+    assert refused.value.status() in ("StatusCode.UNAVAILABLE",
+                                      "StatusCode.DEADLINE_EXCEEDED"), refused.value
+
+
+def test_request_id_comes_back(server: LiveServer) -> None:
+    request = pb.ModelInferRequest(model_name="linear")
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4],
+                       contents=pb.InferTensorContents(fp32_contents=[0.0] * 4))
+    _, call = stub(server).ModelInfer.with_call(request, metadata=[("x-request-id", "abc-123")])
+    assert ("x-request-id", "abc-123") in list(call.trailing_metadata())
+
+
+def test_text_model_with_bytes() -> None:
+    from app.models.minilm import MiniLMHandler
+
+    with live_server(make_settings(model="minilm"), MiniLMHandler(), grpc=True) as srv:
+        assert client_for(srv).get_model_config("minilm").config.input[0].data_type \
+            == pb.TYPE_STRING
+        texts = np.array([b"Hello, world.", "Übung".encode()], dtype=object)
+        inp = triton.InferInput("INPUT0", [2], "BYTES")
+        inp.set_data_from_numpy(texts)
+        got = client_for(srv).infer("minilm", [inp]).as_numpy("OUTPUT0")
+        request = pb.ModelInferRequest(model_name="minilm")
+        request.inputs.add(name="INPUT0", datatype="BYTES", shape=[2],
+                           contents=pb.InferTensorContents(bytes_contents=list(texts)))
+        typed = stub(srv).ModelInfer(request)
+        r = httpx.post(srv.url + "/predict", json={"instances": ["Hello, world.", "Übung"]})
+    assert got.shape == (2, 384)
+    want = np.array(r.json()["predictions"], dtype=np.float32)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    np.testing.assert_allclose(
+        np.frombuffer(typed.raw_output_contents[0], "<f4").reshape(2, 384), want, atol=1e-6)
+
+
+def test_repository_load_and_unload(tmp_path: Path) -> None:
+    (tmp_path / "lin").mkdir()
+    (tmp_path / "lin" / "config.toml").write_text('model = "linear"\n')
+    (tmp_path / "scale" / "1").mkdir(parents=True)
+    export_scale(tmp_path / "scale" / "1" / "model.pt2", 3.0)
+    settings = make_settings(model_repository=str(tmp_path), model_control_mode="explicit",
+                             load_model=["lin"], api_key="s3cret")
+    with live_server(settings, grpc=True) as srv:
+        client = client_for(srv)
+        auth = {"authorization": "Bearer s3cret"}
+        with pytest.raises(InferenceServerException, match="bearer") as denied:
+            client.load_model("scale")
+        assert denied.value.status() == "StatusCode.UNAUTHENTICATED"
+        client.load_model("scale", headers=auth)
+        assert client.is_model_ready("scale")
+        index = client.get_model_repository_index(as_json=True)["models"]
+        assert {(m["name"], m.get("state")) for m in index} >= {("scale", "READY")}
+        x = np.ones((2, 3), dtype=np.float32)
+        got = client.infer("scale", [one_input(x)], headers=auth).as_numpy("OUTPUT0")
+        np.testing.assert_allclose(got, 3 * x)
+        with pytest.raises(InferenceServerException) as unauth:
+            client.infer("scale", [one_input(x)])
+        assert unauth.value.status() == "StatusCode.UNAUTHENTICATED"
+        client.load_model("scale", config=json.dumps({"max_batch_size": 2}), headers=auth)
+        assert client.get_model_config("scale").config.max_batch_size == 2
+        client.unload_model("scale", headers=auth)
+        assert not client.is_model_ready("scale")
+        with pytest.raises(InferenceServerException) as gone:
+            client.infer("scale", [one_input(x)], headers=auth)
+        assert gone.value.status() == "StatusCode.NOT_FOUND"
+        with pytest.raises(InferenceServerException, match="nope") as bad:
+            client.load_model("nope", headers=auth)
+        assert bad.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+
+def test_a_refusal_is_unavailable_at_once_with_its_reason() -> None:
+    with live_server(make_settings(), grpc=True) as srv:
+        srv.app.state.service.begin_drain()
+        request = pb.ModelInferRequest(model_name="linear")
+        request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4],
+                           contents=pb.InferTensorContents(fp32_contents=[0.0] * 4))
+        with pytest.raises(grpc.RpcError) as refused:
+            stub(srv).ModelInfer(request)
+        failed = refused.value
+        assert failed.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+        assert "shutting down" in failed.details()  # type: ignore[attr-defined]
+        assert ("retry-after", "1") in list(failed.trailing_metadata())  # type: ignore[attr-defined]
+        registry = srv.app.state.service.metrics.registry
+        assert sample(registry, "batchserve_requests_total", protocol="grpc", status="503") == 1
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_call_drops_its_queued_items() -> None:
+    handler = GatedHandler()
+    with live_server(make_settings(), handler, grpc=True) as srv:
+        assert srv.grpc_url is not None
+        async with grpc.aio.insecure_channel(srv.grpc_url) as channel:
+            infer = GRPCInferenceServiceStub(channel).ModelInfer
+
+            def request(value: float) -> pb.ModelInferRequest:
+                r = pb.ModelInferRequest(model_name="echo")
+                r.inputs.add(name="INPUT0", datatype="FP32", shape=[1],
+                             contents=pb.InferTensorContents(fp32_contents=[value]))
+                return r
+
+            first = infer(request(1))
+            await wait_until(handler.entered.is_set, "device busy")
+            second = infer(request(5))
+            await wait_until(lambda: queued(srv) == 1, "queued")
+            second.cancel()
+            registry = srv.app.state.service.metrics.registry
+            await wait_until(lambda: sample(registry, "batchserve_rejected_total",
+                                            reason="disconnected") == 1, "cancel noticed")
+            handler.gate.set()
+            assert len((await first).raw_output_contents) == 1
+            await infer(request(6))
+    assert handler.seen == [1.0, 6.0]
+
+
+def test_grpc_port_in_use_is_one_line(tmp_path: Path) -> None:
+    """Another program on the gRPC port: the server says so in one line and exits 2."""
+    import socket
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, WAIT_S
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "app", "serve", "--model", "linear", "--port", "0",
+             "--grpc-port", str(port)], cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S)
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot listen on 127.0.0.1:{port} for gRPC" in proc.stderr
+    assert "Traceback" not in proc.stderr
