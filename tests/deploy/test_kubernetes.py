@@ -165,6 +165,7 @@ def test_the_servers_probes_ports_and_grace_agree_with_the_app(
     named = {p["name"]: p["containerPort"] for p in spec["ports"]}
     for probe in probes(spec).values():
         assert named[probe["port"]] == settings.port
+    assert named["grpc"] == settings.grpc_port != 0
     service = find(docs, "Service", "batchserve")
     assert all(p["targetPort"] in named for p in service["spec"]["ports"])
     assert service["spec"]["selector"].items() <= \
@@ -357,11 +358,12 @@ def test_the_kserve_runtime_starts_the_server_on_its_port(
     kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
     settings = settings_from(environment(docs, spec), spec["args"], monkeypatch)
     assert settings.model_repository == "/mnt/models"  # where KServe's storage initializer puts it
-    assert [p["containerPort"] for p in spec["ports"]] == [settings.port]
+    assert [p["containerPort"] for p in spec["ports"]] == [settings.port, settings.grpc_port]
+    assert spec["ports"][1]["name"] == "h2c"  # the port KServe routes grpc-v2 to
     assert settings.host == "0.0.0.0"
     assert {k: v["path"] for k, v in probes(spec).items()} == {
         "readiness": "/health_check", "liveness": "/v2/health/live"}
-    assert "v2" in runtime["spec"]["protocolVersions"]
+    assert {"v2", "grpc-v2"} <= set(runtime["spec"]["protocolVersions"])
     model = service["spec"]["predictor"]["model"]
     assert model["runtime"] == runtime["metadata"]["name"]
     assert model["modelFormat"]["name"] in [f["name"] for f in

@@ -319,3 +319,17 @@ def test_grpc_port_in_use_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert f"cannot listen on 127.0.0.1:{port} for gRPC" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_call_continues_the_callers_trace() -> None:
+    from tests.otlp import PARENT_ID, TRACE_ID, TRACEPARENT, receiving
+
+    with receiving() as receiver:
+        with live_server(make_settings(otel_endpoint=receiver.url), grpc=True) as srv:
+            x = np.ones((1, 4), dtype=np.float32)
+            client_for(srv).infer("linear", [one_input(x)],
+                                  headers={"traceparent": TRACEPARENT})
+    (server,) = receiver.named("inference.GRPCInferenceService/ModelInfer")
+    assert server.trace_id.hex() == TRACE_ID and server.parent_span_id.hex() == PARENT_ID
+    children = [s for s in receiver.spans if s.parent_span_id == server.span_id]
+    assert sorted(s.name for s in children) == ["device", "queue"]
