@@ -282,7 +282,7 @@ def collect_batch(
     model's price for a batch like the items held. ``nap(seconds, items)`` waits until that many
     items are queued or the time is up: the device thread is woken once, when the batch it waits
     for is in, not by every put (each wake-up trades the GIL with the event loop,
-    docs/benchmarks.md); then it takes what came and decides again.
+    docs/benchmarks.md, "linear"); then it takes what came and decides again.
     """
     batch: list[PendingItem] = []
     requests: set[int] = set()

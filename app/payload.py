@@ -24,7 +24,8 @@ def dense_instances(body: bytes, width: int, max_instances: int) -> list[np.ndar
     """The instances of ``{"instances": [...]}`` when every one is a flat array of ``width``
     numbers: float64 rows of one array, which simdjson parses from the body straight into a
     buffer, building no Python number. Against ``parse_json`` and a numpy conversion that is
-    1.6 x faster for one 512-number instance and 2-3 x for larger bodies (docs/benchmarks.md).
+    1.6 x faster for one 512-number instance and 2-3 x for larger bodies (docs/benchmarks.md,
+    "Tried and measured, not kept").
 
     None for anything else (other JSON, other lengths, other values, no instances, more than
     ``max_instances``): ``parse_json`` and ``instances_of`` then take the body and name what is

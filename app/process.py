@@ -19,6 +19,7 @@ def tune_for_serving() -> None:
 def freeze_startup_objects() -> None:
     """Move everything alive once the models are warm (torch, the models, modules: ~200k
     objects) out of the collector's reach, so full collections scan only request garbage; over
-    the whole heap each took 70-100 ms, stalling the event loop (docs/benchmarks.md)."""
+    the whole heap each took 70-100 ms, stalling the event loop (docs/benchmarks.md,
+    "Tried and measured, not kept")."""
     gc.collect()
     gc.freeze()

@@ -5,7 +5,7 @@ body at ``http.response.body``: two ``write`` calls, so two TCP segments and two
 client for every answer. Here the head is formatted by uvicorn as usual but held until the body
 comes, and both go out in one ``writelines`` (one ``writev`` on uvloop, the body not copied). In
 a closed loop of eight clients on `mlp` that took 110-150 us off each round of eight answers
-(docs/benchmarks.md).
+(docs/benchmarks.md, "Tried and measured, not kept").
 
 uvicorn builds a request's ``RequestResponseCycle`` inside ``on_headers_complete``; the protocol
 re-classes that one object as ``OneWriteCycle`` (which adds no state of its own) rather than

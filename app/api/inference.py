@@ -5,13 +5,12 @@ decode -> enqueue -> await the results (dropping them if the client disconnects)
 
 It works on the raw ASGI scope and ``receive``: this is the server's hottest path, and
 Starlette's request object, a task per request and ``asyncio.timeout`` together cost as much
-event-loop time as the rest of it (docs/benchmarks.md).
+event-loop time as the rest of it (docs/benchmarks.md, "linear").
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,10 +19,11 @@ from typing import Any, Protocol, TypeVar
 from starlette.responses import Response
 from starlette.types import Receive, Scope
 
+from app.api.auth import check_auth
 from app.api.body import ClientGone, read_body
 from app.api.errors import format_of
 from app.config import Settings
-from app.errors import InvalidInput, NotFound, RequestTimeout, ServeError, Unauthorized
+from app.errors import InvalidInput, NotFound, RequestTimeout, ServeError
 from app.facade import ModelFacade, RequestCounts, Waiting
 from app.tracing import Tracing, carrier_of
 
@@ -89,16 +89,6 @@ class Asked:
 
 
 NOTHING_ASKED = Asked()
-
-
-def check_auth(header: bytes | None, api_key: str | None) -> None:
-    """Constant-time bearer-token check of an Authorization header; a no-op without a key."""
-    if api_key is None:
-        return
-    scheme, _, token = (header or b"").decode("latin-1").partition(" ")
-    ok = hmac.compare_digest(token.strip().encode("latin-1"), api_key.encode())
-    if scheme.lower() != "bearer" or not ok:
-        raise Unauthorized("missing or invalid bearer token")
 
 
 def request_timeout_s(header: bytes | None, limit_s: float) -> float:

@@ -4,10 +4,10 @@ The inference endpoints are raw ASGI callables mounted as Starlette mounts one (
 endpoint is not a function): no request object, no dependency injection. FastAPI then puts six
 layers in front of every route (server errors, telemetry, body limit, user middleware,
 exceptions, exit stack) and a router; on ``linear`` at concurrency 64 they cost a quarter of the
-requests per second (docs/benchmarks.md). So ``BatchServeApp`` matches its raw routes first (a
-dict lookup for those without path parameters, Starlette's own ``Route.matches`` for the others)
-and runs them under the access log alone. Everything else, and a raw route reached through the
-router, takes the usual path to the same endpoint.
+requests per second (docs/benchmarks.md, "linear"). So ``BatchServeApp`` matches its raw
+routes first (a dict lookup for those without path parameters, Starlette's own
+``Route.matches`` for the others) and runs them under the access log alone. Everything else,
+and a raw route reached through the router, takes the usual path to the same endpoint.
 """
 
 from __future__ import annotations

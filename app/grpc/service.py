@@ -24,8 +24,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from app.api.access import RequestIds
+from app.api.auth import check_auth
 from app.api.errors import V2
-from app.api.inference import CLIENT_CLOSED, Serving, check_auth, submit
+from app.api.inference import CLIENT_CLOSED, Serving, submit
 from app.api.v2.codec import output_tensors
 from app.errors import DeadlineExceeded, InvalidInput, NotFound, ServeError
 from app.grpc import inference_pb2 as pb
@@ -224,8 +225,7 @@ async def infer(service: Serving, request: pb.ModelInferRequest,
                               "rpc.system": "grpc"})
     remaining = context.time_remaining()
     try:
-        check_auth(metadata.get("authorization", "").encode("latin-1") or None,
-                   service.settings.api_key)
+        check_auth(metadata.get("authorization"), service.settings.api_key)
         if model is None:
             assert missing is not None
             raise missing

@@ -57,7 +57,7 @@ def _traced(model: _MeanPooled, example: dict[str, torch.Tensor]) -> Callable[..
 
     A traced forward runs its ops without going back to Python (and the GIL) between them, so
     the device thread does not wait on the event loop for every op: offline as fast as eager,
-    next to a busy Python thread ~35 % faster (docs/benchmarks.md). The example
+    next to a busy Python thread ~35 % faster (docs/benchmarks.md, "minilm"). The example
     is padded, so the trace keeps the attention mask; the trace must match eager within 1e-6.
     """
     args = (example["input_ids"], example["attention_mask"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -324,12 +325,60 @@ def test_grpc_port_in_use_is_one_line(tmp_path: Path) -> None:
 def test_a_call_continues_the_callers_trace() -> None:
     from tests.otlp import PARENT_ID, TRACE_ID, TRACEPARENT, receiving
 
-    with receiving() as receiver:
-        with live_server(make_settings(otel_endpoint=receiver.url), grpc=True) as srv:
-            x = np.ones((1, 4), dtype=np.float32)
-            client_for(srv).infer("linear", [one_input(x)],
-                                  headers={"traceparent": TRACEPARENT})
+    with receiving() as receiver, \
+            live_server(make_settings(otel_endpoint=receiver.url), grpc=True) as srv:
+        x = np.ones((1, 4), dtype=np.float32)
+        client_for(srv).infer("linear", [one_input(x)], headers={"traceparent": TRACEPARENT})
     (server,) = receiver.named("inference.GRPCInferenceService/ModelInfer")
     assert server.trace_id.hex() == TRACE_ID and server.parent_span_id.hex() == PARENT_ID
     children = [s for s in receiver.spans if s.parent_span_id == server.span_id]
     assert sorted(s.name for s in children) == ["device", "queue"]
+
+
+def test_a_message_over_max_body_bytes_is_refused_by_grpc() -> None:
+    with live_server(make_settings(max_body_bytes=1000), grpc=True) as srv:
+        request = pb.ModelInferRequest(model_name="linear", raw_input_contents=[b"\0" * 2000])
+        request.inputs.add(name="INPUT0", datatype="FP32", shape=[125, 4])
+        assert code_of(lambda: stub(srv).ModelInfer(request)) \
+            == grpc.StatusCode.RESOURCE_EXHAUSTED
+        unserved = pb.ModelInferRequest(model_name="linear")  # a call batchserve does not serve
+        streaming = grpc.insecure_channel(srv.grpc_url or "").stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelInferResponse.FromString)
+        assert code_of(lambda: list(streaming(iter([unserved])))) \
+            == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_sigterm_answers_the_calls_accepted_then_exits_0(tmp_path: Path) -> None:
+    """SIGTERM: calls already queued are answered, a new one is refused (draining), exit 0."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.conftest import WAIT_S, free_port, serve, wait_ready, wait_until_sync
+
+    gate = tmp_path / "gate"
+    port = free_port()
+    target = f"127.0.0.1:{port}"
+    with serve("--model", "tests.fakes:gate_file_module", "--devices", "cpu",
+               "--grpc-port", str(port), env={"GATE_FILE": str(gate)}) as (proc, url), \
+            ThreadPoolExecutor(3) as pool:
+        wait_ready(url)
+
+        def infer(i: int) -> np.ndarray:
+            inp = triton.InferInput("INPUT0", [1, 2], "FP32")
+            inp.set_data_from_numpy(np.full((1, 2), float(i), np.float32))
+            client = triton.InferenceServerClient(target)
+            return client.infer("gate_file_module", [inp]).as_numpy("OUTPUT0")
+
+        futures = [pool.submit(infer, i) for i in range(3)]
+        wait_until_sync(lambda: sample(httpx.get(url + "/metrics").text,
+                                       "batchserve_in_flight_requests") == 3, "3 calls in")
+        proc.send_signal(signal.SIGTERM)
+        wait_until_sync(lambda: httpx.get(url + "/health_check").json()["status"] == "draining",
+                        "draining")
+        with pytest.raises(InferenceServerException, match="shutting down") as late:
+            infer(9)
+        assert late.value.status() == "StatusCode.UNAVAILABLE"
+        gate.touch()
+        assert [f.result().tolist() for f in futures] == [[[2 * i, 2 * i]] for i in range(3)]
+        assert proc.wait(WAIT_S) == 0

@@ -11,9 +11,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from app.api.auth import check_auth
 from app.api.deps import ServiceDep
 from app.api.errors import V2Route
-from app.api.inference import check_auth
 from app.errors import InvalidInput
 from app.payload import json_object
 
@@ -68,8 +68,7 @@ async def index(request: Request, service: ServiceDep) -> Response:
 @router.post("/models/{name}/load", summary="Load or reload a model; answers once it is ready",
              responses=_ERRORS)
 async def load(request: Request, service: ServiceDep, name: str) -> Response:
-    check_auth(request.headers.get("authorization", "").encode("latin-1"),
-               service.settings.api_key)
+    check_auth(request.headers.get("authorization"), service.settings.api_key)
     config = _config(_parameters(await _body(request)))
     await service.repository.load(name, config)
     return Response(status_code=200)
@@ -79,8 +78,7 @@ async def load(request: Request, service: ServiceDep, name: str) -> Response:
              summary="Unload a model: answers once its admitted requests are answered",
              responses=_ERRORS)
 async def unload(request: Request, service: ServiceDep, name: str) -> Response:
-    check_auth(request.headers.get("authorization", "").encode("latin-1"),
-               service.settings.api_key)
+    check_auth(request.headers.get("authorization"), service.settings.api_key)
     params = _parameters(await _body(request))
     unknown = sorted(set(params) - {"unload_dependents"})
     if unknown:

@@ -1,0 +1,116 @@
+"""``python -m bench.grpc``: the Open Inference Protocol over gRPC against HTTP with binary tensors.
+
+One server per workload serving both protocols; Triton's perf_analyzer (``make tools``) drives it
+over each in turn at each concurrency, alternating which protocol goes first from round to round,
+so both meet the same machine: requests per second, p50 and p99 (perf_analyzer's own figures,
+one request of one row each), and the gRPC / HTTP ratio of the medians.
+
+    python -m bench.grpc --workloads linear,mlp --concurrency 1,8,64 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import socket
+import statistics
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench.run import server_flags, server_process
+
+ROOT = Path(__file__).resolve().parents[1]
+PERF_ANALYZER = ROOT / ".tools" / "perf_analyzer" / "perf_analyzer"
+PROTOCOLS = ("http", "grpc")
+
+
+@dataclass
+class Point:
+    workload: str
+    protocol: str
+    concurrency: int
+    req_s: float
+    p50_ms: float
+    p99_ms: float
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def perf_analyzer(model: str, protocol: str, target: str, concurrency: int,
+                  window_ms: int) -> Point:
+    formats = ["--input-tensor-format", "binary", "--output-tensor-format", "binary"] \
+        if protocol == "http" else []
+    proc = subprocess.run(
+        [str(PERF_ANALYZER), "-m", model, "-u", target, "-i", protocol, *formats,
+         "--input-data", "zero",  # random bytes hold NaNs, which are refused
+         "--concurrency-range", str(concurrency), "--measurement-interval", str(window_ms),
+         "--stability-percentage", "1000", "--max-trials", "3"],
+        capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise SystemExit(f"perf_analyzer failed: {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
+    out = proc.stdout
+    req_s = float(re.findall(r"Throughput: ([\d.]+) infer/sec", out)[-1])
+    p50 = float(re.findall(r"p50 latency: (\d+) usec", out)[-1]) / 1000
+    p99 = float(re.findall(r"p99 latency: (\d+) usec", out)[-1]) / 1000
+    return Point(model, protocol, concurrency, req_s, p50, p99)
+
+
+def run(workloads: list[str], concurrencies: list[int], rounds: int, window_ms: int
+        ) -> list[Point]:
+    points = []
+    for workload in workloads:
+        grpc_port = free_port()
+        flags = [*server_flags(workload, 64), "--grpc-port", str(grpc_port)]
+        with server_process(flags) as (url, _pid):
+            targets = {"http": url.removeprefix("http://"), "grpc": f"127.0.0.1:{grpc_port}"}
+            for r in range(rounds):
+                for concurrency in concurrencies:
+                    order = PROTOCOLS if r % 2 == 0 else PROTOCOLS[::-1]
+                    for protocol in order:
+                        point = perf_analyzer(workload, protocol, targets[protocol],
+                                              concurrency, window_ms)
+                        print(json.dumps(asdict(point)), flush=True)
+                        points.append(point)
+    return points
+
+
+def table(points: list[Point]) -> str:
+    lines = ["| workload | c | HTTP binary req/s | gRPC req/s | gRPC / HTTP | HTTP p50 / p99 ms "
+             "| gRPC p50 / p99 ms |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    keys = sorted({(p.workload, p.concurrency) for p in points})
+    for workload, c in keys:
+        med = {}
+        for protocol in PROTOCOLS:
+            mine = [p for p in points if (p.workload, p.concurrency, p.protocol)
+                    == (workload, c, protocol)]
+            med[protocol] = (statistics.median(p.req_s for p in mine),
+                             statistics.median(p.p50_ms for p in mine),
+                             statistics.median(p.p99_ms for p in mine))
+        h, g = med["http"], med["grpc"]
+        lines.append(f"| {workload} | {c} | {h[0]:,.0f} | {g[0]:,.0f} | {g[0] / h[0]:.2f} x "
+                     f"| {h[1]:.2f} / {h[2]:.2f} | {g[1]:.2f} / {g[2]:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workloads", default="linear,mlp")
+    parser.add_argument("--concurrency", default="1,8,64")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--window-ms", type=int, default=2000)
+    args = parser.parse_args()
+    if not PERF_ANALYZER.exists():
+        raise SystemExit("perf_analyzer is not here: make tools fetches it")
+    points = run(args.workloads.split(","), [int(c) for c in args.concurrency.split(",")],
+                 args.rounds, args.window_ms)
+    print(table(points))
+
+
+if __name__ == "__main__":
+    main()
