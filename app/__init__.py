@@ -14,7 +14,7 @@ from app.version import __version__
 _EXPORTS = {
     "ModelHandler": "app.models.base",
     "Settings": "app.config",
-    "load_settings": "app.config",
+    "load_settings": "app.sources",
     "create_app": "app.main",
     "submit": "app.jobs.client",
     "submit_async": "app.jobs.client",
@@ -35,7 +35,6 @@ __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
     from app.config import Settings as Settings
-    from app.config import load_settings as load_settings
     from app.errors import (
         BatchServeError as BatchServeError,
     )
@@ -73,6 +72,7 @@ if TYPE_CHECKING:
     from app.jobs.client import submit_async as submit_async
     from app.main import create_app as create_app
     from app.models.base import ModelHandler as ModelHandler
+    from app.sources import load_settings as load_settings
 
 
 def __getattr__(name: str) -> Any:

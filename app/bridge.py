@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import app.wire as wire
-from app.batching import PendingRequest
 from app.config import BatchSettings
 from app.errors import ServeError
 from app.logs import request_id
 from app.metrics import ModelMetrics
 from app.models.signature import TensorSpec
+from app.pending import PendingRequest
 from app.served import ServedModel
 from app.service import InferenceService
 

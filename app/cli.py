@@ -13,8 +13,9 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from app.config import ENV_PREFIX, Settings, load_settings, unknown_variables
+from app.config import ENV_PREFIX, Settings
 from app.errors import BatchServeError, ConfigError
+from app.sources import load_settings, unknown_variables
 
 
 def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:

@@ -1,13 +1,10 @@
-"""Settings: built-in defaults < TOML file < environment (BATCHSERVE_*) < command-line flags."""
+"""Settings: what each setting means, its default and the rules between them. Where values come
+from (a TOML file, the environment, flags): app/sources.py."""
 
 from __future__ import annotations
 
-import difflib
 import math
-import os
-import tomllib
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -20,12 +17,9 @@ from pydantic import (
 )
 from pydantic_settings import (
     BaseSettings,
-    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
-
-from app.errors import ConfigError
 
 ENV_PREFIX = "BATCHSERVE_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
@@ -264,69 +258,6 @@ def derive_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
     if "request_timeout_s" not in given and wait_ms is not None:
         out["request_timeout_s"] = min(DAY_S, max(DEFAULT_REQUEST_TIMEOUT_S, 2 * wait_ms / 1000.0))
     return out
-
-
-def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a TOML settings file: top-level keys are setting names (``max_batch_size = 32``)."""
-    try:
-        with Path(path).open("rb") as f:
-            data = tomllib.load(f)
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
-    unknown = sorted(set(data) - set(Settings.model_fields))
-    if unknown:
-        raise ConfigError(f"config file {path}: unknown settings {', '.join(unknown)}")
-    return data
-
-
-def load_settings(
-    config_file: str | os.PathLike[str] | None = None,
-    overrides: Mapping[str, Any] | None = None,
-) -> Settings:
-    """Build Settings from defaults, a TOML file, the environment and explicit overrides.
-
-    ``config_file`` defaults to ``$BATCHSERVE_CONFIG``. ``overrides`` (command-line flags) win over
-    everything; ``None`` values in it mean "not given". Raises ConfigError with a readable message.
-    """
-    path = config_file if config_file is not None else os.environ.get(CONFIG_ENV)
-    file_values = read_config_file(path) if path else {}
-    given = {k: v for k, v in (overrides or {}).items() if v is not None}
-
-    class _Layered(Settings):
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            return (init_settings, env_settings, InitSettingsSource(settings_cls, file_values))
-
-    try:
-        layered = _Layered(**given)
-    except ValueError as exc:
-        raise ConfigError(describe_errors(exc)) from exc
-    return Settings(**{name: getattr(layered, name) for name in layered.explicit})
-
-
-def unknown_variables(environ: Mapping[str, str]) -> list[str]:
-    """One warning for each ``BATCHSERVE_*`` variable that names no setting (a typo is
-    otherwise ignored in silence), with the setting it most resembles."""
-    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields} | {CONFIG_ENV}
-    warnings = []
-    for key in sorted(k for k in environ if k.upper().startswith(ENV_PREFIX)):
-        if key.upper() in known:
-            continue
-        names = [k.removeprefix(ENV_PREFIX) for k in known]
-        near = difflib.get_close_matches(key.upper().removeprefix(ENV_PREFIX), names, n=1,
-                                         cutoff=0.7)
-        hint = f"; did you mean {ENV_PREFIX}{near[0]}?" if near else ""
-        warnings.append(f"{key} is not a batchserve setting and is ignored{hint}")
-    return warnings
 
 
 def describe_errors(exc: ValueError) -> str:

@@ -15,9 +15,10 @@ from app.api.docs import add_docs
 from app.api.routing import BatchServeApp, RawRoute
 from app.api.v2 import repository as v2_repository
 from app.api.v2 import routes as v2
-from app.config import Settings, load_settings
+from app.config import Settings
 from app.models.base import ModelHandler
 from app.service import InferenceService, build_service
+from app.sources import load_settings
 from app.version import __version__
 
 

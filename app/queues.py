@@ -18,7 +18,7 @@ from typing import Any
 
 import janus
 
-from app.batching import PendingItem
+from app.pending import PendingItem
 
 
 class ModelQueue:

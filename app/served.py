@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from app.admission import predicted_wait_s, retry_after_s, room
-from app.batching import BatchPolicy, BatchReport, PendingItem, PendingRequest, RecentPeak
+from app.batching import BatchPolicy, RecentPeak
 from app.config import BatchSettings
 from app.cost import CostModel
 from app.errors import (
@@ -31,6 +31,7 @@ from app.facade import ModelFacade
 from app.metrics import ModelMetrics
 from app.models.base import ModelHandler
 from app.models.signature import TensorSpec, describe_outputs
+from app.pending import BatchReport, PendingItem, PendingRequest
 from app.queues import ModelQueue
 from app.tracing import Tracing
 

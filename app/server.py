@@ -21,7 +21,7 @@ import torch
 import uvicorn
 
 from app.bridge import Bridge
-from app.config import Settings, unknown_variables
+from app.config import Settings
 from app.errors import ConfigError
 from app.frontend.app import create_frontend_app
 from app.frontend.remote import RemoteService
@@ -31,6 +31,7 @@ from app.logs import configure_logging
 from app.main import create_app
 from app.process import freeze_startup_objects, tune_for_serving
 from app.protocol import protocol_for
+from app.sources import unknown_variables
 from app.supervisor import Frontends, frontend_count
 
 log = logging.getLogger("batchserve")

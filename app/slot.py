@@ -13,9 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.batching import ArrivalRate, ItemSource, PendingItem, Price
+from app.batching import ArrivalRate, ItemSource, Price
 from app.cost import CostModel
 from app.models.base import Replica
+from app.pending import PendingItem
 from app.queues import ModelQueue
 from app.served import ServedModel
 

@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 
-from app.batching import BatchReport, PendingItem, collect_batch, group_by, split_live
+from app.batching import collect_batch, group_by, split_live
 from app.errors import DeadlineExceeded, ModelError
 from app.models.base import Replica
+from app.pending import BatchReport, PendingItem
 from app.scheduling import Fairness
 from app.served import ServedModel
 from app.slot import Slot

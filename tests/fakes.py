@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.batching import PendingItem
 from app.errors import InvalidInput
 from app.models.base import ModelHandler, Replica, Tensors
+from app.pending import PendingItem
 
 
 @dataclass

@@ -22,8 +22,9 @@ from app.api.inference import Serving
 from app.config import Settings
 from app.errors import ConfigError
 from app.grpc.control import Control
+from app.grpc.health import HealthServicer
 from app.grpc.inference_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
-from app.grpc.service import HealthServicer, InferenceServicer
+from app.grpc.service import InferenceServicer
 
 
 def address(host: str, port: int) -> str:

@@ -1,5 +1,5 @@
-"""``inference.GRPCInferenceService`` and ``grpc.health.v1.Health``: the Open Inference Protocol
-over gRPC, with the same rules as the v2 HTTP routes.
+"""``inference.GRPCInferenceService``: the Open Inference Protocol over gRPC, with the same rules
+as the v2 HTTP routes.
 
 ModelInfer runs in this process like an HTTP infer (app/api/inference.py: auth, deadline, parse,
 admit whole or refuse at once, decode, queue, await); the other calls are the v2 HTTP requests
@@ -16,12 +16,11 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from app.api.access import RequestIds
 from app.api.auth import check_auth
@@ -39,7 +38,6 @@ log = logging.getLogger("batchserve.access")
 errors_log = logging.getLogger("batchserve")
 
 SERVICE = "inference.GRPCInferenceService"
-WATCH_EVERY_S = 1.0  # how often a health Watch reads the status it streams
 
 _CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
           404: grpc.StatusCode.NOT_FOUND, 408: grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -258,46 +256,6 @@ async def infer(service: Serving, request: pb.ModelInferRequest,
         if span is not None:
             assert tracing is not None
             tracing.end(span, status, ended)
-
-
-class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
-    """``grpc.health.v1``: the server (service ``""`` or the inference service's name) or one
-    model (its name) is SERVING when ``/health_check`` (``?model=``) says ready, NOT_SERVING
-    when busy, loading, draining or unhealthy; an unknown model is NOT_FOUND."""
-
-    def __init__(self, control: Control) -> None:
-        self.control = control
-
-    async def _status(self, service: str, metadata: dict[str, str]) -> int:
-        params = None if service in ("", SERVICE) else {"model": service}
-        _, body = await self.control.get("/health_check", metadata, params)
-        serving = body.get("status") == "ready"
-        status: int = health_pb2.HealthCheckResponse.SERVING if serving else \
-            health_pb2.HealthCheckResponse.NOT_SERVING
-        return status
-
-    @calls.rpc
-    async def Check(self, request: health_pb2.HealthCheckRequest,
-                    context: grpc.aio.ServicerContext) -> health_pb2.HealthCheckResponse:
-        status = await self._status(request.service, metadata_of(context))
-        return health_pb2.HealthCheckResponse(status=status)
-
-    async def Watch(self, request: health_pb2.HealthCheckRequest,
-                    context: grpc.aio.ServicerContext
-                    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
-        """The status now, then each change, until the client leaves."""
-        last = None
-        metadata = metadata_of(context)
-        while True:
-            try:
-                status = await self._status(request.service, metadata)
-            except ServeError as exc:
-                status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN if exc.status == 404 \
-                    else health_pb2.HealthCheckResponse.NOT_SERVING
-            if status != last:
-                yield health_pb2.HealthCheckResponse(status=status)
-                last = status
-            await asyncio.sleep(WATCH_EVERY_S)
 
 
 def _segment(name: str) -> str:

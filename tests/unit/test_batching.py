@@ -10,13 +10,12 @@ from app.batching import (
     NO_WAIT,
     ArrivalRate,
     BatchPolicy,
-    PendingItem,
-    PendingRequest,
     RecentPeak,
     collect_batch,
     group_by,
     split_live,
 )
+from app.pending import PendingItem, PendingRequest
 from tests.fakes import FakeClock, FakeQueue
 
 POLICY = BatchPolicy(max_batch_size=4, max_wait_s=0.005)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from app.catalog import Catalog, model_settings
-from app.config import load_settings
 from app.errors import ConfigError
+from app.sources import load_settings
 
 
 def test_a_models_settings_take_what_the_user_set_for_the_server() -> None:

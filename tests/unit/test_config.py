@@ -6,12 +6,9 @@ from pathlib import Path
 import pytest
 
 from app.cli import HTTP_SETTINGS, JOB_SETTINGS, build_parser
-from app.config import (
-    ConfigError,
-    Settings,
-    load_settings,
-    unknown_variables,
-)
+from app.config import Settings
+from app.errors import ConfigError
+from app.sources import load_settings, unknown_variables
 from app.supervisor import frontend_count
 from tests.conftest import make_settings
 

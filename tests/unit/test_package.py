@@ -36,7 +36,7 @@ def test_the_version_is_written_once() -> None:
 @pytest.mark.parametrize("statement", [
     "from app.jobs.client import submit",
     "import app; app.submit",
-    "from app.config import load_settings",
+    "from app.sources import load_settings",
     "import app.cli",
 ])
 def test_light_imports_do_not_load_torch(statement: str) -> None:

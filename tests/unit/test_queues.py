@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from app.batching import PendingItem, PendingRequest
+from app.pending import PendingItem, PendingRequest
 from app.queues import ModelQueue
 
 pytestmark = pytest.mark.asyncio

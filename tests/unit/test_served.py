@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-from app.batching import BatchReport
 from app.config import BatchSettings
 from app.cost import CostModel
 from app.errors import InvalidInput, Unavailable, WouldMissDeadline
 from app.metrics import Metrics
+from app.pending import BatchReport
 from app.served import WORK_WEIGHT, ModelState, ServedModel
 from app.service import InferenceService
 from tests.conftest import wait_until

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
-from app.batching import PendingItem, PendingRequest
 from app.config import BatchSettings
 from app.cost import CostModel
 from app.metrics import Metrics
+from app.pending import PendingItem, PendingRequest
 from app.served import ServedModel
 from app.slot import SimilarLengths, Slot
 from tests.fakes import EchoHandler

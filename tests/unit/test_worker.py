@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import torch
 
-from app.batching import BatchReport, PendingItem, PendingRequest
 from app.config import BatchSettings
 from app.errors import DeadlineExceeded, ModelError
 from app.metrics import Metrics
 from app.models.base import ModelHandler
+from app.pending import BatchReport, PendingItem, PendingRequest
 from app.served import ServedModel
 from app.warmup import warm_replica
 from app.worker import DeviceWorker, WorkerState
