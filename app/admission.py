@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from app.errors import WouldMissDeadline
+
 
 def room(capacity: int, levels: int, default: int, level: int) -> int:
     """How full the queue may be for a request at ``level`` to join. The default level gets
@@ -26,3 +28,17 @@ def predicted_wait_s(ahead: int, batch_limit: int, full_batch_s: float, sharing:
 def retry_after_s(drain_s: float) -> int:
     """Whole seconds for a Retry-After header: at least 1."""
     return max(1, math.ceil(drain_s))
+
+
+def deadline_refusal(model: str, wait_s: float, left_s: float, drain_s: float
+                     ) -> WouldMissDeadline:
+    """The refusal of a request predicted to finish ``wait_s`` from now, past its deadline
+    ``left_s`` away; ``drain_s``, the whole queue's, says when to retry."""
+    when = f"in {_duration(left_s)}" if left_s > 0 else "already passed"
+    return WouldMissDeadline(f"model '{model}' would answer in about {_duration(wait_s)}, after "
+                             f"the request's deadline ({when})", retry_after_s(drain_s))
+
+
+def _duration(seconds: float) -> str:
+    """``1.25 s`` or ``3.2 ms``: readable whether a deadline is seconds or microseconds away."""
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1000:.4g} ms"

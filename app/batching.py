@@ -36,22 +36,13 @@ NO_WAIT: Wait = (0.0, 0)
 
 @dataclass(frozen=True)
 class BatchPolicy:
-    """When a batch starts (docs/scheduler.md, section 2).
+    """When a batch starts: the contract (the inequalities: docs/scheduler.md, section 2).
 
-    At once when it is full, or when no request other than those in it is in flight (a lone
-    client, or a closed loop whose every client is in this batch, can send nothing more). Else
-    it waits for the arrivals that pay for themselves: with k items held, m more expected within
-    ``d`` join if that finishes all of them sooner on average, ``(k + m)(d + t(k+m))`` against
-    ``k t(k) + m (t(k) + t(m))`` for going now and serving them after; or, if they are due
-    within ``RETURNING_SHARE`` of ``t(k)``, if the device then serves more items per second,
-    the wait counted, ``(k + m) / (d + t(k+m))`` against ``k / t(k)``. It waits for the largest
-    m that pays. The m-th arrival is expected ``m`` recent gaps from now or, where a closed
-    loop's round trip is in sight, when the clients answered last are due back, whichever is
-    sooner. In such a loop the k and the m, served in turns, keep the device busy while the
-    other part is on its way back; joined, every round pays the round trip idle. So there they
-    join only if ``trip + t(k+m) < t(k) + t(m)``. The wait is bounded by ``max_wait_s`` of
-    device idleness and by ``slack_s``, the time left before the tightest deadline (or latency
-    target) of the items held, which the batch must still meet.
+    A full batch, or one that holds every request in flight, starts at once. Otherwise it waits
+    for the most arrivals whose joining finishes the items sooner on average, or, for arrivals
+    due almost at once, serves more items per second, the wait counted. It never waits past
+    ``max_wait_s`` of device idleness nor past the time its tightest deadline (or latency
+    target) still allows. Pure: every reading of the clock and the queue is handed to it.
     """
 
     max_batch_size: int
@@ -219,16 +210,15 @@ def collect_batch(
     clock: Callable[[], float] = time.monotonic,
     nap: Callable[[float, int], None] = lambda seconds, _: time.sleep(seconds),
 ) -> list[PendingItem]:
-    """Take what ``source`` holds, then wait for more while the policy says it pays. Device
-    thread only; empty only if ``source`` was.
+    """Take what ``source`` holds, then wait for more while ``policy`` says it pays, and return
+    the batch. Runs on a device thread; it never blocks on the queue, only ``nap``s until the
+    items it waits for are queued or the time is up (app/bell.py), so a filling batch wakes the
+    thread once rather than at every put. Empty only if ``source`` was. It never returns more
+    than ``limit`` items (the effective batch limit).
 
-    ``limit`` (<= policy.max_batch_size) is the current effective batch limit; ``concurrency``
-    says how many requests to expect in flight (admitted now, or as many as were recently: a
-    closed-loop client answered a moment ago is on its way back); ``pricing`` gives the cost
-    model's price for a batch like the items held. ``nap(seconds, items)`` waits until that many
-    items are queued or the time is up: the device thread is woken once, when the batch it waits
-    for is in, not by every put (each wake-up trades the GIL with the event loop,
-    docs/benchmarks.md, "linear"); then it takes what came and decides again.
+    ``concurrency``: requests to expect in flight (admitted now, or as many as were recently);
+    ``pricing``: the cost model's price for a batch like the items held; ``latency_target_s``:
+    the oldest item's predicted completion must stay within it.
     """
     batch: list[PendingItem] = []
     requests: set[int] = set()

@@ -20,6 +20,7 @@ from app.errors import BatchServeError, InvalidInput, NotFound, Unavailable
 from app.metrics import Metrics
 from app.models.registry import load_handler
 from app.served import ModelState, ServedModel
+from app.state import ServerState
 
 log = logging.getLogger("batchserve.models")
 
@@ -32,6 +33,7 @@ class Runtime(Protocol):
     """What the repository needs from the service that runs the models."""
 
     metrics: Metrics
+    state: ServerState
 
     def devices_for(self, spec: str) -> list[torch.device]: ...
 
@@ -58,7 +60,6 @@ class ModelRepository:
         self.failed: dict[str, str] = {}  # name -> why it could not be loaded
         self.loading: dict[str, list[ServedModel]] = {}  # name -> versions being loaded
         self.starting = True  # the start-up loads are not all done
-        self.draining = False
         self._locks: dict[str, asyncio.Lock] = {}
 
     # ---- start-up --------------------------------------------------------------------------------
@@ -212,9 +213,8 @@ class ModelRepository:
             self._failed(name, exc.message)
         model = ServedModel(name, version, settings, handler, devices,
                             self.runtime.metrics.for_model(name, version),
-                            source.versions.get(version, ""))
+                            source.versions.get(version, ""), self.runtime.state)
         self.runtime.open(model)
-        model.draining = self.draining
         return model
 
     def _replaced(self, model: ServedModel) -> bool:

@@ -16,23 +16,19 @@ from typing import Any
 
 import torch
 
-from app.admission import predicted_wait_s, retry_after_s, room
+from app.admission import deadline_refusal, predicted_wait_s, room
 from app.batching import BatchPolicy, RecentPeak
+from app.bell import Bell
 from app.config import BatchSettings
 from app.cost import CostModel
-from app.errors import (
-    DeadlineExceeded,
-    ServeError,
-    Unavailable,
-    WouldMissDeadline,
-    busy,
-)
+from app.errors import DeadlineExceeded, ServeError, Unavailable, busy
 from app.facade import ModelFacade
 from app.metrics import ModelMetrics
 from app.models.base import ModelHandler
 from app.models.signature import TensorSpec, describe_outputs
 from app.pending import BatchReport, PendingItem, PendingRequest
 from app.queues import ModelQueue
+from app.state import ServerState
 from app.tracing import Tracing
 
 WORK_WEIGHT = 0.05  # how far one batch moves the model's typical work and tokens per item
@@ -56,7 +52,8 @@ class ServedModel(ModelFacade):
     metrics: ModelMetrics
 
     def __init__(self, name: str, version: str, settings: BatchSettings, handler: ModelHandler,
-                 devices: list[torch.device], metrics: ModelMetrics, spec: str = "") -> None:
+                 devices: list[torch.device], metrics: ModelMetrics, spec: str = "",
+                 server: ServerState | None = None) -> None:
         super().__init__(name, version, settings, handler)
         self.spec = spec  # the model setting its handler was built from (front ends build it)
         self.devices = devices
@@ -66,8 +63,7 @@ class ServedModel(ModelFacade):
             room(settings.queue_capacity, settings.priority_levels, settings.default_level, 1),
             settings.priority_levels)
         self.policy = BatchPolicy(self.batch_limit, settings.max_wait_s)
-        self.state = ModelState.LOADING
-        self.reason = ""
+        self.state, self.reason = ModelState.LOADING, ""  # and in the metric, below
         self.in_flight = 0
         self._peak = RecentPeak()  # of in_flight: the clients to expect (``concurrency``)
         self.costs: dict[str, CostModel] = {}  # per device (label); refined on the loop
@@ -78,9 +74,8 @@ class ServedModel(ModelFacade):
         self.work_per_item = 1.0  # cost-model work of a typical item (padded tokens, for text)
         self.tokens_per_item = 1.0  # a typical item's own length (tokens, for text)
         self.neighbours: list[ServedModel] = []  # the models sharing its devices (itself too)
-        self.draining = False  # the server is shutting down
-        self.wakers: list[Callable[[], None]] = []  # ring the device threads serving it
-        self.wake_depth = 1  # ring them once this many items wait (a filling batch raises it)
+        self.server = server or ServerState()  # read only here (app/state.py)
+        self.bells: list[Bell] = []  # of the device threads serving it (app/bell.py)
         self._ring_due = False
         self.stranded = False  # no device thread serving it is alive (set by the service)
         self.tracing: Tracing | None = None  # set by the service when traces are on
@@ -110,7 +105,7 @@ class ServedModel(ModelFacade):
     @property
     def health(self) -> str:
         """ready, busy, loading, unloading, unavailable, unhealthy or draining."""
-        if self.draining:
+        if self.server.draining:
             return "draining"
         if self.state is not ModelState.READY:
             return str(self.state.value).lower()
@@ -161,7 +156,7 @@ class ServedModel(ModelFacade):
         can be queued whole right now and, given a ``deadline``, be answered before it."""
         level = level or self.settings.default_level
         depth = self.queue.depth
-        if not (self.state is ModelState.READY and not self.draining and not self.stranded):
+        if not (self.state is ModelState.READY and not self.server.draining and not self.stranded):
             health = self.health
             if health == "draining":
                 raise Unavailable(health, "the server is shutting down")
@@ -183,10 +178,7 @@ class ServedModel(ModelFacade):
         left = deadline - time.monotonic()
         if wait > left:
             drain = self.predicted_wait_s(self.queue.depth) or wait
-            when = f"in {_duration(left)}" if left > 0 else "already passed"
-            raise WouldMissDeadline(
-                f"model '{self.name}' would answer in about {_duration(wait)}, after the "
-                f"request's deadline ({when})", retry_after_s(drain))
+            raise deadline_refusal(self.name, wait, left, drain)
 
     def enqueue(self, items: list[Any], deadline: float, level: int | None = None,
                 trace: Any = None, admitted: int | None = None) -> PendingRequest:
@@ -216,17 +208,23 @@ class ServedModel(ModelFacade):
         self.in_flight += 1
         self._peak.note(self.in_flight, now)
         request.timer = self._loop.call_later(deadline - now, _expire, request.future)
-        if self.queue.depth >= self.wake_depth and not self._ring_due:
-            # Rung once this pass of the event loop is done: a burst of requests that arrived
-            # together is queued before the device thread wakes (and takes the GIL) for it.
-            self._ring_due = True
-            self._loop.call_soon(self._ring)
+        if not self._ring_due:
+            depth = self.queue.depth
+            for bell in self.bells:
+                if bell.wants(self, depth):
+                    # Rung once this pass of the event loop is done: a burst of requests that
+                    # arrived together is queued before the thread wakes (and takes the GIL).
+                    self._ring_due = True
+                    self._loop.call_soon(self._ring)
+                    break
         return request
 
     def _ring(self) -> None:
         self._ring_due = False
-        for wake in self.wakers:
-            wake()
+        depth = self.queue.depth
+        for bell in self.bells:
+            if bell.wants(self, depth):
+                bell.ring()
 
     async def result(self, request: PendingRequest) -> list[Any]:
         """Wait for a request's results (DeadlineExceeded once its deadline passes)."""
@@ -292,11 +290,6 @@ class ServedModel(ModelFacade):
             m.dropped("expired", report.expired)
         if report.cancelled:
             m.dropped("cancelled", report.cancelled)
-
-
-def _duration(seconds: float) -> str:
-    """``1.25 s`` or ``3.2 ms``: readable whether a deadline is seconds or microseconds away."""
-    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1000:.4g} ms"
 
 
 def _expire(future: asyncio.Future[list[Any]]) -> None:

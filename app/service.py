@@ -29,6 +29,7 @@ from app.models.base import ModelHandler
 from app.models.registry import load_handler
 from app.repository import ModelRepository
 from app.served import ModelState, ServedModel
+from app.state import ServerState
 from app.tracing import Tracing
 from app.warmup import Loader
 from app.worker import DeviceWorker, WorkerState
@@ -66,7 +67,7 @@ class InferenceService:
                                           settings.default_model)
         self.workers: list[DeviceWorker] = []
         self.unknown = metrics.for_model("", "")  # requests for no model the server knows
-        self._draining = False
+        self.state = ServerState()  # written here only (app/state.py)
         self._started = False
         self._pool: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -103,7 +104,7 @@ class InferenceService:
     def _worker_changed(self, worker: DeviceWorker) -> None:
         if worker.state is WorkerState.FAILED:
             self._check_stranded()
-        if self._draining or worker.state is not WorkerState.FAILED:
+        if self.state.draining or worker.state is not WorkerState.FAILED:
             return
         log.error("restarting the device thread %s in %.0fs", worker.label, RESTART_DELAY_S)
         assert self._loop is not None
@@ -111,7 +112,7 @@ class InferenceService:
 
     def _restart(self, dead: DeviceWorker) -> None:
         """A new thread for a dead one's device, serving the models the dead one served."""
-        if self._draining or dead not in self.workers:
+        if self.state.draining or dead not in self.workers:
             return
         held = [m for m in self.repository.models() if dead.holds(m)]
         self.workers.remove(dead)
@@ -123,10 +124,7 @@ class InferenceService:
 
     def begin_drain(self) -> None:
         """Refuse new work from now on (health says draining); safe from a signal handler."""
-        self._draining = True
-        self.repository.draining = True
-        for model in self.repository.models():
-            model.draining = True
+        self.state.draining = True
 
     async def stop(self, timeout_s: float | None = None) -> None:
         """Answer everything admitted, then stop the device threads (and send the spans still
@@ -216,7 +214,7 @@ class InferenceService:
         attached: asyncio.Future[None] = self._loop.create_future()
         worker.attach(model, warm, _settle(attached))
         await attached
-        model.wakers = [w.wake for w in self.workers if w.holds(model)]
+        model.bells = [w.bell for w in self.workers if w.holds(model)]
         self._share_devices()
         if model.stranded:
             self._check_stranded()
@@ -247,7 +245,7 @@ class InferenceService:
             waits.append(self._loop.create_future())
             worker.detach(model, _settle(waits[-1]))
         await asyncio.gather(*waits)
-        model.wakers = []
+        model.bells = []
         self._share_devices()
 
     # ---- state -----------------------------------------------------------------------------------
@@ -270,7 +268,7 @@ class InferenceService:
     def status(self) -> str:
         """draining, unhealthy (a device thread died, or no start-up model could be loaded),
         loading, busy (no ready model can take a request) or ready."""
-        if self._draining:
+        if self.state.draining:
             return "draining"
         states = {w.state for w in self.workers}
         if WorkerState.FAILED in states or self.repository.all_failed:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from app.batching import collect_batch, group_by, split_live
+from app.bell import Bell
 from app.errors import DeadlineExceeded, ModelError
 from app.models.base import Replica
 from app.pending import BatchReport, PendingItem
@@ -32,7 +33,7 @@ from app.warmup import Warm
 
 log = logging.getLogger("batchserve.worker")
 
-DOZE_S = 1.0  # longest sleep with no work; any put, command or stop rings the bell sooner
+IDLE_S = 1.0  # longest sleep with no work; any put, command or stop rings the bell sooner
 
 
 class WorkerState(Enum):
@@ -61,10 +62,10 @@ class InFlight:
 class DeviceWorker:
     """Runs the models placed on one device, on its own thread.
 
-    ``start``, ``join``, ``attach``, ``detach``, ``wake``, ``stop`` and ``holds`` may be called
-    from any thread; everything else runs on the worker thread. Each batch's results go to its
-    model's ``deliver`` with one ``call_soon_threadsafe``; ``on_state`` is scheduled the same way
-    when the thread is ready and when it dies.
+    ``start``, ``join``, ``attach``, ``detach``, ``stop``, ``holds`` and the ``bell``
+    (app/bell.py) may be used from any thread; everything else runs on the worker thread. Each
+    batch's results go to its model's ``deliver`` with one ``call_soon_threadsafe``;
+    ``on_state`` is scheduled the same way when the thread is ready and when it dies.
     """
 
     def __init__(self, device: torch.device, label: str, loop: Any,
@@ -78,8 +79,7 @@ class DeviceWorker:
         self.busy_s = 0.0
         self._slots: dict[ServedModel, Slot] = {}
         self._commands: deque[Callable[[], None]] = deque()
-        self._bell = threading.Event()
-        self._sleeping = False
+        self.bell = Bell()
         self._stopping = False
         self._fairness: Fairness[ServedModel] = Fairness()
         self._thread = threading.Thread(target=self._main, name=f"device-{label}", daemon=True)
@@ -125,21 +125,14 @@ class DeviceWorker:
         slot = self._slots.get(model)
         return slot.batch_limit if slot is not None else model.batch_limit
 
-    def wake(self) -> None:
-        """Work arrived: ring the bell if the thread sleeps (a busy thread pays nothing, and a
-        burst of puts rings once)."""
-        if self._sleeping:
-            self._sleeping = False
-            self._bell.set()
-
     def stop(self) -> None:
         """Finish every queued item and every batch in flight, then end the thread."""
         self._stopping = True
-        self._bell.set()
+        self.bell.ring_now()
 
     def _command(self, run: Callable[[], None]) -> None:
         self._commands.append(run)
-        self._bell.set()
+        self.bell.ring_now()
 
     # ---- worker thread ---------------------------------------------------------------------------
 
@@ -165,7 +158,7 @@ class DeviceWorker:
                     elif self._stopping:
                         break
                     else:
-                        self._doze()
+                        self.bell.sleep(IDLE_S, self._idle)
                     continue
                 source = slot.source()
                 if flights:  # the device is busy: take what is queued, no waiting
@@ -176,7 +169,7 @@ class DeviceWorker:
                     in_hand = collect_batch(
                         source, slot.model.policy, slot.batch_limit, slot.rate,
                         slot.model.concurrency, slot.pricing, slot.model.latency_target_s,
-                        nap=functools.partial(self._nap, slot.model))
+                        nap=functools.partial(self._fill, slot.model))
                 if not in_hand:
                     continue
                 flights.append(self._launch(executor, slot, in_hand))
@@ -204,30 +197,16 @@ class DeviceWorker:
                 candidates.append((model, head.request.deadline))
         return self._slots[self._fairness.pick(candidates)] if candidates else None
 
-    def _doze(self) -> None:
-        """Sleep until work, a command or a stop arrives (the bell), checking once more after
-        saying so: a put that came before ``_sleeping`` was set is seen here."""
-        self._bell.clear()
-        self._sleeping = True
-        try:
-            waiting = any(s.model.queue.head() is not None for s in self._slots.values())
-            if not (waiting or self._commands or self._stopping):
-                self._bell.wait(DOZE_S)
-        finally:
-            self._sleeping = False
+    def _idle(self) -> bool:
+        """Nothing queued for any model here, no command, no stop: the thread may sleep."""
+        waiting = any(s.model.queue.head() is not None for s in self._slots.values())
+        return not (waiting or self._commands or self._stopping)
 
-    def _nap(self, model: ServedModel, seconds: float, more: int) -> None:
+    def _fill(self, model: ServedModel, seconds: float, more: int) -> None:
         """While a batch of ``model`` fills: sleep until ``more`` items have joined its queue
-        (``enqueue`` rings then) or ``seconds`` are up."""
-        self._bell.clear()
-        model.wake_depth = model.queue.depth + more
-        self._sleeping = True
-        try:
-            if model.queue.depth < model.wake_depth:
-                self._bell.wait(seconds)
-        finally:
-            self._sleeping = False
-            model.wake_depth = 1
+        or ``seconds`` are up."""
+        ring_at = model.queue.depth + more
+        self.bell.sleep(seconds, lambda: model.queue.depth < ring_at, model, ring_at)
 
     def _fail(self, error: str) -> None:
         self.state = WorkerState.FAILED

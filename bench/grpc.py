@@ -3,7 +3,10 @@
 One server per workload serving both protocols; Triton's perf_analyzer (``make tools``) drives it
 over each in turn at each concurrency, alternating which protocol goes first from round to round,
 so both meet the same machine: requests per second, p50 and p99 (perf_analyzer's own figures,
-one request of one row each), and the gRPC / HTTP ratio of the medians.
+one request of one row each, zeros as data), the gRPC / HTTP ratio of each round, and the server
+process's CPU per request answered, which does not depend on how fast the client on the same
+cores is. perf_analyzer's stability check is off (this box never holds still): the rounds and
+their medians stand in for it.
 
     python -m bench.grpc --workloads linear,mlp --concurrency 1,8,64 --rounds 3
 """
@@ -19,7 +22,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.run import server_flags, server_process
+from bench.run import cpu_seconds, scrape, server_flags, server_process
 
 ROOT = Path(__file__).resolve().parents[1]
 PERF_ANALYZER = ROOT / ".tools" / "perf_analyzer" / "perf_analyzer"
@@ -34,6 +37,7 @@ class Point:
     req_s: float
     p50_ms: float
     p99_ms: float
+    server_us: float = 0.0  # the server process's CPU per request answered (all its threads)
 
 
 def free_port() -> int:
@@ -67,34 +71,41 @@ def run(workloads: list[str], concurrencies: list[int], rounds: int, window_ms: 
     for workload in workloads:
         grpc_port = free_port()
         flags = [*server_flags(workload, 64), "--grpc-port", str(grpc_port)]
-        with server_process(flags) as (url, _pid):
+        with server_process(flags) as (url, pid):
             targets = {"http": url.removeprefix("http://"), "grpc": f"127.0.0.1:{grpc_port}"}
             for r in range(rounds):
                 for concurrency in concurrencies:
                     order = PROTOCOLS if r % 2 == 0 else PROTOCOLS[::-1]
                     for protocol in order:
+                        (before,) = scrape(url, "batchserve_requests_total", protocol=protocol)
+                        cpu = cpu_seconds(pid)
                         point = perf_analyzer(workload, protocol, targets[protocol],
                                               concurrency, window_ms)
+                        (after,) = scrape(url, "batchserve_requests_total", protocol=protocol)
+                        point.server_us = (cpu_seconds(pid) - cpu) / max(1.0, after - before) * 1e6
                         print(json.dumps(asdict(point)), flush=True)
                         points.append(point)
     return points
 
 
 def table(points: list[Point]) -> str:
-    lines = ["| workload | c | HTTP binary req/s | gRPC req/s | gRPC / HTTP | HTTP p50 / p99 ms "
-             "| gRPC p50 / p99 ms |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    keys = sorted({(p.workload, p.concurrency) for p in points})
-    for workload, c in keys:
-        med = {}
-        for protocol in PROTOCOLS:
-            mine = [p for p in points if (p.workload, p.concurrency, p.protocol)
-                    == (workload, c, protocol)]
-            med[protocol] = (statistics.median(p.req_s for p in mine),
-                             statistics.median(p.p50_ms for p in mine),
-                             statistics.median(p.p99_ms for p in mine))
+    """Medians over the rounds; the ratio is the median of each round's own gRPC / HTTP (the
+    two ran back to back), with the rounds' ratios after it."""
+    lines = ["| workload | c | HTTP binary req/s | gRPC req/s | gRPC / HTTP (rounds) "
+             "| HTTP p50 / p99 ms | gRPC p50 / p99 ms | server CPU us a request: HTTP, gRPC |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for workload, c in sorted({(p.workload, p.concurrency) for p in points}):
+        runs = {protocol: [p for p in points if (p.workload, p.concurrency, p.protocol)
+                           == (workload, c, protocol)] for protocol in PROTOCOLS}
+        ratios = [g.req_s / h.req_s for h, g in zip(runs["http"], runs["grpc"], strict=True)]
+        med = {protocol: [statistics.median(getattr(p, field) for p in mine)
+                          for field in ("req_s", "p50_ms", "p99_ms", "server_us")]
+               for protocol, mine in runs.items()}
         h, g = med["http"], med["grpc"]
-        lines.append(f"| {workload} | {c} | {h[0]:,.0f} | {g[0]:,.0f} | {g[0] / h[0]:.2f} x "
-                     f"| {h[1]:.2f} / {h[2]:.2f} | {g[1]:.2f} / {g[2]:.2f} |")
+        rounds = ", ".join(f"{r:.2f}" for r in ratios)
+        lines.append(f"| {workload} | {c} | {h[0]:,.0f} | {g[0]:,.0f} | "
+                     f"{statistics.median(ratios):.2f} x ({rounds}) | {h[1]:.2f} / {h[2]:.2f} | "
+                     f"{g[1]:.2f} / {g[2]:.2f} | {h[3]:.0f}, {g[3]:.0f} |")
     return "\n".join(lines)
 
 
@@ -110,6 +121,12 @@ def main() -> None:
     points = run(args.workloads.split(","), [int(c) for c in args.concurrency.split(",")],
                  args.rounds, args.window_ms)
     print(table(points))
+
+
+def table_from(path: str) -> str:
+    """The table of a run's JSON lines (what ``run`` prints), for a run already made."""
+    with open(path) as f:
+        return table([Point(**json.loads(line)) for line in f if line.startswith("{")])
 
 
 if __name__ == "__main__":

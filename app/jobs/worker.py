@@ -35,7 +35,7 @@ from app.service import InferenceService
 
 log = logging.getLogger("batchserve.jobs")
 
-BUSY_RETRY_S = 0.005
+BUSY_RETRY_S = 0.005  # how soon to look again at a device queue that was full
 READ_BLOCK_MS = 500  # how long one read waits for new jobs; bounds the reaction to SIGTERM
 
 
@@ -48,14 +48,8 @@ class JobWorker:
     jobs are held, which also bounds the items this worker puts in the queue.
     """
 
-    def __init__(
-        self,
-        settings: Settings,
-        service: InferenceService,
-        client: aioredis.Redis,
-        metrics: JobMetrics,
-        consumer: str,
-    ) -> None:
+    def __init__(self, settings: Settings, service: InferenceService, client: aioredis.Redis,
+                 metrics: JobMetrics, consumer: str) -> None:
         self.settings = settings
         self.service = service
         self.redis = client
@@ -110,12 +104,11 @@ class JobWorker:
     async def _wait_for_room(self) -> int:
         """Wait until this worker may take more jobs: fewer than ``read_ahead`` held, and room in
         the device queue (which HTTP traffic in the same process may also fill)."""
-        service = self.service
         while not self._stopping:
             if len(self.held) >= self.read_ahead:
                 self._room.clear()
                 await self._room.wait()
-            elif _full(service):
+            elif _full(self.service):
                 await asyncio.sleep(BUSY_RETRY_S)
             else:
                 break
@@ -150,13 +143,9 @@ class JobWorker:
             for entry, fields in entries:
                 if fields is not None:  # None: deleted while pending
                     await self._claimed(entry.decode(), fields)
-            if cursor in (b"0-0", "0-0"):  # scanned the whole pending list: rest a while
-                await self._rest(interval)
-
-    async def _rest(self, seconds: float) -> None:
-        """Sleep ``seconds``, or less if the worker starts stopping."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stop.wait(), seconds)
+            if cursor in (b"0-0", "0-0"):  # scanned the whole pending list: rest a while,
+                with contextlib.suppress(TimeoutError):  # or less if the worker stops
+                    await asyncio.wait_for(self._stop.wait(), interval)
 
     async def _claimed(self, entry: str, fields: dict[bytes, bytes]) -> None:
         s = self.settings

@@ -14,10 +14,10 @@ APP = Path(__file__).resolve().parents[2] / "app"
 
 LAYERS = [
     # shared, imported from anywhere
-    ["app.errors", "app.config", "app.sources", "app.payload", "app.logs", "app.process",
-     "app.metrics", "app.schemas", "app.wire", "app.version"],
-    ["app.models", "app.devices", "app.pending", "app.batching", "app.scheduling", "app.cost",
-     "app.admission", "app.tracing"],
+    ["app.errors", "app.config", "app.sources", "app.state", "app.payload", "app.logs",
+     "app.process", "app.metrics", "app.schemas", "app.wire", "app.version"],
+    ["app.models", "app.devices", "app.pending", "app.bell", "app.batching", "app.scheduling",
+     "app.cost", "app.admission", "app.tracing"],
     ["app.transfer", "app.queues", "app.warmup", "app.facade"],
     ["app.served"],
     ["app.slot", "app.worker"],

@@ -55,7 +55,7 @@ class Harness:
         attached = asyncio.Event()
         self.worker.attach(model, warm, attached.set)
         await attached.wait()
-        model.wakers = [self.worker.wake]
+        model.bells = [self.worker.bell]
         self.models[handler.name] = model
         return model
 
@@ -67,7 +67,7 @@ class Harness:
                                  now + timeout_s, now)
         for index, value in enumerate(values):
             model.queue.put(PendingItem(request, index, value))
-        self.worker.wake()
+        self.worker.bell.ring()
         return request
 
     def results(self) -> dict[float, Any]:
@@ -228,13 +228,13 @@ async def test_detach_releases_the_model_and_the_thread_goes_on() -> None:
 
 
 async def test_an_idle_thread_sleeps_until_work_rings(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With dozes of an hour, only the doorbell that a put rings can wake the thread."""
-    monkeypatch.setattr("app.worker.DOZE_S", 3600.0)
+    """With idle sleeps of an hour, only the bell that a put rings can wake the thread."""
+    monkeypatch.setattr("app.worker.IDLE_S", 3600.0)
     async with device(EchoHandler()) as h:
-        await wait_until(lambda: h.worker._sleeping, "asleep")  # noqa: SLF001
+        await wait_until(lambda: h.worker.bell.asleep, "asleep")
         h.put("echo", 2.0)
         assert float((await h.settled(1))[2.0]) == 4.0
-        await wait_until(lambda: h.worker._sleeping, "asleep again")  # noqa: SLF001
+        await wait_until(lambda: h.worker.bell.asleep, "asleep again")
         h.put("echo", 3.0)
         assert float((await h.settled(2))[3.0]) == 6.0
 
