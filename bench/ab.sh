@@ -16,7 +16,7 @@ py="$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python"
 lua=$(realpath "$(dirname "$0")/post.lua")
 tmp=$(mktemp -d) && trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
 echo "$BODY" > "$tmp/body.json"
-export HF_HUB_OFFLINE=1 BENCH_BODY_FILE="$tmp/body.json"
+export HF_HUB_OFFLINE=1 BENCH_BODY_FILE="$tmp/body.json" BATCHSERVE_GRPC_PORT=0  # HTTP only
 declare -A pid
 for side in old new; do
   dir=${!side}; port=$([ $side = old ] && echo 8101 || echo 8102)
