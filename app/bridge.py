@@ -28,8 +28,8 @@ from app.logs import request_id
 from app.metrics import ModelMetrics
 from app.models.signature import TensorSpec
 from app.pending import PendingRequest
+from app.runtime import InferenceService
 from app.served import ServedModel
-from app.service import InferenceService
 
 log = logging.getLogger("batchserve.bridge")
 

@@ -9,7 +9,7 @@ import time
 from app.config import Settings
 from app.cost import CostModel
 from app.errors import ModelLoadError
-from app.service import InferenceService, build_service
+from app.runtime import InferenceService, build_service
 
 POLL_S = 0.01
 

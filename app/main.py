@@ -13,11 +13,11 @@ from app.api import errors, health, predict
 from app.api.access import AccessLog
 from app.api.docs import add_docs
 from app.api.routing import BatchServeApp, RawRoute
-from app.api.v2 import repository as v2_repository
+from app.api.v2 import repository_routes as v2_repository
 from app.api.v2 import routes as v2
 from app.config import Settings
 from app.models.base import ModelHandler
-from app.service import InferenceService, build_service
+from app.runtime import InferenceService, build_service
 from app.sources import load_settings
 from app.version import __version__
 

@@ -22,6 +22,7 @@ import uvicorn
 
 from app.bridge import Bridge
 from app.config import Settings
+from app.connection import protocol_for
 from app.errors import ConfigError
 from app.frontend.app import create_frontend_app
 from app.frontend.remote import RemoteService
@@ -30,7 +31,6 @@ from app.grpc.server import address as grpc_address
 from app.logs import configure_logging
 from app.main import create_app
 from app.process import freeze_startup_objects, tune_for_serving
-from app.protocol import protocol_for
 from app.sources import unknown_variables
 from app.supervisor import Frontends, frontend_count
 
@@ -190,7 +190,7 @@ def _config(settings: Settings, app: Any, **where: Any) -> uvicorn.Config:
         log_config=None,
         log_level=settings.log_level,
         lifespan="on",
-        # Each answer in one write; slow clients cut off (app/protocol.py).
+        # Each answer in one write; slow clients cut off (app/connection.py).
         http=protocol_for(settings.read_timeout_s or settings.request_timeout_s),
         limit_concurrency=settings.max_connections,
         access_log=False,  # app.api.access logs each request, with its request id

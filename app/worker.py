@@ -44,7 +44,7 @@ class WorkerState(Enum):
 
 
 @dataclass
-class InFlight:
+class Launched:
     """A batch whose model calls were launched: one (items, launch) per key group."""
 
     slot: Slot
@@ -137,7 +137,7 @@ class DeviceWorker:
     # ---- worker thread ---------------------------------------------------------------------------
 
     def _main(self) -> None:
-        flights: list[InFlight] = []  # launched, not yet completed: at most one left pending
+        flights: list[Launched] = []  # launched, not yet completed: at most one left pending
         in_hand: list[PendingItem] = []
         slot: Slot | None = None
         try:
@@ -215,10 +215,10 @@ class DeviceWorker:
         self._loop.call_soon_threadsafe(self._on_state, self)
 
     def _launch(self, executor: DeviceExecutor, slot: Slot, batch: list[PendingItem]
-                ) -> InFlight:
+                ) -> Launched:
         started = time.monotonic()
         live, dead = split_live(batch, started)
-        flight = InFlight(slot, BatchReport(self.label, [], started, padded=slot.padded))
+        flight = Launched(slot, BatchReport(self.label, [], started, padded=slot.padded))
         report = flight.report
         for item in dead:
             if item.request.deadline <= started:  # its future may already hold the timeout
@@ -231,7 +231,7 @@ class DeviceWorker:
         return flight
 
     def _launch_group(self, executor: DeviceExecutor, slot: Slot, items: list[PendingItem],
-                      flight: InFlight) -> None:
+                      flight: Launched) -> None:
         report = flight.report
         try:
             launch = executor.launch(slot.model.handler, slot.replica, [i.data for i in items])
@@ -256,7 +256,7 @@ class DeviceWorker:
             return
         flight.groups.append((items, launch))
 
-    def _complete(self, flight: InFlight) -> None:
+    def _complete(self, flight: Launched) -> None:
         """Wait for the batch's device work, split the outputs and send every result. The model
         learns from the batch on the event loop (``ServedModel.deliver``): until this thread
         sleeps, it holds the GIL that the loop needs to write the answers."""

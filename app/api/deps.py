@@ -10,7 +10,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from app.service import InferenceService
+from app.runtime import InferenceService
 
 
 async def _service(request: Request) -> InferenceService:

@@ -29,7 +29,7 @@ from app.tracing import Tracing, carrier_of
 
 TIMEOUT_HEADER = "x-request-timeout"
 PRIORITY_HEADER = "x-priority"
-READ_TIMED_OUT = "batchserve.read_timed_out"  # app/protocol.py sets it in a cut-off request's scope
+READ_TIMED_OUT = "batchserve.read_timed_out"  # set by app/connection.py in a cut-off scope
 CLIENT_CLOSED = 499  # nginx's convention; never reaches the (gone) client, only metrics
 WATCH_AFTER_S = 0.02  # a request still unanswered after this starts watching for a disconnect
 

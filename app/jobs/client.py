@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 
-from app.jobs.protocol import RESULT_KEY, RESULTS_STREAM
+from app.jobs.messages import RESULT_KEY, RESULTS_STREAM
 from app.tracing import CONTEXT_HEADERS
 
 IDLE_CHECK_S = 5.0  # with no announcement for this long, look the missing results up directly

@@ -12,10 +12,10 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from app.config import Settings
-from app.jobs.worker import JobWorker
+from app.jobs.consumer import JobWorker
 from app.metrics import JobMetrics
 from app.process import freeze_startup_objects, tune_for_serving
-from app.service import build_service
+from app.runtime import build_service
 
 log = logging.getLogger("batchserve.jobs")
 

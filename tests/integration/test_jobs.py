@@ -23,7 +23,7 @@ import redis
 import torch
 
 from app.jobs.client import submit
-from app.jobs.protocol import RESULT_KEY, RESULTS_STREAM
+from app.jobs.messages import RESULT_KEY, RESULTS_STREAM
 from app.models.builtin import linear_module
 from tests.conftest import ROOT, WAIT_S, free_socket, sample, wait_until_sync
 from tests.otlp import attributes, receiving

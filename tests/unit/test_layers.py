@@ -22,10 +22,10 @@ LAYERS = [
     ["app.served"],
     ["app.slot", "app.worker"],
     ["app.catalog", "app.repository", "app.learning"],
-    ["app.service"],
+    ["app.runtime"],
     ["app.api", "app.grpc", "app.jobs"],
     ["app.main", "app.check", "app.bridge", "app.frontend"],
-    ["app.server", "app.supervisor", "app.frontend.process", "app.protocol", "app.cli",
+    ["app.server", "app.supervisor", "app.frontend.process", "app.connection", "app.cli",
      "app.__main__", "app"],
 ]
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from app.errors import InvalidInput, NotFound, Unavailable
-from app.service import InferenceService, build_service
+from app.runtime import InferenceService, build_service
 from tests.conftest import make_settings, sample, wait_until
 from tests.fakes import export_scale
 

@@ -16,11 +16,11 @@ from app.cost import CostModel
 from app.errors import InvalidInput, Unavailable, WouldMissDeadline
 from app.metrics import Metrics
 from app.pending import BatchReport
+from app.runtime import InferenceService
 from app.served import WORK_WEIGHT, ModelState, ServedModel
-from app.service import InferenceService
 from tests.conftest import wait_until
 from tests.fakes import EchoHandler, GatedHandler, SteadyHandler
-from tests.unit.test_service import running
+from tests.unit.test_runtime import running
 
 pytestmark = pytest.mark.asyncio
 

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from app.errors import ConfigError
-from app.jobs.protocol import parse_job
+from app.jobs.messages import parse_job
 from app.tracing import Tracing
 from tests.conftest import app_client, make_settings, wait_until
 from tests.fakes import GatedHandler

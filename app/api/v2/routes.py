@@ -25,8 +25,8 @@ from app.api.v2.codec import (
 )
 from app.facade import ModelFacade
 from app.models.signature import DATATYPES
+from app.runtime import InferenceService
 from app.served import ServedModel
-from app.service import InferenceService
 from app.version import __version__
 
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol v2"], route_class=V2Route)

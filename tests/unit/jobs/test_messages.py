@@ -1,11 +1,11 @@
-"""Parsing stream entries into jobs (app/jobs/protocol.py): never raises, says what is wrong."""
+"""Parsing stream entries into jobs (app/jobs/messages.py): never raises, says what is wrong."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from app.jobs.protocol import parse_job
+from app.jobs.messages import parse_job
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from app.models.base import ModelHandler
 from app.models.builtin import linear_handler, mlp_module
 from app.models.signature import TensorSpec
 from app.models.tensor import TensorHandler
-from app.service import InferenceService, build_service
+from app.runtime import InferenceService, build_service
 from app.worker import WorkerState
 from tests.conftest import make_settings, sample, wait_until
 from tests.fakes import (

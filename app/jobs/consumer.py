@@ -1,7 +1,7 @@
 """JobWorker: jobs from a Redis stream through the same bounded queue and device threads.
 
 A job's result goes to ``batchserve:result:<id>`` and is announced on ``batchserve:results``
-(app/jobs/protocol.py); only then is the entry acknowledged and deleted. A worker holds a lease on
+(app/jobs/messages.py); only then is the entry acknowledged and deleted. A worker holds a lease on
 each job it reads (the group's pending entry), renews it while working, and takes over the jobs
 of lost workers once their lease has run out (XAUTOCLAIM). Everything in this module runs on the
 event loop of ``batchserve worker``.
@@ -21,7 +21,7 @@ from redis.exceptions import ResponseError
 
 from app.config import Settings
 from app.errors import ServeError, Unavailable
-from app.jobs.protocol import (
+from app.jobs.messages import (
     RESULT_KEY,
     RESULTS_MAXLEN,
     RESULTS_STREAM,
@@ -31,7 +31,7 @@ from app.jobs.protocol import (
     parse_job,
 )
 from app.metrics import JobMetrics
-from app.service import InferenceService
+from app.runtime import InferenceService
 
 log = logging.getLogger("batchserve.jobs")
 

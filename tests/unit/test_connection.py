@@ -11,7 +11,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from app.api.inference import READ_TIMED_OUT
-from app.protocol import OneWriteProtocol, protocol_for
+from app.connection import OneWriteProtocol, protocol_for
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.asyncio
