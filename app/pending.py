@@ -7,6 +7,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.errors import DeadlineExceeded
+
 
 class PendingRequest:
     """One admitted request: its future resolves to the list of per-item results, in order.
@@ -62,3 +64,11 @@ class BatchReport:
     padded: bool = False  # the model pads each batch to its longest item (text)
     expired: int = 0
     cancelled: int = 0
+
+
+def expire(future: asyncio.Future[list[Any]]) -> None:
+    """A request's deadline timer: its answer is DeadlineExceeded unless it has one."""
+    if not future.done():
+        future.set_exception(
+            DeadlineExceeded("the request's deadline passed before it was answered")
+        )

@@ -19,8 +19,8 @@ from app.catalog import Catalog, ModelSource
 from app.errors import BatchServeError, InvalidInput, NotFound, Unavailable
 from app.metrics import Metrics
 from app.models.registry import load_handler
-from app.served import ModelState, ServedModel
-from app.state import ServerState
+from app.served import ServedModel
+from app.state import ModelState, ServerState
 
 log = logging.getLogger("batchserve.models")
 

@@ -28,8 +28,8 @@ from app.metrics import Metrics
 from app.models.base import ModelHandler
 from app.models.registry import load_handler
 from app.repository import ModelRepository
-from app.served import ModelState, ServedModel
-from app.state import ServerState
+from app.served import ServedModel
+from app.state import ModelState, ServerState
 from app.tracing import Tracing
 from app.warmup import Loader
 from app.worker import DeviceWorker, WorkerState
@@ -170,22 +170,22 @@ class InferenceService:
 
     def open(self, model: ServedModel) -> None:
         assert self._loop is not None and self._pool is not None
-        model.open(self._loop, self._pool)
-        model.tracing = self.tracing
+        model.open(self._loop, self._pool, self.tracing)
 
-    def _share_devices(self) -> None:
-        """Tell each model which models share its device threads (its deadline predictions
-        count them: they take turns on the device)."""
-        for model in self.repository.models():
+    def _share_devices(self, *also: ServedModel) -> None:
+        """Tell each model (the repository's, and ``also``) which device threads serve it and
+        which models share them."""
+        models = list(dict.fromkeys([*self.repository.models(), *also]))
+        for model in models:
             mine = [w for w in self.workers if w.holds(model)]
-            model.neighbours = [m for m in self.repository.models()
-                                if any(w.holds(m) for w in mine)]
+            model.serve_with([w.bell for w in mine],
+                             [m for m in models if any(w.holds(m) for w in mine)])
 
     def _check_stranded(self) -> None:
         """Mark the models that no live device thread serves (after a death or a re-attach)."""
         for model in self.repository.models():
-            model.stranded = not any(w.state is WorkerState.READY and w.holds(model)
-                                     for w in self.workers)
+            model.set_stranded(not any(w.state is WorkerState.READY and w.holds(model)
+                                       for w in self.workers))
 
     def _workers_of(self, model: ServedModel) -> list[DeviceWorker]:
         return [w for w in self.workers if w.device in model.devices]
@@ -214,15 +214,14 @@ class InferenceService:
         attached: asyncio.Future[None] = self._loop.create_future()
         worker.attach(model, warm, _settle(attached))
         await attached
-        model.bells = [w.bell for w in self.workers if w.holds(model)]
-        self._share_devices()
+        self._share_devices(model)
         if model.stranded:
             self._check_stranded()
         self.metrics.batch_limit.labels(model=model.name, device=worker.label).set_function(
             lambda: worker.batch_limit(model))
         export_cost(self.metrics, model, worker.label, warm.cost)
         if not warm.cost.known and model.handler.measured_from_traffic:  # no examples
-            model.first_items = functools.partial(self._measure_from, model)
+            model.measure_first(functools.partial(self._measure_from, model))
 
     def _measure_from(self, model: ServedModel, items: list[Any]) -> None:
         """The first request's items (of the first item's key) measure the cost of a model that
@@ -245,7 +244,7 @@ class InferenceService:
             waits.append(self._loop.create_future())
             worker.detach(model, _settle(waits[-1]))
         await asyncio.gather(*waits)
-        model.bells = []
+        model.serve_with([], [])
         self._share_devices()
 
     # ---- state -----------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from enum import Enum
 from typing import Any
 
 import torch
@@ -21,33 +20,25 @@ from app.batching import BatchPolicy, RecentPeak
 from app.bell import Bell
 from app.config import BatchSettings
 from app.cost import CostModel
-from app.errors import DeadlineExceeded, ServeError, Unavailable, busy
+from app.errors import ServeError, Unavailable, busy
 from app.facade import ModelFacade
 from app.metrics import ModelMetrics
 from app.models.base import ModelHandler
 from app.models.signature import TensorSpec, describe_outputs
-from app.pending import BatchReport, PendingItem, PendingRequest
+from app.pending import BatchReport, PendingItem, PendingRequest, expire
 from app.queues import ModelQueue
-from app.state import ServerState
+from app.state import STATES, ModelState, ServerState
 from app.tracing import Tracing
 
 WORK_WEIGHT = 0.05  # how far one batch moves the model's typical work and tokens per item
 
 
-class ModelState(Enum):
-    """A model version's state, named as Triton names them."""
-
-    LOADING = "LOADING"
-    READY = "READY"
-    UNLOADING = "UNLOADING"
-    UNAVAILABLE = "UNAVAILABLE"
-
-
-STATES = tuple(state.value for state in ModelState)
-
-
 class ServedModel(ModelFacade):
-    """One (name, version): admits requests whole or refuses them whole, and answers each once."""
+    """One (name, version): admits requests whole or refuses them whole, and answers each once.
+
+    Its state is written here only: the runtime (app/runtime.py) tells it what changed through
+    ``open``, ``serve_with``, ``set_stranded``, ``measure_first`` and ``learn``, the repository
+    through ``set_state``; device threads reach it through ``deliver`` on the loop."""
 
     metrics: ModelMetrics
 
@@ -68,25 +59,40 @@ class ServedModel(ModelFacade):
         self._peak = RecentPeak()  # of in_flight: the clients to expect (``concurrency``)
         self.costs: dict[str, CostModel] = {}  # per device (label); refined on the loop
         self._batch_s: float | None = None  # a full batch's predicted seconds, while valid
-        # Called once with the first request's items, when the warm-up measured no cost (a
-        # model without examples): the runtime measures one from them.
-        self.first_items: Callable[[list[Any]], None] | None = None
+        self._first_items: Callable[[list[Any]], None] | None = None  # ``measure_first``
         self.work_per_item = 1.0  # cost-model work of a typical item (padded tokens, for text)
         self.tokens_per_item = 1.0  # a typical item's own length (tokens, for text)
-        self.neighbours: list[ServedModel] = []  # the models sharing its devices (itself too)
+        self._neighbours: list[ServedModel] = []  # the models sharing its devices (and itself)
         self.server = server or ServerState()  # read only here (app/state.py)
-        self.bells: list[Bell] = []  # of the device threads serving it (app/bell.py)
+        self._bells: list[Bell] = []  # of the device threads serving it (app/bell.py)
         self._ring_due = False
-        self.stranded = False  # no device thread serving it is alive (set by the service)
-        self.tracing: Tracing | None = None  # set by the service when traces are on
+        self.stranded = False  # no device thread serving it is alive
+        self.tracing: Tracing | None = None
         self.set_state(ModelState.LOADING)
 
-    def open(self, loop: asyncio.AbstractEventLoop, pool: Executor) -> None:
-        """Bind to the running loop (its queue is created there) and the decode pool."""
+    def open(self, loop: asyncio.AbstractEventLoop, pool: Executor,
+             tracing: Tracing | None = None) -> None:
+        """Bind to the running loop (its queue is created there), the decode pool and, when
+        traces are on, the tracer."""
         self._loop = loop
         self._pool = pool
+        self.tracing = tracing
         self.queue.open()
         self.metrics.watch(lambda: self.queue.depth, lambda: self.in_flight)
+
+    def serve_with(self, bells: list[Bell], neighbours: list[ServedModel]) -> None:
+        """The device threads serving it now (their bells; none once removed) and the models
+        they also serve (its deadline predictions count them: they take turns)."""
+        self._bells, self._neighbours = bells, neighbours
+
+    def set_stranded(self, stranded: bool) -> None:
+        """No live device thread serves it (health says unhealthy, admission refuses)."""
+        self.stranded = stranded
+
+    def measure_first(self, hook: Callable[[list[Any]], None]) -> None:
+        """Hand the first request's items to ``hook`` (once), for a model whose warm-up could
+        measure no cost (no examples): the runtime measures one from them."""
+        self._first_items = hook
 
     def set_state(self, state: ModelState, reason: str = "", publish: bool = True) -> None:
         """``publish``: also in the state metric (not for a version whose reload replaced it)."""
@@ -128,7 +134,7 @@ class ServedModel(ModelFacade):
             if cost is None or not cost.known:
                 return None
             batch_s = self._batch_s = cost.predict(self.batch_limit * self.work_per_item)
-        sharing = sum(1 for m in self.neighbours if m is self or m.queue.depth)
+        sharing = sum(1 for m in self._neighbours if m is self or m.queue.depth)
         return predicted_wait_s(ahead, self.batch_limit, batch_s, sharing, len(self.devices))
 
     def learn(self, device: str, cost: CostModel, work_per_item: float,
@@ -202,15 +208,15 @@ class ServedModel(ModelFacade):
         # guarantees the put succeeds; the request's items go in together, never partly.
         self.queue.put_all([PendingItem(request, index, data, key(data))
                             for index, data in enumerate(items)])
-        if self.first_items is not None:
-            hook, self.first_items = self.first_items, None
+        if self._first_items is not None:
+            hook, self._first_items = self._first_items, None
             hook(items)
         self.in_flight += 1
         self._peak.note(self.in_flight, now)
-        request.timer = self._loop.call_later(deadline - now, _expire, request.future)
+        request.timer = self._loop.call_later(deadline - now, expire, request.future)
         if not self._ring_due:
             depth = self.queue.depth
-            for bell in self.bells:
+            for bell in self._bells:
                 if bell.wants(self, depth):
                     # Rung once this pass of the event loop is done: a burst of requests that
                     # arrived together is queued before the thread wakes (and takes the GIL).
@@ -222,7 +228,7 @@ class ServedModel(ModelFacade):
     def _ring(self) -> None:
         self._ring_due = False
         depth = self.queue.depth
-        for bell in self.bells:
+        for bell in self._bells:
             if bell.wants(self, depth):
                 bell.ring()
 
@@ -290,10 +296,3 @@ class ServedModel(ModelFacade):
             m.dropped("expired", report.expired)
         if report.cancelled:
             m.dropped("cancelled", report.cancelled)
-
-
-def _expire(future: asyncio.Future[list[Any]]) -> None:
-    if not future.done():
-        future.set_exception(
-            DeadlineExceeded("the request's deadline passed before it was answered")
-        )

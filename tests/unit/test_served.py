@@ -17,7 +17,8 @@ from app.errors import InvalidInput, Unavailable, WouldMissDeadline
 from app.metrics import Metrics
 from app.pending import BatchReport
 from app.runtime import InferenceService
-from app.served import WORK_WEIGHT, ModelState, ServedModel
+from app.served import WORK_WEIGHT, ServedModel
+from app.state import ModelState
 from tests.conftest import wait_until
 from tests.fakes import EchoHandler, GatedHandler, SteadyHandler
 from tests.unit.test_runtime import running

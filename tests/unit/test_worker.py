@@ -55,7 +55,7 @@ class Harness:
         attached = asyncio.Event()
         self.worker.attach(model, warm, attached.set)
         await attached.wait()
-        model.bells = [self.worker.bell]
+        model.serve_with([self.worker.bell], [model])
         self.models[handler.name] = model
         return model
 
