@@ -7,9 +7,9 @@ import json
 import time
 
 from app.config import Settings
-from app.cost import CostModel
 from app.errors import ModelLoadError
 from app.runtime import InferenceService, build_service
+from app.scheduler.cost import CostModel
 
 POLL_S = 0.01
 

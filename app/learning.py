@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from app.cost import CostModel
 from app.metrics import Metrics
+from app.scheduler.cost import CostModel
 from app.served import ServedModel
 from app.warmup import Loader
 from app.worker import DeviceWorker

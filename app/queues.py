@@ -19,6 +19,7 @@ from typing import Any
 import janus
 
 from app.pending import PendingItem
+from app.scheduler.lengths import similar
 
 
 class ModelQueue:
@@ -115,13 +116,10 @@ class ModelQueue:
     def take_similar(self, limit: int, length: Callable[[Any], int | None], window: int,
                      max_tokens: int | None, due: float, anchor: int | None = None,
                      held: tuple[int, int] = (0, 0)) -> list[PendingItem]:
-        """A batch of items of similar length, for a model that pads a batch to its longest item
-        (docs/scheduler.md, section 5). It looks at the oldest ``window`` items, the most urgent
-        level first, and takes the oldest of them (the anchor, unless ``anchor`` gives a length
-        to match: the batch being filled), then by level, items whose deadline is before ``due``
-        first, then the lengths closest to the anchor's, while the batch stays within ``limit``
-        items and ``max_tokens`` padded tokens (a lone item is taken whatever its length).
-        ``held``: (items, longest) already in the batch this take adds to."""
+        """A batch of items of similar length (app/scheduler/lengths.py) from the oldest
+        ``window`` waiting items, the most urgent level first, anchored on the oldest (unless
+        ``anchor`` gives a length to match: the batch being filled); items due before ``due``
+        join first. ``held``: (items, longest) already in the batch this take adds to."""
         with self._lock:
             self._pull()
             seen: list[tuple[int, int, PendingItem]] = []  # (level, age, item)
@@ -132,25 +130,14 @@ class ModelQueue:
                     seen.append((level, age, item))
             if not seen:
                 return []
-            lengths = {id(item): length(item.data) or 0 for _, _, item in seen}
-            target = anchor if anchor is not None else lengths[id(seen[0][2])]
-            order = sorted(seen, key=lambda s: (s[0], s[2].request.deadline > due,
-                                                abs(lengths[id(s[2])] - target), s[1]))
-            chosen: list[tuple[int, int, PendingItem]] = []
-            count, longest = held
-            for entry in order:
-                if len(chosen) == limit:
-                    break
-                size = max(longest, lengths[id(entry[2])])
-                n = count + len(chosen) + 1
-                if n > 1 and max_tokens is not None and size * n > max_tokens:
-                    continue
-                chosen.append(entry)
-                longest = size
+            lengths = [length(item.data) or 0 for _, _, item in seen]
+            target = anchor if anchor is not None else lengths[0]
+            urgent = [item.request.deadline <= due for _, _, item in seen]
+            chosen = similar(seen, lengths, target, urgent, limit, max_tokens, held)
             picked = {id(entry[2]) for entry in chosen}
             for level, staged in enumerate(self._staged):
                 kept = [i for i in staged if id(i) not in picked]
                 self._taken[level] += len(staged) - len(kept)
                 staged.clear()
                 staged.extend(kept)
-            return [entry[2] for entry in sorted(chosen, key=lambda e: (e[0], e[1]))]
+            return [entry[2] for entry in chosen]

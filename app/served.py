@@ -15,11 +15,8 @@ from typing import Any
 
 import torch
 
-from app.admission import deadline_refusal, predicted_wait_s, room
-from app.batching import BatchPolicy, RecentPeak
 from app.bell import Bell
 from app.config import BatchSettings
-from app.cost import CostModel
 from app.errors import ServeError, Unavailable, busy
 from app.facade import ModelFacade
 from app.metrics import ModelMetrics
@@ -27,6 +24,9 @@ from app.models.base import ModelHandler
 from app.models.signature import TensorSpec, describe_outputs
 from app.pending import BatchReport, PendingItem, PendingRequest, expire
 from app.queues import ModelQueue
+from app.scheduler.admission import deadline_refusal, predicted_wait_s, room
+from app.scheduler.cost import CostModel
+from app.scheduler.waiting import BatchPolicy, RecentPeak
 from app.state import STATES, ModelState, ServerState
 from app.tracing import Tracing
 
@@ -120,7 +120,7 @@ class ServedModel(ModelFacade):
         return "busy" if self.queue.depth >= self.room(self.settings.default_level) else "ready"
 
     def room(self, level: int) -> int:
-        """How full the queue may be for a request at ``level`` to join (app/admission.py)."""
+        """How full the queue may be for a request at ``level`` to join (app/scheduler/)."""
         s = self.settings
         return room(s.queue_capacity, s.priority_levels, s.default_level, level)
 

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.batching import ArrivalRate, ItemSource, Price
-from app.cost import CostModel
 from app.models.base import Replica
 from app.pending import PendingItem
 from app.queues import ModelQueue
+from app.scheduler.cost import CostModel
+from app.scheduler.waiting import ArrivalRate, ItemSource, Price
 from app.served import ServedModel
 
 BUDGET_SLACK = 2.0  # a text batch's default token budget: this x limit x typical item length

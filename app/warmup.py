@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.batching import group_by
-from app.cost import CostModel, grid
 from app.models.base import ModelHandler, Replica
 from app.models.signature import TensorSpec, describe_outputs
+from app.scheduler.cost import CostModel, grid
+from app.scheduler.waiting import group_by
 from app.transfer import DeviceExecutor
 
 TEXT_LENGTHS = (16, 128)  # tokens per item when measuring a text model's cost

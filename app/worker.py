@@ -1,7 +1,8 @@
 """DeviceWorker: one thread per device, serving every model placed on it (docs/models.md).
 
-It chooses whose batch runs next (app/scheduling.py), collects that batch from where the model's
-slot says (app/slot.py), launches it, and hands the results to the model on the event loop.
+It chooses whose batch runs next (app/scheduler/fairness.py), collects that batch from where
+the model's slot says (app/slot.py), launches it, and hands the results to the model on the
+event loop.
 Replicas arrive loaded and measured (app/warmup.py). On CUDA one batch stays in
 flight while the next is collected and launched (app/transfer.py), whichever models they are of.
 """
@@ -20,12 +21,12 @@ from typing import Any
 
 import torch
 
-from app.batching import collect_batch, group_by, split_live
 from app.bell import Bell
 from app.errors import DeadlineExceeded, ModelError
 from app.models.base import Replica
 from app.pending import BatchReport, PendingItem
-from app.scheduling import Fairness
+from app.scheduler.fairness import Fairness
+from app.scheduler.waiting import collect_batch, group_by, split_live
 from app.served import ServedModel
 from app.slot import Slot
 from app.transfer import DeviceExecutor, Launch

@@ -16,8 +16,7 @@ LAYERS = [
     # shared, imported from anywhere
     ["app.errors", "app.config", "app.sources", "app.state", "app.payload", "app.logs",
      "app.process", "app.metrics", "app.schemas", "app.wire", "app.version"],
-    ["app.models", "app.devices", "app.pending", "app.bell", "app.batching", "app.scheduling",
-     "app.cost", "app.admission", "app.tracing"],
+    ["app.models", "app.devices", "app.pending", "app.bell", "app.scheduler", "app.tracing"],
     ["app.transfer", "app.queues", "app.warmup", "app.facade"],
     ["app.served"],
     ["app.slot", "app.worker"],

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from app.config import BatchSettings
-from app.cost import CostModel
 from app.errors import InvalidInput, Unavailable, WouldMissDeadline
 from app.metrics import Metrics
 from app.pending import BatchReport
 from app.runtime import InferenceService
+from app.scheduler.cost import CostModel
 from app.served import WORK_WEIGHT, ServedModel
 from app.state import ModelState
 from tests.conftest import wait_until

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from app.config import BatchSettings
-from app.cost import CostModel
 from app.metrics import Metrics
 from app.pending import PendingItem, PendingRequest
+from app.scheduler.cost import CostModel
 from app.served import ServedModel
 from app.slot import SimilarLengths, Slot
 from tests.fakes import EchoHandler

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.admission import predicted_wait_s, retry_after_s, room
+from app.scheduler.admission import predicted_wait_s, retry_after_s, room
 
 
 def test_the_default_level_gets_the_capacity_the_urgent_more_the_rest_less() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.scheduling import Fairness
+from app.scheduler.fairness import Fairness
 
 
 def test_the_least_served_model_goes_next_ties_to_the_earliest_deadline() -> None:

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from app.batching import (
+from app.pending import PendingItem, PendingRequest
+from app.scheduler.waiting import (
     NO_WAIT,
     ArrivalRate,
     BatchPolicy,
@@ -15,7 +16,6 @@ from app.batching import (
     group_by,
     split_live,
 )
-from app.pending import PendingItem, PendingRequest
 from tests.fakes import FakeClock, FakeQueue
 
 POLICY = BatchPolicy(max_batch_size=4, max_wait_s=0.005)

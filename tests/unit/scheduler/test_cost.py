@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.cost import CostModel, grid
+from app.scheduler.cost import CostModel, grid
 
 
 def test_between_points_it_interpolates_beyond_it_extrapolates() -> None:
