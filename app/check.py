@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
@@ -11,14 +10,12 @@ from app.errors import ModelLoadError
 from app.runtime import InferenceService, build_service
 from app.scheduler.cost import CostModel
 
-POLL_S = 0.01
-
 
 async def wait_loaded(service: InferenceService) -> None:
     """Until every device thread has loaded and warmed the model up; ModelLoadError if one
     could not."""
     while service.status == "loading":
-        await asyncio.sleep(POLL_S)
+        await service.changed()
     if service.load_failed:
         raise ModelLoadError(f"the model failed to load: {service.load_error}")
 

@@ -126,6 +126,10 @@ class BatchSettings(BaseModel):
     def max_wait_s(self) -> float:
         return self.max_wait_ms / 1000.0
 
+    @property
+    def latency_target_s(self) -> float | None:
+        return None if self.latency_target_ms is None else self.latency_target_ms / 1000.0
+
 
 class ModelSettings(BatchSettings):
     """One model of a repository (its ``config.toml``, or a load request's ``config``)."""

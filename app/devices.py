@@ -34,3 +34,16 @@ def resolve_devices(spec: str) -> list[torch.device]:
     if not devices:
         raise ConfigError("devices: the list is empty")
     return devices
+
+
+def devices_among(spec: str, server: list[torch.device]) -> list[torch.device]:
+    """A model's devices: ``auto`` is every device of the server (``server``); the devices
+    another spec names must be among them (ConfigError otherwise)."""
+    if spec.strip() == "auto":
+        return list(dict.fromkeys(server))
+    wanted = resolve_devices(spec)
+    missing = [str(d) for d in wanted if d not in server]
+    if missing:
+        raise ConfigError(f"devices {', '.join(missing)} are not among the server's "
+                          f"({', '.join(str(d) for d in server)})")
+    return list(dict.fromkeys(wanted))

@@ -16,6 +16,7 @@ from typing import Any, NoReturn, Protocol, TypeVar
 import torch
 
 from app.catalog import Catalog, ModelSource
+from app.devices import devices_among
 from app.errors import BatchServeError, InvalidInput, NotFound, Unavailable
 from app.metrics import Metrics
 from app.models.registry import load_handler
@@ -24,7 +25,6 @@ from app.state import ModelState, ServerState
 
 log = logging.getLogger("batchserve.models")
 
-DRAIN_POLL_S = 0.01
 
 M = TypeVar("M")
 
@@ -35,7 +35,7 @@ class Runtime(Protocol):
     metrics: Metrics
     state: ServerState
 
-    def devices_for(self, spec: str) -> list[torch.device]: ...
+    devices: list[torch.device]  # the server's
 
     def open(self, model: ServedModel) -> None: ...
 
@@ -208,7 +208,7 @@ class ModelRepository:
         assert settings is not None
         try:
             handler = source.handler or load_handler(source.versions[version], name)
-            devices = self.runtime.devices_for(settings.devices)
+            devices = devices_among(settings.devices, self.runtime.devices)
         except BatchServeError as exc:
             self._failed(name, exc.message)
         model = ServedModel(name, version, settings, handler, devices,
@@ -236,8 +236,7 @@ class ModelRepository:
     async def _retire(self, model: ServedModel) -> None:
         """Refuse new requests, answer the admitted ones, release the replicas, forget it."""
         model.set_state(ModelState.UNLOADING, publish=not self._replaced(model))
-        while model.in_flight or model.queue.depth:
-            await asyncio.sleep(DRAIN_POLL_S)
+        await model.settled()  # what is still queued belongs to requests nobody waits for
         await self.runtime.remove(model)
         self._discard(model)
         versions = self.served.get(model.name, {})

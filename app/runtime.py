@@ -22,7 +22,6 @@ import torch
 from app.catalog import Catalog
 from app.config import Settings
 from app.devices import resolve_devices
-from app.errors import ConfigError
 from app.learning import busy_ratio, export_cost, measure_on
 from app.metrics import Metrics
 from app.models.base import ModelHandler
@@ -72,6 +71,7 @@ class InferenceService:
         self._pool: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._startup: asyncio.Task[None] | None = None
+        self._changed: asyncio.Event | None = None  # set when a device thread or start-up moves
         self._loaders: dict[torch.device, Loader] = {}  # per device, made at its first load
         self._measuring: set[asyncio.Task[None]] = set()
 
@@ -81,6 +81,7 @@ class InferenceService:
         """Start one device thread per device, then load the start-up models (in the
         background: health says loading meanwhile)."""
         self._loop = asyncio.get_running_loop()
+        self._changed = asyncio.Event()
         if self.settings.torch_threads:
             torch.set_num_threads(self.settings.torch_threads)
         self._pool = ThreadPoolExecutor(
@@ -91,6 +92,18 @@ class InferenceService:
             self._spawn(device, label)
         self._started = True
         self._startup = self._loop.create_task(self.repository.start())
+        self._startup.add_done_callback(lambda _: self._signal())
+
+    async def changed(self) -> None:
+        """Until the status may have changed: a device thread started or died, or the start-up
+        models are in. Look at ``status`` just before, with no await between."""
+        assert self._changed is not None
+        self._changed.clear()
+        await self._changed.wait()
+
+    def _signal(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
 
     def _spawn(self, device: torch.device, label: str) -> DeviceWorker:
         worker = DeviceWorker(device, label, self._loop, self._worker_changed)
@@ -102,6 +115,7 @@ class InferenceService:
         return worker
 
     def _worker_changed(self, worker: DeviceWorker) -> None:
+        self._signal()
         if worker.state is WorkerState.FAILED:
             self._check_stranded()
         if self.state.draining or worker.state is not WorkerState.FAILED:
@@ -156,17 +170,6 @@ class InferenceService:
             loader.close()
 
     # ---- the repository's runtime ----------------------------------------------------------------
-
-    def devices_for(self, spec: str) -> list[torch.device]:
-        """A model's devices: ``auto`` is every device of the server; others must be among them."""
-        if spec.strip() == "auto":
-            return list(dict.fromkeys(self.devices))
-        wanted = resolve_devices(spec)
-        missing = [str(d) for d in wanted if d not in self.devices]
-        if missing:
-            raise ConfigError(f"devices {', '.join(missing)} are not among the server's "
-                              f"({', '.join(str(d) for d in self.devices)})")
-        return list(dict.fromkeys(wanted))
 
     def open(self, model: ServedModel) -> None:
         assert self._loop is not None and self._pool is not None

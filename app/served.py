@@ -66,6 +66,7 @@ class ServedModel(ModelFacade):
         self.server = server or ServerState()  # read only here (app/state.py)
         self._bells: list[Bell] = []  # of the device threads serving it (app/bell.py)
         self._ring_due = False
+        self._settled: asyncio.Event | None = None  # set once nothing is in flight (``settled``)
         self.stranded = False  # no device thread serving it is alive
         self.tracing: Tracing | None = None
         self.set_state(ModelState.LOADING)
@@ -104,11 +105,6 @@ class ServedModel(ModelFacade):
     # ---- what the model is -----------------------------------------------------------------------
 
     @property
-    def latency_target_s(self) -> float | None:
-        target = self.settings.latency_target_ms
-        return None if target is None else target / 1000.0
-
-    @property
     def health(self) -> str:
         """ready, busy, loading, unloading, unavailable, unhealthy or draining."""
         if self.server.draining:
@@ -125,9 +121,8 @@ class ServedModel(ModelFacade):
         return room(s.queue_capacity, s.priority_levels, s.default_level, level)
 
     def predicted_wait_s(self, ahead: int) -> float | None:
-        """Seconds until ``ahead`` items are done, from the cost model (None: not known yet).
-        A full batch's seconds are kept until the next batch teaches something (admission asks
-        for every request)."""
+        """Seconds until ``ahead`` items are done, from the cost model (None: not known yet); a
+        full batch's seconds are kept until the next batch teaches something."""
         batch_s = self._batch_s
         if batch_s is None:
             cost = next(iter(self.costs.values()), None)
@@ -148,10 +143,8 @@ class ServedModel(ModelFacade):
         self._batch_s = None
 
     def concurrency(self) -> int:
-        """Requests to expect in flight: admitted now, or the most admitted at once within the
-        last one to two seconds (device threads read it; ``enqueue`` notes it). A closed-loop
-        client answered a moment ago is not in flight but is on its way back; a lone client
-        keeps the peak at one."""
+        """Requests to expect in flight: admitted now, or the most at once in the last one to
+        two seconds (a closed-loop client answered a moment ago is on its way back)."""
         return max(self.in_flight, self._peak.value(time.monotonic()))
 
     # ---- the request path ------------------------------------------------------------------------
@@ -239,10 +232,19 @@ class ServedModel(ModelFacade):
         finally:
             self.finish(request)
 
+    async def settled(self) -> None:
+        """Until every admitted request is answered (or its client gone)."""
+        while self.in_flight:
+            self._settled = asyncio.Event()
+            await self._settled.wait()
+        self._settled = None
+
     def finish(self, request: PendingRequest) -> None:
         """A request's waiter is done with it: answered, or gone (then its queued items are
         dropped before they reach the device). Once per request."""
         self.in_flight -= 1
+        if not self.in_flight and self._settled is not None:
+            self._settled.set()
         if request.timer is not None:
             request.timer.cancel()
         if not request.future.done():

@@ -169,7 +169,7 @@ class DeviceWorker:
                 else:
                     in_hand = collect_batch(
                         source, slot.model.policy, slot.batch_limit, slot.rate,
-                        slot.model.concurrency, slot.pricing, slot.model.latency_target_s,
+                        slot.model.concurrency, slot.pricing, slot.model.settings.latency_target_s,
                         nap=functools.partial(self._fill, slot.model))
                 if not in_hand:
                     continue

@@ -43,7 +43,10 @@ async def run_worker(settings: Settings) -> int:
                 return 1
             if stop.is_set():
                 return 0
-            await asyncio.sleep(0.05)
+            waits = [asyncio.ensure_future(service.changed()), asyncio.ensure_future(stop.wait())]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for wait in waits:
+                wait.cancel()
         freeze_startup_objects()
         if settings.worker_metrics_port is not None:
             from prometheus_client import start_http_server
