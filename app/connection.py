@@ -20,7 +20,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from app.api.errors import BATCHSERVE, V2
+from app.api.error_responses import BATCHSERVE, V2
 from app.api.inference import READ_TIMED_OUT
 
 

@@ -9,7 +9,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from app.api import errors, health, predict
+from app.api import error_responses as errors
+from app.api import health, predict
 from app.api.access import AccessLog
 from app.api.docs import add_docs
 from app.api.routing import BatchServeApp, RawRoute

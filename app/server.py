@@ -26,8 +26,8 @@ from app.connection import protocol_for
 from app.errors import ConfigError
 from app.frontend.app import create_frontend_app
 from app.frontend.remote import RemoteService
-from app.grpc.server import GrpcServer, reserve
-from app.grpc.server import address as grpc_address
+from app.grpc.listener import GrpcListener, reserve
+from app.grpc.listener import address as grpc_address
 from app.logs import configure_logging
 from app.main import create_app
 from app.process import freeze_startup_objects, tune_for_serving
@@ -70,7 +70,7 @@ class DrainingServer(uvicorn.Server):
     """
 
     def __init__(self, config: uvicorn.Config, service: Drainable,
-                 drain_limit_s: float, grpc: GrpcServer | None = None) -> None:
+                 drain_limit_s: float, grpc: GrpcListener | None = None) -> None:
         super().__init__(config)
         self.service = service
         self.drain_limit_s = drain_limit_s
@@ -171,7 +171,7 @@ def serve(settings: Settings, fd: int | None = None) -> int:
     try:
         app = create_app(settings)
         service = app.state.service
-        grpc = GrpcServer(settings, service, lambda: httpx.ASGITransport(app=app)) \
+        grpc = GrpcListener(settings, service, lambda: httpx.ASGITransport(app=app)) \
             if reserved is not None else None
         server = DrainingServer(_config(settings, app), service, _drain_limit_s(settings), grpc)
         log.info("listening on %s%s", _address(listener), _grpc_text(settings))
@@ -251,13 +251,13 @@ def _listen(host: str, port: int) -> socket.socket:
 
 def run_frontend(settings: Settings, listener: socket.socket, link: socket.socket,
                  device_socket: str) -> int:
-    """One front end (app/frontend/process.py) until SIGTERM or its device process is gone."""
+    """One front end (app/frontend/entry.py) until SIGTERM or its device process is gone."""
     configure_logging(settings.log_level, settings.log_format)
     tune_for_serving()
     torch.set_num_threads(1)  # decoding only: the device process computes
     service = RemoteService(settings)
     app = create_frontend_app(service, link, device_socket)
-    grpc = GrpcServer(settings, service, lambda: httpx.AsyncHTTPTransport(uds=device_socket),
+    grpc = GrpcListener(settings, service, lambda: httpx.AsyncHTTPTransport(uds=device_socket),
                       service.link.sync) if settings.grpc_port else None
     server = DrainingServer(_config(settings, app), service, _drain_limit_s(settings), grpc)
     server.run(sockets=[listener])

@@ -1,6 +1,6 @@
 """The device process's front ends: start N, replace one that dies, stop them all on drain.
 
-Each front end is ``python -m app.frontend.process`` with the listening socket and one end of a
+Each front end is ``python -m app.frontend.entry`` with the listening socket and one end of a
 socketpair (its link, served by ``Bridge``) inherited, and the settings pickled on its standard
 input. Runs on the device process's event loop.
 """
@@ -77,7 +77,7 @@ class Frontends:
     def _spawn(self, index: int) -> None:
         ours, theirs = socket.socketpair()
         process = subprocess.Popen(
-            [sys.executable, "-m", "app.frontend.process",
+            [sys.executable, "-m", "app.frontend.entry",
              "--listen-fd", str(self.listener.fileno()), "--link-fd", str(theirs.fileno()),
              "--device-socket", self.device_socket],
             stdin=subprocess.PIPE, pass_fds=(self.listener.fileno(), theirs.fileno()))

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.config import Settings
-from app.grpc.server import GrpcServer
+from app.grpc.listener import GrpcListener
 from app.main import create_app
 from app.models.base import ModelHandler
 
@@ -143,7 +143,7 @@ class LiveServer:
 class _WithGrpc(uvicorn.Server):
     """uvicorn's Server that also serves gRPC on its loop, as ``batchserve serve`` does."""
 
-    def __init__(self, config: uvicorn.Config, grpc: GrpcServer | None) -> None:
+    def __init__(self, config: uvicorn.Config, grpc: GrpcListener | None) -> None:
         super().__init__(config)
         self.grpc = grpc
 
@@ -169,7 +169,7 @@ def live_server(settings: Settings, handler: ModelHandler | None = None,
     sock = free_socket()
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_config=None, lifespan="on", timeout_graceful_shutdown=30)
-    grpc_server = GrpcServer(settings, app.state.service,
+    grpc_server = GrpcListener(settings, app.state.service,
                              lambda: httpx.ASGITransport(app=app)) if grpc else None
     server = _WithGrpc(config, grpc_server)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

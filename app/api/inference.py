@@ -21,7 +21,7 @@ from starlette.types import Receive, Scope
 
 from app.api.auth import check_auth
 from app.api.body import ClientGone, read_body
-from app.api.errors import format_of
+from app.api.error_responses import format_of
 from app.config import Settings
 from app.errors import InvalidInput, NotFound, RequestTimeout, ServeError
 from app.facade import ModelFacade, RequestCounts, Waiting
@@ -173,7 +173,7 @@ async def run_inference(
     the body asks for: its priority wins over ``X-Priority``, and the shortest of its timeout,
     ``X-Request-Timeout`` and the model's ``request_timeout_s`` sets the deadline).
 
-    Raises ServeError for the caller's error conversion (app/api/errors.py), in the form of
+    Raises ServeError for the caller's error conversion (app/api/error_responses.py), in the form of
     the route's protocol: the metrics count the status the client is answered with."""
     arrived = time.monotonic()
     settings = service.settings

@@ -21,7 +21,7 @@ from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.access import AccessLog
-from app.api.errors import BATCHSERVE, ErrorFormat, error_response
+from app.api.error_responses import BATCHSERVE, ErrorFormat, error_response
 from app.errors import ServeError
 
 log = logging.getLogger("batchserve.api")

@@ -20,7 +20,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from app.api import errors, predict
+from app.api import error_responses as errors
+from app.api import predict
 from app.api.access import HEALTH_PATHS, REQUEST_ID_HEADER, AccessLog
 from app.api.body import ClientGone, read_body
 from app.api.routing import BatchServeApp

@@ -24,14 +24,14 @@ import grpc
 
 from app.api.access import RequestIds
 from app.api.auth import check_auth
-from app.api.errors import V2
+from app.api.error_responses import V2
 from app.api.inference import CLIENT_CLOSED, Serving, submit
 from app.api.v2.codec import output_tensors
 from app.errors import DeadlineExceeded, InvalidInput, NotFound, ServeError
 from app.grpc import inference_pb2 as pb
-from app.grpc.codec import encode_infer, parameter_value, parse_infer
 from app.grpc.control import Control
 from app.grpc.inference_pb2_grpc import GRPCInferenceServiceServicer
+from app.grpc.tensors import encode_infer, parameter_value, parse_infer
 from app.logs import request_id
 
 log = logging.getLogger("batchserve.access")

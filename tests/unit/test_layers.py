@@ -24,7 +24,7 @@ LAYERS = [
     ["app.runtime"],
     ["app.api", "app.grpc", "app.jobs"],
     ["app.main", "app.check", "app.bridge", "app.frontend"],
-    ["app.server", "app.supervisor", "app.frontend.process", "app.connection", "app.cli",
+    ["app.server", "app.supervisor", "app.frontend.entry", "app.connection", "app.cli",
      "app.__main__", "app"],
 ]
 

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from app.api.auth import check_auth
 from app.api.deps import ServiceDep
-from app.api.errors import V2Route
+from app.api.error_responses import V2Route
 from app.errors import InvalidInput
 from app.payload import json_object
 

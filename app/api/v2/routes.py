@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse, Response
 
 from app.api.deps import ServiceDep
-from app.api.errors import V2Route
+from app.api.error_responses import V2Route
 from app.api.inference import TIMEOUT_PARAMETER, Asked, run_inference
 from app.api.v2 import describe
 from app.api.v2.codec import (

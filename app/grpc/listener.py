@@ -22,7 +22,7 @@ from app.api.inference import Serving
 from app.config import Settings
 from app.errors import ConfigError
 from app.grpc.control import Control
-from app.grpc.health import HealthServicer
+from app.grpc.healthcheck import HealthServicer
 from app.grpc.inference_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
 from app.grpc.service import InferenceServicer
 
@@ -54,7 +54,7 @@ def reserve(host: str, port: int) -> socket.socket:
     raise AssertionError("unreachable")
 
 
-class GrpcServer:
+class GrpcListener:
     """``inference.GRPCInferenceService`` and ``grpc.health.v1.Health`` for ``service`` (this
     process's request path); ``transport`` reaches the app that answers the other calls
     (app/grpc/control.py), ``changed`` is awaited after a load or unload through it."""

@@ -1,4 +1,4 @@
-"""app/grpc/codec.py: ModelInferRequest -> rows by the v2 rules, outputs -> raw contents."""
+"""app/grpc/tensors.py: ModelInferRequest -> rows by the v2 rules, outputs -> raw contents."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from app.api.v2.codec import InferRequest
 from app.errors import InvalidInput, PayloadTooLarge
 from app.grpc import inference_pb2 as pb
-from app.grpc.codec import TYPED_FIELD, encode_infer, parameter_value, parse_infer
+from app.grpc.tensors import TYPED_FIELD, encode_infer, parameter_value, parse_infer
 from app.models.signature import DATATYPES, TensorSpec
 
 

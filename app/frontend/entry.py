@@ -1,4 +1,4 @@
-"""One front-end process: ``python -m app.frontend.process`` (started by app/supervisor.py).
+"""One front-end process: ``python -m app.frontend.entry`` (started by app/supervisor.py).
 
 Its settings come pickled on standard input; the listening socket and its link to the device
 process are inherited file descriptors. It serves until SIGTERM (then drains what it holds), or
