@@ -65,3 +65,33 @@ def test_imports_point_down() -> None:
             if pair == {"api", "jobs"}:
                 upward.append(f"{module} imports {imported}")
     assert not upward, upward
+
+
+def test_no_import_cycles() -> None:
+    """Within a layer too, no module reaches itself through its imports."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(APP.rglob("*.py")):
+        module = module_name(path)
+        if module != "app":
+            graph[module] = imports(path)
+
+    def known(name: str) -> str | None:  # app.x.Y (a name in a module) -> app.x
+        while name and name not in graph:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges = {m: {k for i in imps if (k := known(i)) not in (None, m)}
+             for m, imps in graph.items()}
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            raise AssertionError(" -> ".join([*path[path.index(module):], module]))
+        if module in done:
+            return
+        for other in edges[module]:
+            visit(other, [*path, module])
+        done.add(module)
+
+    for module in edges:
+        visit(module, [])

@@ -1,0 +1,39 @@
+"""app/bell.py: the sleep/wake handshake between a device thread and the event loop."""
+
+from __future__ import annotations
+
+import threading
+
+from app.bell import Bell
+from tests.conftest import WAIT_S, wait_until_sync
+
+
+def sleeper(bell: Bell, **kwargs: object) -> threading.Thread:
+    thread = threading.Thread(target=bell.sleep, args=(WAIT_S, lambda: True), kwargs=kwargs)
+    thread.start()
+    wait_until_sync(lambda: bell.asleep, "asleep")
+    return thread
+
+
+def test_work_already_there_keeps_the_thread_awake() -> None:
+    bell = Bell()
+    bell.sleep(WAIT_S, lambda: False)  # returns at once: the last look found work
+    assert not bell.asleep
+
+
+def test_an_idle_thread_wants_any_item_and_a_ring_wakes_it() -> None:
+    bell = Bell()
+    thread = sleeper(bell)
+    assert bell.wants("any model", 1)
+    bell.ring()
+    thread.join(WAIT_S)
+    assert not thread.is_alive() and not bell.asleep and not bell.wants("any model", 1)
+
+
+def test_a_filling_batch_wants_its_depth_and_any_other_models_item() -> None:
+    bell = Bell()
+    thread = sleeper(bell, filling="m", ring_at=8)
+    assert not bell.wants("m", 7) and bell.wants("m", 8) and bell.wants("other", 1)
+    bell.ring_now()
+    thread.join(WAIT_S)
+    assert not thread.is_alive() and not bell.wants("m", 8)  # back to idle's rule, awake
