@@ -13,14 +13,33 @@ wrong type, or a field the models mark as required missing is an error.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import re
+import sys
+import types
 from typing import Any
 
-import kserve.models
 import kubernetes.client.models
 import pydantic
 from cloudcoil.models.keda import v1alpha1 as keda
 
+
+def _kserve_models() -> types.ModuleType:
+    """``kserve.models`` without running the ``kserve`` package's own ``__init__``, which also
+    registers KServe's gRPC messages (proto package ``inference``) in protobuf's default pool:
+    tritonclient.grpc registers the same names there, and the second to come fails. The models
+    need nothing from that ``__init__``."""
+    if "kserve" not in sys.modules:
+        spec = importlib.util.find_spec("kserve")
+        assert spec is not None and spec.submodule_search_locations is not None
+        package = types.ModuleType("kserve")
+        package.__path__ = list(spec.submodule_search_locations)
+        sys.modules["kserve"] = package
+    return importlib.import_module("kserve.models")
+
+
+KSERVE_MODELS = _kserve_models()
 KSERVE_KINDS = {
     ("serving.kserve.io/v1alpha1", "ClusterServingRuntime"): "V1alpha1ClusterServingRuntime",
     ("serving.kserve.io/v1alpha1", "ServingRuntime"): "V1alpha1ServingRuntime",
@@ -96,7 +115,7 @@ def _build(value: Any, type_name: str, where: str) -> Any:
         if not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted):
             raise SchemaError(f"{where}: expected {type_name}, got {value!r}")
         return value
-    cls = getattr(kserve.models, type_name, None) or getattr(kubernetes.client.models,
+    cls = getattr(KSERVE_MODELS, type_name, None) or getattr(kubernetes.client.models,
                                                              type_name, None)
     if cls is None:
         raise SchemaError(f"{where}: the type {type_name} is unknown to this check")
