@@ -259,8 +259,9 @@ async def infer(service: Serving, request: pb.ModelInferRequest,
 
 
 def _segment(name: str) -> str:
-    """A model name (or version) as one URL path segment."""
-    if not name or name in (".", ".."):
+    """A model name (or version) as one URL path segment: no name holds a '/' (the app would
+    read an encoded one as a separator)."""
+    if not name or name in (".", "..") or "/" in name:
         raise InvalidInput(f"'{name}' is not a model name")
     return quote(name, safe="")
 

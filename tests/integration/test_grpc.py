@@ -119,6 +119,10 @@ def test_health_metadata_and_config(server: LiveServer) -> None:
     with pytest.raises(InferenceServerException, match="unknown model") as missing:
         client.get_model_metadata("nope")
     assert missing.value.status() == "StatusCode.NOT_FOUND"
+    for name in ("linear/versions/1", "", ".."):  # never another route's path
+        with pytest.raises(InferenceServerException, match="is not a model name") as bad:
+            client.get_model_metadata(name)
+        assert bad.value.status() == "StatusCode.INVALID_ARGUMENT"
 
 
 def test_the_health_service_answers_per_model(server: LiveServer) -> None:
