@@ -26,7 +26,7 @@ from app.connection import protocol_for
 from app.errors import ConfigError
 from app.frontend.app import create_frontend_app
 from app.frontend.remote import RemoteService
-from app.grpc.listener import GrpcListener, reserve
+from app.grpc.listener import GrpcListener, reserved
 from app.grpc.listener import address as grpc_address
 from app.logs import configure_logging
 from app.main import create_app
@@ -167,19 +167,15 @@ def serve(settings: Settings, fd: int | None = None) -> int:
     # TCP_NODELAY off and costs ~40 ms per small response to delayed ACKs).
     listener = socket.socket(fileno=fd) if fd is not None else _listen(settings.host,
                                                                        settings.port)
-    reserved = reserve(settings.host, settings.grpc_port) if settings.grpc_port else None
-    try:
+    with reserved(settings.host, settings.grpc_port):
         app = create_app(settings)
         service = app.state.service
         grpc = GrpcListener(settings, service, lambda: httpx.ASGITransport(app=app)) \
-            if reserved is not None else None
+            if settings.grpc_port else None
         server = DrainingServer(_config(settings, app), service, _drain_limit_s(settings), grpc)
         log.info("listening on %s%s", _address(listener), _grpc_text(settings))
         server.run(sockets=[listener])
         return 0 if server.started and not server.fatal else 1
-    finally:
-        if reserved is not None:
-            reserved.close()
 
 
 def _config(settings: Settings, app: Any, **where: Any) -> uvicorn.Config:
@@ -208,23 +204,21 @@ def _serve_split(settings: Settings, count: int, fd: int | None) -> int:
     a private Unix socket, and runs ``count`` front ends on the listening socket."""
     listener = socket.socket(fileno=fd) if fd is not None else _listen(settings.host,
                                                                        settings.port)
-    reserved = reserve(settings.host, settings.grpc_port) if settings.grpc_port else None
     private = tempfile.mkdtemp(prefix="batchserve-")
     device_socket = f"{private}/device.sock"
     try:
-        app = create_app(settings)
-        service = app.state.service
-        frontends = Frontends(settings, count, listener, device_socket, Bridge(service))
-        server = DeviceServer(_config(settings, app, uds=device_socket), service,
-                              _drain_limit_s(settings), frontends)
-        log.info("listening on %s%s with %d front ends", _address(listener),
-                 _grpc_text(settings), count)
-        server.run()
-        return 0 if server.started and not server.fatal else 1
+        with reserved(settings.host, settings.grpc_port):
+            app = create_app(settings)
+            service = app.state.service
+            frontends = Frontends(settings, count, listener, device_socket, Bridge(service))
+            server = DeviceServer(_config(settings, app, uds=device_socket), service,
+                                  _drain_limit_s(settings), frontends)
+            log.info("listening on %s%s with %d front ends", _address(listener),
+                     _grpc_text(settings), count)
+            server.run()
+            return 0 if server.started and not server.fatal else 1
     finally:
         listener.close()
-        if reserved is not None:
-            reserved.close()
         shutil.rmtree(private, ignore_errors=True)
 
 

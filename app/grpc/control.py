@@ -39,11 +39,13 @@ class Control:
         return answer.status_code, orjson.loads(answer.content)
 
     async def post(self, path: str, metadata: Mapping[str, str],
-                   body: Mapping[str, Any] | None = None) -> dict[str, Any] | list[Any]:
-        """The JSON answer of a POST (empty: {}); Relayed for any error."""
+                   body: Mapping[str, Any] | None = None,
+                   changes_models: bool = False) -> dict[str, Any] | list[Any]:
+        """The JSON answer of a POST (empty: {}); Relayed for any error. ``changes_models``:
+        a load or unload, after which ``changed`` is awaited whatever the answer."""
         answer = await self._request("POST", path, metadata,
                                      content=orjson.dumps(body or {}))
-        if path.startswith("/v2/repository/models/") and self._changed is not None:
+        if changes_models and self._changed is not None:
             await self._changed()
         if answer.status_code >= 400:
             raise _relayed(answer)

@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from app.errors import ServeError
 from app.grpc.control import Control
-from app.grpc.service import SERVICE, calls, metadata_of
+from app.grpc.service import SERVICE, Metadata, calls, metadata_of
 
 WATCH_EVERY_S = 1.0  # how often a Watch reads the status it streams
 
@@ -24,7 +24,7 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     def __init__(self, control: Control) -> None:
         self.control = control
 
-    async def _status(self, service: str, metadata: dict[str, str]) -> int:
+    async def _status(self, service: str, metadata: Metadata) -> int:
         params = None if service in ("", SERVICE) else {"model": service}
         _, body = await self.control.get("/health_check", metadata, params)
         serving = body.get("status") == "ready"
@@ -34,8 +34,9 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
 
     @calls.rpc
     async def Check(self, request: health_pb2.HealthCheckRequest,
-                    context: grpc.aio.ServicerContext) -> health_pb2.HealthCheckResponse:
-        status = await self._status(request.service, metadata_of(context))
+                    context: grpc.aio.ServicerContext, metadata: Metadata
+                    ) -> health_pb2.HealthCheckResponse:
+        status = await self._status(request.service, metadata)
         return health_pb2.HealthCheckResponse(status=status)
 
     async def Watch(self, request: health_pb2.HealthCheckRequest,

@@ -4,7 +4,7 @@ Every process that serves HTTP inference (the single process, or each front end)
 too, on ``grpc_port`` of the same host. Front ends share the port as they share the HTTP socket:
 each binds it with ``SO_REUSEPORT`` and the kernel spreads connections among them, while the
 parent holds a bound (not listening) socket on it for the server's life, so the port stays the
-server's while a front end is replaced (``reserve``).
+server's while a front end is replaced (``reserved``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import errno
 import os
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 
 import grpc
 import httpx
@@ -31,27 +32,35 @@ def address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def reserve(host: str, port: int) -> socket.socket:
-    """A socket bound to the gRPC port for the server's life (ConfigError, one line, if the
-    port is taken): the listeners bind it beside this one with SO_REUSEPORT. Bound first
-    without that option, so a port another program (or another batchserve) holds is refused
-    rather than shared."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    for shared in (False, True):
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            if shared:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((host, port))
-        except OSError as exc:
-            sock.close()
-            reason = os.strerror(exc.errno) if exc.errno else str(exc)
-            raise ConfigError(f"cannot listen on {address(host, port)} for gRPC: {reason}"
-                              ) from None
-        if shared:
-            return sock
+@contextmanager
+def reserved(host: str, port: int) -> Iterator[socket.socket | None]:
+    """For the server's life, a socket bound to the gRPC port (None when ``port`` is 0, gRPC
+    off): the listeners bind it beside this one with SO_REUSEPORT, so the port stays the
+    server's while a front end is replaced. ConfigError, one line, if the port is taken: it
+    is bound first without that option, so a port another program (or another batchserve)
+    holds is refused rather than shared."""
+    if not port:
+        yield None
+        return
+    _bind(host, port, shared=False).close()
+    sock = _bind(host, port, shared=True)
+    try:
+        yield sock
+    finally:
         sock.close()
-    raise AssertionError("unreachable")
+
+
+def _bind(host: str, port: int, shared: bool) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        if shared:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ConfigError(f"cannot listen on {address(host, port)} for gRPC: {reason}") from None
+    return sock
 
 
 class GrpcListener:

@@ -17,10 +17,11 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 from urllib.parse import quote
 
 import grpc
+from google.protobuf import json_format
 
 from app.api.access import RequestIds
 from app.api.auth import check_auth
@@ -46,7 +47,11 @@ _CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTI
           504: grpc.StatusCode.DEADLINE_EXCEEDED}
 
 Reply = TypeVar("Reply")
-Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Reply]]
+Metadata: TypeAlias = dict[str, str]
+Context: TypeAlias = grpc.aio.ServicerContext
+# A servicer method as written here (it gets the call's metadata, read once) and as gRPC calls it.
+Method = Callable[[Any, Any, Context, Metadata], Awaitable[Reply]]
+Handler = Callable[[Any, Any, Context], Awaitable[Reply]]
 
 
 def code_of(status: int) -> grpc.StatusCode:
@@ -54,7 +59,7 @@ def code_of(status: int) -> grpc.StatusCode:
     return _CODES.get(status, grpc.StatusCode.INTERNAL)
 
 
-def metadata_of(context: grpc.aio.ServicerContext) -> dict[str, str]:
+def metadata_of(context: Context) -> Metadata:
     return {key: value for key, value in context.invocation_metadata() or ()
             if isinstance(value, str)}
 
@@ -65,18 +70,19 @@ class Calls:
     def __init__(self) -> None:
         self.ids = RequestIds()
 
-    def rpc(self, method: Handler[Reply]) -> Handler[Reply]:
+    def rpc(self, method: Method[Reply]) -> Handler[Reply]:
         name = method.__name__
 
         @functools.wraps(method)
-        async def call(servicer: Any, request: Any, context: grpc.aio.ServicerContext) -> Reply:
-            rid = self.ids.take(metadata_of(context).get("x-request-id"))
+        async def call(servicer: Any, request: Any, context: Context) -> Reply:
+            metadata = metadata_of(context)
+            rid = self.ids.take(metadata.get("x-request-id"))
             token = request_id.set(rid)
             started = time.perf_counter()
             code = grpc.StatusCode.OK
             trailers: list[tuple[str, str]] = [("x-request-id", rid)]
             try:
-                return await method(servicer, request, context)
+                return await method(servicer, request, context, metadata)
             except ServeError as exc:
                 code = code_of(exc.status)
                 if exc.retry_after_s is not None:
@@ -114,21 +120,21 @@ class InferenceServicer(GRPCInferenceServiceServicer):
 
     @calls.rpc
     async def ServerLive(self, request: pb.ServerLiveRequest,
-                         context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
+                         context: Context, metadata: Metadata) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
 
     @calls.rpc
     async def ServerReady(self, request: pb.ServerReadyRequest,
-                          context: grpc.aio.ServicerContext) -> pb.ServerReadyResponse:
-        status, _ = await self.control.get("/v2/health/ready", metadata_of(context))
+                          context: Context, metadata: Metadata) -> pb.ServerReadyResponse:
+        status, _ = await self.control.get("/v2/health/ready", metadata)
         return pb.ServerReadyResponse(ready=status == 200)
 
     @calls.rpc
     async def ModelReady(self, request: pb.ModelReadyRequest,
-                         context: grpc.aio.ServicerContext) -> pb.ModelReadyResponse:
+                         context: Context, metadata: Metadata) -> pb.ModelReadyResponse:
         path = _model_path(request.name, request.version) + "/ready"
         try:
-            status, _ = await self.control.get(path, metadata_of(context))
+            status, _ = await self.control.get(path, metadata)
         except ServeError as exc:  # a model the server does not have is not ready
             if exc.status != 404:
                 raise
@@ -137,16 +143,16 @@ class InferenceServicer(GRPCInferenceServiceServicer):
 
     @calls.rpc
     async def ServerMetadata(self, request: pb.ServerMetadataRequest,
-                             context: grpc.aio.ServicerContext) -> pb.ServerMetadataResponse:
-        _, body = await self.control.get("/v2", metadata_of(context))
+                             context: Context, metadata: Metadata) -> pb.ServerMetadataResponse:
+        _, body = await self.control.get("/v2", metadata)
         return pb.ServerMetadataResponse(name=body["name"], version=body["version"],
                                          extensions=body["extensions"])
 
     @calls.rpc
     async def ModelMetadata(self, request: pb.ModelMetadataRequest,
-                            context: grpc.aio.ServicerContext) -> pb.ModelMetadataResponse:
+                            context: Context, metadata: Metadata) -> pb.ModelMetadataResponse:
         _, body = await self.control.get(_model_path(request.name, request.version),
-                                         metadata_of(context))
+                                         metadata)
         response = pb.ModelMetadataResponse(name=body["name"], versions=body["versions"],
                                             platform=body["platform"])
         for kind in ("inputs", "outputs"):
@@ -157,17 +163,15 @@ class InferenceServicer(GRPCInferenceServiceServicer):
 
     @calls.rpc
     async def ModelConfig(self, request: pb.ModelConfigRequest,
-                          context: grpc.aio.ServicerContext) -> pb.ModelConfigResponse:
-        from google.protobuf import json_format
-
+                          context: Context, metadata: Metadata) -> pb.ModelConfigResponse:
         _, body = await self.control.get(_model_path(request.name, request.version) + "/config",
-                                         metadata_of(context))
+                                         metadata)
         return pb.ModelConfigResponse(config=json_format.ParseDict(body, pb.ModelConfig()))
 
     @calls.rpc
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
-                              context: grpc.aio.ServicerContext) -> pb.RepositoryIndexResponse:
-        models = await self.control.post("/v2/repository/index", metadata_of(context),
+                              context: Context, metadata: Metadata) -> pb.RepositoryIndexResponse:
+        models = await self.control.post("/v2/repository/index", metadata,
                                          {"ready": request.ready})
         response = pb.RepositoryIndexResponse()
         for entry in models:
@@ -178,36 +182,35 @@ class InferenceServicer(GRPCInferenceServiceServicer):
 
     @calls.rpc
     async def RepositoryModelLoad(
-        self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext,
+        self, request: pb.RepositoryModelLoadRequest, context: Context, metadata: Metadata,
     ) -> pb.RepositoryModelLoadResponse:
         params = {key: parameter_value(value) for key, value in request.parameters.items()}
         if isinstance(params.get("config"), bytes):
             raise InvalidInput("'config' must be a string of JSON")
         await self.control.post(f"/v2/repository/models/{_segment(request.model_name)}/load",
-                                metadata_of(context), {"parameters": params})
+                                metadata, {"parameters": params}, changes_models=True)
         return pb.RepositoryModelLoadResponse()
 
     @calls.rpc
     async def RepositoryModelUnload(
-        self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext,
+        self, request: pb.RepositoryModelUnloadRequest, context: Context, metadata: Metadata,
     ) -> pb.RepositoryModelUnloadResponse:
         params = {key: parameter_value(value) for key, value in request.parameters.items()}
         await self.control.post(f"/v2/repository/models/{_segment(request.model_name)}/unload",
-                                metadata_of(context), {"parameters": params})
+                                metadata, {"parameters": params}, changes_models=True)
         return pb.RepositoryModelUnloadResponse()
 
     @calls.rpc
     async def ModelInfer(self, request: pb.ModelInferRequest,
-                         context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
-        return await infer(self.service, request, context)
+                         context: Context, metadata: Metadata) -> pb.ModelInferResponse:
+        return await infer(self.service, request, context, metadata)
 
 
 async def infer(service: Serving, request: pb.ModelInferRequest,
-                context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
+                context: Context, metadata: Metadata) -> pb.ModelInferResponse:
     """One ModelInfer: the HTTP infer's steps and metrics (``protocol="grpc"``), with the gRPC
     deadline as one more bound on the request's."""
     arrived = time.monotonic()
-    metadata = metadata_of(context)
     try:
         model = service.repository.get(request.model_name, request.model_version or None)
         missing = None

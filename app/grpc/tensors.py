@@ -16,11 +16,11 @@ import numpy as np
 from app.api.v2.codec import (
     InferRequest,
     check_input,
+    check_outputs,
     from_binary,
     requested,
     rows_of,
     to_binary,
-    unknown_output,
 )
 from app.errors import InvalidInput
 from app.grpc.inference_pb2 import InferParameter, ModelInferRequest, ModelInferResponse
@@ -65,11 +65,7 @@ def parse_infer(request: ModelInferRequest, max_rows: int, expected: TensorSpec,
     else:
         array = _typed(tensor.contents, datatype, shape, tensor.name)
     names = [out.name for out in request.outputs] or None
-    if names is not None and outputs is not None:
-        known = [spec.name for spec in outputs]
-        for name in names:
-            if name not in known:
-                raise InvalidInput(unknown_output(name, model, known))
+    check_outputs(names or [], model, outputs)
     params = request.parameters
     priority = whole_number_of(parameter_value(params["priority"]) if "priority" in params
                                else None, "parameter 'priority'")

@@ -160,19 +160,27 @@ def _requested_outputs(
     if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
         raise InvalidInput("'outputs' must be a list of objects")
     names, binary = [], {}
-    known_names = None if known is None else [spec.name for spec in known]
     for out in outputs:
         name = out.get("name")
         if not isinstance(name, str):
             raise InvalidInput("each requested output needs a string 'name'")
-        if known_names is not None and name not in known_names:
-            raise InvalidInput(unknown_output(name, model, known_names))
         names.append(name)
         params = out.get("parameters") or {}
         choice = params.get("binary_data") if isinstance(params, dict) else None
         if isinstance(choice, bool):
             binary[name] = choice
+    check_outputs(names, model, known)
     return names, binary
+
+
+def check_outputs(names: list[str], model: str, known: list[TensorSpec] | None) -> None:
+    """Every output a request names is one the model has (where its outputs are known)."""
+    if known is None:
+        return
+    known_names = [spec.name for spec in known]
+    for name in names:
+        if name not in known_names:
+            raise InvalidInput(unknown_output(name, model, known_names))
 
 
 def unknown_output(name: str, model: str, known: list[str]) -> str:
