@@ -386,3 +386,33 @@ def test_sigterm_answers_the_calls_accepted_then_exits_0(tmp_path: Path) -> None
         gate.touch()
         assert [f.result().tolist() for f in futures] == [[[2 * i, 2 * i]] for i in range(3)]
         assert proc.wait(WAIT_S) == 0
+
+
+@pytest.mark.asyncio
+async def test_the_grpc_deadline_bounds_the_request() -> None:
+    """A call whose gRPC deadline passes while queued ends DEADLINE_EXCEEDED, counts as 504 and
+    its item is never computed."""
+    handler = GatedHandler()
+    with live_server(make_settings(), handler, grpc=True) as srv:
+        assert srv.grpc_url is not None
+        async with grpc.aio.insecure_channel(srv.grpc_url) as channel:
+            infer = GRPCInferenceServiceStub(channel).ModelInfer
+
+            def request(value: float) -> pb.ModelInferRequest:
+                r = pb.ModelInferRequest(model_name="echo")
+                r.inputs.add(name="INPUT0", datatype="FP32", shape=[1],
+                             contents=pb.InferTensorContents(fp32_contents=[value]))
+                return r
+
+            first = infer(request(1))
+            await wait_until(handler.entered.is_set, "device busy")
+            with pytest.raises(grpc.aio.AioRpcError) as late:
+                await infer(request(5), timeout=0.3)
+            assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            registry = srv.app.state.service.metrics.registry
+            await wait_until(lambda: sample(registry, "batchserve_requests_total",
+                                            protocol="grpc", status="504") == 1, "counted")
+            handler.gate.set()
+            await first
+            await infer(request(6))
+    assert handler.seen == [1.0, 6.0]
