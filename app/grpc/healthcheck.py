@@ -25,7 +25,7 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
         self.control = control
 
     async def _status(self, service: str, metadata: Metadata) -> int:
-        params = None if service in ("", SERVICE) else {"model": service}
+        params = None if service in ("", SERVICE.full_name) else {"model": service}
         _, body = await self.control.get("/health_check", metadata, params)
         serving = body.get("status") == "ready"
         status: int = health_pb2.HealthCheckResponse.SERVING if serving else \

@@ -24,8 +24,7 @@ from app.config import Settings
 from app.errors import ConfigError
 from app.grpc.control import Control
 from app.grpc.healthcheck import HealthServicer
-from app.grpc.inference_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
-from app.grpc.service import InferenceServicer
+from app.grpc.service import InferenceServicer, method_table
 
 
 def address(host: str, port: int) -> str:
@@ -89,8 +88,8 @@ class GrpcListener:
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             ("grpc.max_send_message_length", -1),
         ])
-        add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            InferenceServicer(self.service, control), server)
+        server.add_generic_rpc_handlers((method_table(InferenceServicer(self.service,
+                                                                          control)),))
         health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(control), server)
         where = address(settings.host, settings.grpc_port)
         try:

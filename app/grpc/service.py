@@ -31,14 +31,13 @@ from app.api.v2.codec import output_tensors
 from app.errors import DeadlineExceeded, InvalidInput, NotFound, ServeError
 from app.grpc import inference_pb2 as pb
 from app.grpc.control import Control
-from app.grpc.inference_pb2_grpc import GRPCInferenceServiceServicer
 from app.grpc.tensors import encode_infer, parameter_value, parse_infer
 from app.logs import request_id
 
 log = logging.getLogger("batchserve.access")
 errors_log = logging.getLogger("batchserve")
 
-SERVICE = "inference.GRPCInferenceService"
+SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]  # as inference.proto declares it
 
 _CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
           404: grpc.StatusCode.NOT_FOUND, 408: grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -113,7 +112,20 @@ class Calls:
 calls = Calls()
 
 
-class InferenceServicer(GRPCInferenceServiceServicer):
+def method_table(servicer: Any) -> grpc.GenericRpcHandler:
+    """The service as gRPC serves it: each method ``inference.proto`` declares, answered by the
+    servicer's method of that name, its messages (de)serialized by their generated classes."""
+    handlers = {
+        method.name: grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, method.name),
+            request_deserializer=getattr(pb, method.input_type.name).FromString,
+            response_serializer=getattr(pb, method.output_type.name).SerializeToString)
+        for method in SERVICE.methods
+    }
+    return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
+
+
+class InferenceServicer:
     def __init__(self, service: Serving, control: Control) -> None:
         self.service = service
         self.control = control
@@ -221,7 +233,7 @@ async def infer(service: Serving, request: pb.ModelInferRequest,
     tracing = service.tracing
     span = None
     if tracing is not None:
-        span = tracing.start(f"{SERVICE}/ModelInfer", metadata, arrived,
+        span = tracing.start(f"{SERVICE.full_name}/ModelInfer", metadata, arrived,
                              {"batchserve.model": model.name if model is not None else "",
                               "rpc.system": "grpc"})
     remaining = context.time_remaining()

@@ -1,6 +1,6 @@
 """The Open Inference Protocol over gRPC, driven by the stock ``tritonclient.grpc`` client and by
-plain gRPC stubs (the typed ``contents`` tritonclient never sends, the standard health service
-as grpc_health_probe and kubelets call it)."""
+the gRPC stub and messages it ships (the typed ``contents`` its client never sends), and the
+standard health service as grpc_health_probe and kubelets call it."""
 
 from __future__ import annotations
 
@@ -19,10 +19,11 @@ import torch
 import tritonclient.grpc as triton
 import tritonclient.grpc.aio as triton_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.grpc import model_config_pb2
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceStub
 from tritonclient.utils import InferenceServerException
 
-from app.grpc import inference_pb2 as pb
-from app.grpc.inference_pb2_grpc import GRPCInferenceServiceStub
 from app.models.builtin import linear_module
 from tests.conftest import (
     LiveServer,
@@ -210,7 +211,7 @@ def test_text_model_with_bytes() -> None:
 
     with live_server(make_settings(model="minilm"), MiniLMHandler(), grpc=True) as srv:
         assert client_for(srv).get_model_config("minilm").config.input[0].data_type \
-            == pb.TYPE_STRING
+            == model_config_pb2.TYPE_STRING
         texts = np.array([b"Hello, world.", "Übung".encode()], dtype=object)
         inp = triton.InferInput("INPUT0", [2], "BYTES")
         inp.set_data_from_numpy(texts)
