@@ -8,26 +8,30 @@ gets: ``results`` (a request's results or its error), ``models`` (the snapshot: 
 needs to parse, decode and route to each model version), ``ack`` (say when you hold it) and
 ``synced`` (every front end holds the snapshot).
 
-Admission is the same ``ServedModel.check_admissible`` a single process runs, against this
-process's real queues: a refusal goes back at once.
+Admission is the same gate a single process runs (``ServedModel.enqueue_all``: room per level
+and the deadline-aware refusal), against this process's real queues, and a refusal goes back at
+once. A message's requests for one model version and level pass it together, in order, each
+counted ahead of the next, and their items go into the queue as one entry. Each request's
+answer is an ``Answer`` that sends itself as it is set: no future, callback or timer per
+request here. Deadlines are kept by the front ends, which cancel a request past its own; the
+device threads skip its items.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import app.wire as wire
 from app.config import BatchSettings
 from app.errors import ServeError
-from app.logs import request_id
 from app.metrics import ModelMetrics
 from app.models.signature import TensorSpec
-from app.pending import PendingRequest
+from app.pending import Answer, PendingRequest
 from app.runtime import InferenceService
 from app.served import ServedModel
 
@@ -110,7 +114,7 @@ class Bridge:
             pass
         finally:
             self._links.discard(link)
-            for pending in list(link.waiting.values()):
+            for _, pending, _ in list(link.waiting.values()):
                 pending.future.cancel()
             for ack in link.acks.values():
                 if not ack.done():
@@ -140,19 +144,18 @@ class Bridge:
             origin.outbox.add("synced", token)
 
     def _handle(self, link: _Link, message: dict[str, list[Any]]) -> None:
-        items = wire.values_of(message, "requests")
-        at = 0
-        for rid, name, version, level, deadline, log_id, n in message.get("requests", ()):
-            self._admit(link, rid, name, version, level, deadline, items[at:at + n], log_id)
-            at += n
+        self._admit(link, message.get("requests", ()), wire.values_of(message, "requests"))
         for rid in message.get("cancel", ()):
-            pending = link.waiting.get(rid)
-            if pending is not None:
-                pending.future.cancel()
+            held = link.waiting.get(rid)
+            if held is not None:
+                held[1].future.cancel()
         for name, version, reason in message.get("rejected", ()):
             self._metrics(name, version).rejected(reason)
+        answered: dict[tuple[str, str, int, str], list[float]] = {}
         for name, version, status, seconds, protocol in message.get("answered", ()):
-            self._metrics(name, version).answered(status, seconds, protocol)
+            answered.setdefault((name, version, status, protocol), []).append(seconds)
+        for (name, version, status, protocol), durations in answered.items():
+            self._metrics(name, version).answered_all(status, durations, protocol)
         for key in message.get("acked", ()):
             ack = link.acks.pop(key, None)
             if ack is not None and not ack.done():
@@ -170,42 +173,38 @@ class Bridge:
             metrics = self._counts[key] = self.service.metrics.for_model(name, version)
         return metrics
 
-    def _admit(self, link: _Link, rid: int, name: str, version: str, level: int,
-               deadline: float, items: list[Any], log_id: str | None) -> None:
-        token = request_id.set(log_id)
-        try:
-            model = self.service.repository.get(name, version)
-            model.check_admissible(len(items), level, deadline)
-            pending = model.enqueue(items, deadline, level, admitted=len(items))
-        except ServeError as exc:
-            link.outbox.add("results", (rid, error_fields(exc), 0))
-            return
-        finally:
-            request_id.reset(token)
-        link.waiting[rid] = pending
-        pending.future.add_done_callback(functools.partial(self._done, link, rid, model, pending))
-
-    def _done(self, link: _Link, rid: int, model: ServedModel, pending: PendingRequest,
-              future: asyncio.Future[list[Any]]) -> None:
-        model.finish(pending)
-        link.waiting.pop(rid, None)
-        if future.cancelled():
-            return  # the front end cancelled it, or went away
-        exc = future.exception()
-        if exc is None:
-            results = future.result()
-            link.outbox.add("results", (rid, None, len(results)), results)
-        elif isinstance(exc, ServeError):
-            link.outbox.add("results", (rid, error_fields(exc), 0))
-        else:
-            log.error("request %s failed", rid, exc_info=exc)
-            link.outbox.add("results", (rid, (500, "internal_error", "internal error", None), 0))
+    def _admit(self, link: _Link, requests: Iterable[tuple[Any, ...]], values: list[Any]
+               ) -> None:
+        """Admit and enqueue one message's requests, those for one model version and level
+        together (``ServedModel.enqueue_all``), in the order they came; a refusal is sent back
+        at once."""
+        groups: dict[tuple[str, str, int], list[tuple[Any, list[Any], float, Answer]]] = {}
+        at = 0
+        for rid, name, version, level, deadline, log_id, n in requests:
+            answer = Answer(link.done, rid)
+            groups.setdefault((name, version, level), []).append(
+                ((rid, log_id), values[at:at + n], deadline, answer))
+            at += n
+        for (name, version, level), group in groups.items():
+            try:
+                model = self.service.repository.get(name, version)
+            except ServeError as exc:
+                outcomes: list[PendingRequest | ServeError] = [exc] * len(group)
+            else:
+                outcomes = model.enqueue_all(level, [entry[1:] for entry in group])
+            for ((rid, log_id), *_), outcome in zip(group, outcomes, strict=True):
+                if isinstance(outcome, ServeError):
+                    link.outbox.add("results", (rid, error_fields(outcome), 0))
+                else:
+                    link.waiting[rid] = (model, outcome, log_id)
 
 
 @dataclass(eq=False)
 class _Link:
     outbox: wire.Outbox
-    waiting: dict[int, PendingRequest] = field(default_factory=dict)
+    # Each admitted request's model, its place in the queue and its log id.
+    waiting: dict[int, tuple[ServedModel, PendingRequest, str | None]] = field(
+        default_factory=dict)
     sent: Snapshot | None = None  # the last snapshot sent
     acks: dict[int, asyncio.Future[None]] = field(default_factory=dict)
     _keys: itertools.count[int] = field(default_factory=itertools.count)
@@ -221,3 +220,22 @@ class _Link:
         self.outbox.add("ack", key)
         return future
 
+    def done(self, answer: Answer) -> None:
+        """A request's answer is set (or it was cancelled): send it, and free its place."""
+        rid = answer.key
+        held = self.waiting.pop(rid, None)
+        log_id = None
+        if held is not None:
+            model, pending, log_id = held
+            model.finish(pending)
+        if answer.cancelled():
+            return  # the front end cancelled it, or went away
+        exc = answer.exception()
+        if exc is None:
+            results = answer.result()
+            self.outbox.add("results", (rid, None, len(results)), results)
+        elif isinstance(exc, ServeError):
+            self.outbox.add("results", (rid, error_fields(exc), 0))
+        else:
+            log.error("request %s failed", log_id or rid, exc_info=exc)
+            self.outbox.add("results", (rid, (500, "internal_error", "internal error", None), 0))

@@ -17,6 +17,7 @@ from app.config import BatchSettings
 from app.errors import InvalidInput
 from app.models.base import ModelHandler
 from app.models.signature import INPUT_NAME, OUTPUT_NAME, TensorSpec
+from app.pending import Answer
 
 INLINE_DECODE_MAX_ITEMS = 64  # light decodes of small requests stay on the loop
 
@@ -30,10 +31,11 @@ class RequestCounts(Protocol):
 
 
 class Waiting(Protocol):
-    """An enqueued request as its caller holds it: a future resolved exactly once."""
+    """An enqueued request as its caller holds it: a future resolved exactly once (an
+    ``Answer`` only where ``ServedModel.enqueue_all`` queued it, for a front end)."""
 
     @property
-    def future(self) -> asyncio.Future[list[Any]]: ...
+    def future(self) -> asyncio.Future[list[Any]] | Answer: ...
 
 
 class ModelFacade(ABC):

@@ -3,17 +3,36 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from bisect import bisect_left
+from collections import Counter as Tally
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from app.pending import BatchReport
+
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def observe_all(histogram: Any, values: Sequence[float]) -> None:
+    """``histogram.observe(v)`` for each of ``values`` (a labelled child), with one update of
+    the sum and one of each bucket hit, not one of each per value: the device process counts
+    every request of its front ends. It writes prometheus_client's histogram state
+    (``_upper_bounds``, ``_buckets``, ``_sum``) as ``observe`` does; tests/unit/test_metrics.py
+    checks the two give the same exposition."""
+    if not values:
+        return
+    histogram._raise_if_not_observable()
+    bounds = histogram._upper_bounds
+    histogram._sum.inc(sum(values))
+    for index, count in Tally(bisect_left(bounds, v) for v in values).items():
+        histogram._buckets[index].inc(count)
 
 
 @dataclass(frozen=True)
@@ -163,14 +182,25 @@ class ModelMetrics:
 
     def answered(self, status: int, seconds: float, protocol: str = "http") -> None:
         """Count one answered request (runs per request)."""
+        count, duration = self._children(status, protocol)
+        count.inc()
+        duration.observe(seconds)
+
+    def answered_all(self, status: int, durations: Sequence[float],
+                     protocol: str = "http") -> None:
+        """Count ``len(durations)`` answered requests of one status at once."""
+        count, duration = self._children(status, protocol)
+        count.inc(len(durations))
+        observe_all(duration, durations)
+
+    def _children(self, status: int, protocol: str) -> tuple[Any, Any]:
         children = self._by_status.get((status, protocol))
         if children is None:
             children = self._by_status[(status, protocol)] = (
                 self.metrics.requests.labels(model=self.model, version=self.version,
                                              status=str(status), protocol=protocol),
                 self.metrics.request_duration.labels(model=self.model, protocol=protocol))
-        children[0].inc()
-        children[1].observe(seconds)
+        return children
 
     def _counted(self, family: str, reason: str) -> Any:
         child = self._by_reason.get((family, reason))
@@ -185,6 +215,21 @@ class ModelMetrics:
 
     def dropped(self, reason: str, n: int) -> None:
         self._counted("dropped", reason).inc(n)
+
+    def batch(self, report: BatchReport, waits: list[float]) -> None:
+        """One batch's figures: the answered requests' ``waits`` in the queue, each model
+        call's size, seconds and padding, the items dropped unanswered."""
+        observe_all(self.queue_wait, waits)
+        for size, seconds, work, tokens in zip(report.sizes, report.compute_s, report.work,
+                                               report.tokens, strict=True):
+            self.batch_size.observe(size)
+            self.batch_compute.observe(seconds)
+            if report.padded:
+                self.padding_waste.observe(1.0 - tokens / work)
+        if report.expired:
+            self.dropped("expired", report.expired)
+        if report.cancelled:
+            self.dropped("cancelled", report.cancelled)
 
     def watch(self, depth: Callable[[], float], in_flight: Callable[[], float]) -> None:
         """Queue depth and requests in flight, read at each scrape."""

@@ -4,10 +4,60 @@ batch that carries their results back to the event loop."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.errors import DeadlineExceeded
+from app.errors import DeadlineExceeded, ServeError
+
+_PENDING, _RESULT, _ERROR, _CANCELLED = range(4)
+
+
+class Answer:
+    """A request's answer where no coroutine awaits it (the device process answering its front
+    ends, app/bridge.py): the part of ``asyncio.Future`` that ``ServedModel`` and the device
+    threads use, which hands the outcome to ``on_done`` as it is set, on the event loop, with no
+    loop callback in between. ``key`` names the request to ``on_done``."""
+
+    __slots__ = ("_state", "_value", "_on_done", "key")
+
+    def __init__(self, on_done: Callable[[Answer], None], key: Any) -> None:
+        self._state = _PENDING
+        self._value: Any = None
+        self._on_done = on_done
+        self.key = key
+
+    def done(self) -> bool:
+        return self._state != _PENDING
+
+    def cancelled(self) -> bool:
+        return self._state == _CANCELLED
+
+    def result(self) -> Any:
+        """The results (only once ``done`` and neither failed nor cancelled)."""
+        assert self._state == _RESULT
+        return self._value
+
+    def exception(self) -> BaseException | None:
+        return self._value if self._state == _ERROR else None
+
+    def set_result(self, value: Any) -> None:
+        self._settle(_RESULT, value)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._settle(_ERROR, exc)
+
+    def cancel(self) -> bool:
+        if self._state != _PENDING:
+            return False
+        self._settle(_CANCELLED, None)
+        return True
+
+    def _settle(self, state: int, value: Any) -> None:
+        if self._state != _PENDING:
+            raise asyncio.InvalidStateError("the answer is already set")
+        self._state, self._value = state, value
+        self._on_done(self)
 
 
 class PendingRequest:
@@ -22,8 +72,8 @@ class PendingRequest:
                  "level", "trace")
 
     def __init__(
-        self, future: asyncio.Future[list[Any]], size: int, deadline: float, enqueued_at: float,
-        level: int = 1,
+        self, future: asyncio.Future[list[Any]] | Answer, size: int, deadline: float,
+        enqueued_at: float, level: int = 1,
     ) -> None:
         self.future = future
         self.deadline = deadline
@@ -64,6 +114,25 @@ class BatchReport:
     padded: bool = False  # the model pads each batch to its longest item (text)
     expired: int = 0
     cancelled: int = 0
+
+    def answer(self) -> list[float]:
+        """Write each result into its request, and resolve each request whose every item is
+        in (or the first to fail) on the event loop; the queue waits of the answered items."""
+        waits = []
+        for item, value in self.results:
+            request = item.request
+            future = request.future
+            if future.done():
+                continue
+            if isinstance(value, ServeError):
+                future.set_exception(value)
+                continue
+            request.results[item.index] = value
+            request.remaining -= 1
+            if request.remaining == 0:
+                future.set_result(request.results)
+            waits.append(self.started_at - request.enqueued_at)
+        return waits
 
 
 def expire(future: asyncio.Future[list[Any]]) -> None:

@@ -17,14 +17,14 @@ import torch
 
 from app.bell import Bell
 from app.config import BatchSettings
-from app.errors import ServeError, Unavailable, busy
+from app.errors import ServeError
 from app.facade import ModelFacade
 from app.metrics import ModelMetrics
 from app.models.base import ModelHandler
 from app.models.signature import TensorSpec, describe_outputs
-from app.pending import BatchReport, PendingItem, PendingRequest, expire
+from app.pending import Answer, BatchReport, PendingItem, PendingRequest, expire
 from app.queues import ModelQueue
-from app.scheduler.admission import deadline_refusal, predicted_wait_s, room
+from app.scheduler.admission import Gate, closed, room
 from app.scheduler.cost import CostModel
 from app.scheduler.waiting import BatchPolicy, RecentPeak
 from app.state import STATES, ModelState, ServerState
@@ -50,9 +50,7 @@ class ServedModel(ModelFacade):
         self.devices = devices
         self.metrics = metrics
         # The janus queue must hold what the most urgent level may fill.
-        self.queue = ModelQueue(
-            room(settings.queue_capacity, settings.priority_levels, settings.default_level, 1),
-            settings.priority_levels)
+        self.queue = ModelQueue(self.room(1), settings.priority_levels)
         self.policy = BatchPolicy(self.batch_limit, settings.max_wait_s)
         self.state, self.reason = ModelState.LOADING, ""  # and in the metric, below
         self.in_flight = 0
@@ -120,17 +118,15 @@ class ServedModel(ModelFacade):
         s = self.settings
         return room(s.queue_capacity, s.priority_levels, s.default_level, level)
 
-    def predicted_wait_s(self, ahead: int) -> float | None:
-        """Seconds until ``ahead`` items are done, from the cost model (None: not known yet); a
-        full batch's seconds are kept until the next batch teaches something."""
-        batch_s = self._batch_s
-        if batch_s is None:
+    def full_batch_s(self) -> float | None:
+        """A full batch's predicted seconds (None: not known yet), kept until the next batch
+        teaches something."""
+        if self._batch_s is None:
             cost = next(iter(self.costs.values()), None)
             if cost is None or not cost.known:
                 return None
-            batch_s = self._batch_s = cost.predict(self.batch_limit * self.work_per_item)
-        sharing = sum(1 for m in self._neighbours if m is self or m.queue.depth)
-        return predicted_wait_s(ahead, self.batch_limit, batch_s, sharing, len(self.devices))
+            self._batch_s = cost.predict(self.batch_limit * self.work_per_item)
+        return self._batch_s
 
     def learn(self, device: str, cost: CostModel, work_per_item: float,
               outputs: list[TensorSpec] | None, fits: int) -> None:
@@ -149,35 +145,22 @@ class ServedModel(ModelFacade):
 
     # ---- the request path ------------------------------------------------------------------------
 
+    def gate(self, level: int) -> Gate:
+        """Admission at ``level`` against the queue as it stands (app/scheduler/admission.py);
+        Unavailable at once while the model is not serving."""
+        if self.state is not ModelState.READY or self.server.draining or self.stranded:
+            raise closed(self.health, self.name, self.reason)
+        queue = self.queue
+        sharing = sum(1 for m in self._neighbours if m is self or m.queue.depth)
+        return Gate(self.name, self.settings.queue_capacity, level, self.room(level),
+                    queue.depth, queue.depth_through(level), self.batch_limit,
+                    self.full_batch_s(), sharing, len(self.devices))
+
     def check_admissible(self, n: int, level: int | None = None,
                          deadline: float | None = None) -> None:
         """Raise Unavailable unless a request of ``n`` items at ``level`` (None: the default)
         can be queued whole right now and, given a ``deadline``, be answered before it."""
-        level = level or self.settings.default_level
-        depth = self.queue.depth
-        if not (self.state is ModelState.READY and not self.server.draining and not self.stranded):
-            health = self.health
-            if health == "draining":
-                raise Unavailable(health, "the server is shutting down")
-            if health != "busy":
-                reason = f": {self.reason}" if self.reason else ""
-                raise Unavailable(health, f"model '{self.name}' is {health}{reason}")
-        limit = self.room(level)
-        if depth + n > limit:
-            raise busy(self.settings.queue_capacity, level, limit)
-        if deadline is not None:
-            self._check_deadline(n, level, deadline)
-
-    def _check_deadline(self, n: int, level: int, deadline: float) -> None:
-        """Refuse at once a request that would finish past its deadline (docs/scheduler.md)."""
-        ahead = self.queue.depth_through(level) + n
-        wait = self.predicted_wait_s(ahead)
-        if wait is None:
-            return
-        left = deadline - time.monotonic()
-        if wait > left:
-            drain = self.predicted_wait_s(self.queue.depth) or wait
-            raise deadline_refusal(self.name, wait, left, drain)
+        self.gate(level or self.settings.default_level).admit(n, deadline, time.monotonic())
 
     def enqueue(self, items: list[Any], deadline: float, level: int | None = None,
                 trace: Any = None, admitted: int | None = None) -> PendingRequest:
@@ -194,41 +177,75 @@ class ServedModel(ModelFacade):
             self.check_admissible(len(items), level)
         assert self._loop is not None
         now = time.monotonic()
-        request = PendingRequest(self._loop.create_future(), len(items), deadline, now, level)
+        future = self._loop.create_future()
+        request = PendingRequest(future, len(items), deadline, now, level)
         request.trace = trace
+        self._queue([(request, items)], now)
+        request.timer = self._loop.call_later(deadline - now, expire, future)
+        return request
+
+    def enqueue_all(self, level: int, requests: list[tuple[list[Any], float, Answer]]
+                    ) -> list[PendingRequest | ServeError]:
+        """Admit each of ``requests`` (items, deadline, answer) at ``level`` whole or refuse it
+        whole, in order, as ``check_admissible`` and ``enqueue`` would one after another; the
+        admitted items go into the queue as one entry. Never waits. Each answer resolves once,
+        on this loop, to its results or an error; no deadline timer is set: the caller keeps
+        the deadlines (a front end's timer), and device threads skip the items past theirs."""
+        try:
+            gate = self.gate(level)
+        except ServeError as exc:
+            return [exc] * len(requests)
+        outcomes: list[PendingRequest | ServeError] = []
+        admitted: list[tuple[PendingRequest, list[Any]]] = []
+        now = time.monotonic()
+        for items, deadline, answer in requests:
+            try:
+                gate.admit(len(items), deadline, now)
+            except ServeError as exc:
+                outcomes.append(exc)
+                continue
+            request = PendingRequest(answer, len(items), deadline, now, level)
+            outcomes.append(request)
+            admitted.append((request, items))
+        if admitted:
+            self._queue(admitted, now)
+        return outcomes
+
+    def _queue(self, admitted: list[tuple[PendingRequest, list[Any]]], now: float) -> None:
+        """Put admitted requests' items (all at one level) into the queue together, count the
+        requests in flight, and ring a device thread that wants them."""
         key = self.handler.key
-        # Only this thread puts, and device threads only take, so the capacity check above
-        # guarantees the put succeeds; the request's items go in together, never partly.
+        # Only this thread puts, and device threads only take, so the capacity checks before
+        # guarantee the put succeeds; the requests' items go in together, never partly.
         self.queue.put_all([PendingItem(request, index, data, key(data))
-                            for index, data in enumerate(items)])
+                            for request, items in admitted for index, data in enumerate(items)])
         if self._first_items is not None:
             hook, self._first_items = self._first_items, None
-            hook(items)
-        self.in_flight += 1
+            hook(admitted[0][1])
+        self.in_flight += len(admitted)
         self._peak.note(self.in_flight, now)
-        request.timer = self._loop.call_later(deadline - now, expire, request.future)
-        if not self._ring_due:
-            depth = self.queue.depth
-            for bell in self._bells:
-                if bell.wants(self, depth):
-                    # Rung once this pass of the event loop is done: a burst of requests that
-                    # arrived together is queued before the thread wakes (and takes the GIL).
-                    self._ring_due = True
-                    self._loop.call_soon(self._ring)
-                    break
-        return request
+        # Rung once this pass of the event loop is done: a burst of requests that arrived
+        # together is queued before the thread wakes (and takes the GIL).
+        if not self._ring_due and self._wanting():
+            assert self._loop is not None
+            self._ring_due = True
+            self._loop.call_soon(self._ring)
+
+    def _wanting(self) -> list[Bell]:
+        depth = self.queue.depth
+        return [bell for bell in self._bells if bell.wants(self, depth)]
 
     def _ring(self) -> None:
         self._ring_due = False
-        depth = self.queue.depth
-        for bell in self._bells:
-            if bell.wants(self, depth):
-                bell.ring()
+        for bell in self._wanting():
+            bell.ring()
 
     async def result(self, request: PendingRequest) -> list[Any]:
         """Wait for a request's results (DeadlineExceeded once its deadline passes)."""
+        future = request.future
+        assert isinstance(future, asyncio.Future)  # ``enqueue``'s, not ``enqueue_all``'s
         try:
-            return await request.future
+            return await future
         finally:
             self.finish(request)
 
@@ -255,20 +272,7 @@ class ServedModel(ModelFacade):
         and learn from it once their answers are written."""
         if self.tracing is not None:  # first: requests already answered (timed out) get no spans
             self.tracing.batch(self.name, report)
-        waits = []
-        for item, value in report.results:
-            request = item.request
-            future = request.future
-            if future.done():
-                continue
-            if isinstance(value, ServeError):
-                future.set_exception(value)
-                continue
-            request.results[item.index] = value
-            request.remaining -= 1
-            if request.remaining == 0:
-                future.set_result(request.results)
-            waits.append(report.started_at - request.enqueued_at)
+        waits = report.answer()
         # Scheduled after the resolved futures' callbacks: in a closed loop the device waits for
         # these answers to go out and the next requests to come in, not for the bookkeeping.
         asyncio.get_running_loop().call_soon(self._account, report, waits)
@@ -276,25 +280,16 @@ class ServedModel(ModelFacade):
     def _account(self, report: BatchReport, waits: list[float]) -> None:
         """A batch's metrics, and what it teaches: the cost model of its device (seconds per
         unit of work) and this model's typical item (its work, and its real tokens)."""
-        m = self.metrics
-        for wait in waits:
-            m.queue_wait.observe(wait)
+        self.metrics.batch(report, waits)
         cost = self.costs.get(report.device)
-        calls = zip(report.sizes, report.compute_s, report.work, report.tokens, strict=True)
-        for size, seconds, work, tokens in calls:
-            m.batch_size.observe(size)
-            m.batch_compute.observe(seconds)
+        for size, seconds, work, tokens in zip(report.sizes, report.compute_s, report.work,
+                                               report.tokens, strict=True):
             if cost is not None:
                 cost.observe(work, seconds)
             self.work_per_item += WORK_WEIGHT * (work / size - self.work_per_item)
             self.tokens_per_item += WORK_WEIGHT * (tokens / size - self.tokens_per_item)
-            if report.padded:
-                m.padding_waste.observe(1.0 - tokens / work)
         self._batch_s = None
         if self.outputs is None:  # no warm-up results: the first batch's describe the outputs
             values = [v for _, v in report.results if not isinstance(v, ServeError)]
             self.outputs = describe_outputs(values) if values else None
-        if report.expired:
-            m.dropped("expired", report.expired)
-        if report.cancelled:
-            m.dropped("cancelled", report.cancelled)
+

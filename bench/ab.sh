@@ -3,12 +3,13 @@
 # (core 1), then the per-pair ratios of requests/s and their median, and each build's event-loop
 # CPU per request (its main thread's, from /proc): the finer measure of a small change.
 #   bench/ab.sh OLD_CHECKOUT NEW_CHECKOUT   (e.g. a `git worktree add /tmp/old <commit>`)
-# Env: C (concurrency, 64), N (pairs, 6), W (workload, linear), BODY (the request body),
+# Env: C (concurrency, 64), N (pairs, 6), W (workload, linear), F (--frontends, 1; above 1 the
+# loop CPU is the device process's), BODY (the request body),
 # PIN (1; 0 leaves servers and wrk unpinned, as `python -m bench` runs them: then the event
 # loop and the device thread of a server run on different cores at once).
 set -euo pipefail
 old=$(realpath "$1"); new=$(realpath "$2")
-C=${C:-64}; N=${N:-6}; W=${W:-linear}; PIN=${PIN:-1}
+C=${C:-64}; N=${N:-6}; W=${W:-linear}; F=${F:-1}; PIN=${PIN:-1}
 server_cpu=(taskset -c 0); wrk_cpu=(taskset -c 1)
 [ "$PIN" = 1 ] || { server_cpu=(); wrk_cpu=(); }
 BODY=${BODY:-'{"instances": [[1.0, 2.0, 3.0, 4.0]]}'}
@@ -21,7 +22,7 @@ declare -A pid
 for side in old new; do
   dir=${!side}; port=$([ $side = old ] && echo 8101 || echo 8102)
   (cd "$dir" && exec "${server_cpu[@]}" "$py" -m app serve --model "$W" --devices cpu --port $port \
-     --log-level warning --torch-threads 1) > "$tmp/$side.log" 2>&1 &
+     --log-level warning --torch-threads 1 --frontends "$F") > "$tmp/$side.log" 2>&1 &
   pid[$port]=$!
 done
 loop_ticks() { awk '{print $14 + $15}' "/proc/$1/task/$1/stat"; }  # user + system, main thread

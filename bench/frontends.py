@@ -2,7 +2,8 @@
 
 For each N of ``--frontends``, one server with ``--frontends N`` under wrk at each
 ``--concurrency``, one after another in this run: requests and items per second, p50 and p99,
-errors, the mean batch, the cores the whole server used (device process and front ends), and
+errors, the mean batch, the cores the whole server used (device process and front ends), the
+CPU the device process's event loop spent per request (with N=1, the one process's loop), and
 the GPU's busy share where the devices are CUDA. ``--offline`` adds the model called in-process
 at the max batch (bench.run's ceiling) for the ratios.
 
@@ -58,6 +59,7 @@ class Point:
     errors: int
     mean_batch: float
     server_cpu: float
+    device_loop_us: float  # the device process's event-loop CPU per request
     sm_util: float | None
 
 
@@ -124,31 +126,31 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
                     env=env)
             sum0, count0 = batch_totals(url)
             pids = tree(pid)
-            cpu0, t0 = tree_cpu(pids), time.monotonic()
+            cpu0, t0, loop0 = tree_cpu(pids), time.monotonic(), cpu_seconds(pid, pid)
             with SmSampler(args.devices) as sm:
                 r = run_wrk(url, path_file, c, args.seconds, path, threads=min(c, args.threads),
                             env=env)
-            cpu1, t1 = tree_cpu(pids), time.monotonic()
+            cpu1, t1, loop1 = tree_cpu(pids), time.monotonic(), cpu_seconds(pid, pid)
             sum1, count1 = batch_totals(url)
             req_s = answered_s(r)
             point = Point(frontends, c, req_s, req_s * args.instances, r["p50_us"] / 1000,
                           r["p99_us"] / 1000, r["http_errors"] + r["socket_errors"],
                           (sum1 - sum0) / max(1.0, count1 - count0), (cpu1 - cpu0) / (t1 - t0),
-                          sm.mean)
+                          (loop1 - loop0) / max(1.0, req_s * (t1 - t0)) * 1e6, sm.mean)
             print(row(point), flush=True)
             points.append(point)
     return points
 
 
 HEAD = (f"{'front ends':>10}{'conc':>6}{'req/s':>10}{'items/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
-        f"{'errors':>8}{'batch':>7}{'cores':>7}{'GPU busy':>9}")
+        f"{'errors':>8}{'batch':>7}{'cores':>7}{'loop us':>8}{'GPU busy':>9}")
 
 
 def row(p: Point) -> str:
     sm = f"{p.sm_util:>8.0f}%" if p.sm_util is not None else f"{'-':>9}"
     return (f"{p.frontends:>10}{p.concurrency:>6}{p.req_s:>10.0f}{p.items_s:>10.0f}"
             f"{p.p50_ms:>9.2f}{p.p99_ms:>9.2f}{p.errors:>8}{p.mean_batch:>7.1f}"
-            f"{p.server_cpu:>7.2f}{sm}")
+            f"{p.server_cpu:>7.2f}{p.device_loop_us:>8.1f}{sm}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,8 @@ from app.api.body import ClientGone, read_body
 from app.api.routing import BatchServeApp
 from app.api.v2 import routes as v2
 from app.errors import ServeError, Unavailable
-from app.frontend.remote import GONE, RemoteService
+from app.frontend.link import GONE
+from app.frontend.remote import RemoteService
 from app.logs import request_id
 from app.version import __version__
 

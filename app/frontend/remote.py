@@ -3,26 +3,23 @@
 ``RemoteService`` is what the request path (app/api/inference.py) needs of a server: settings,
 ``repository.get`` and the counts of requests for unknown models. Its models (``RemoteModel``)
 decode with their own handler, built here from the model setting the device process names, and
-enqueue by sending the decoded items over the link: admission, queueing and batching happen
-there. Every request waiting here is answered exactly once: with what the device sends, or 503
-``unhealthy`` if the device process goes away first.
+enqueue by sending the decoded items over the link (app/frontend/link.py, which answers each
+request exactly once): admission, queueing and batching happen there.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
-import app.wire as wire
 from app.bridge import ModelEntry, Snapshot
 from app.config import Settings
-from app.errors import BatchServeError, NotFound, Relayed, Unavailable
+from app.errors import BatchServeError, NotFound, Unavailable
 from app.facade import ModelFacade
+from app.frontend.link import GONE, DeviceLink, RemoteRequest
 from app.logs import request_id
 from app.models.base import ModelHandler
 from app.models.registry import load_handler
@@ -30,14 +27,6 @@ from app.repository import pick
 from app.tracing import Tracing
 
 log = logging.getLogger("batchserve.frontend")
-
-GONE = "the device process has stopped"
-
-
-@dataclass
-class RemoteRequest:
-    rid: int
-    future: asyncio.Future[list[Any]]
 
 
 class RemoteCounts:
@@ -52,101 +41,6 @@ class RemoteCounts:
 
     def rejected(self, reason: str) -> None:
         self._link.send("rejected", (*self._key, reason))
-
-
-class DeviceLink:
-    """This front end's socket to the device process: requests out, results and the model
-    snapshot in."""
-
-    def __init__(self) -> None:
-        self.waiting: dict[int, asyncio.Future[list[Any]]] = {}
-        self.snapshot = Snapshot()
-        self.gone = False
-        self.on_snapshot: list[Any] = []
-        self._ids = itertools.count(1)
-        self._syncs: dict[int, asyncio.Future[None]] = {}
-        self._outbox: wire.Outbox | None = None
-        self._reader: asyncio.StreamReader | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    async def open(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Start on a connected socket; returns once the first snapshot is in."""
-        self._reader = reader
-        self._outbox = wire.Outbox(writer)
-        self._apply(await wire.read(reader))
-        self._task = asyncio.get_running_loop().create_task(self._run(reader))
-
-    def send(self, kind: str, entry: Any) -> None:
-        if self._outbox is not None and not self.gone:
-            self._outbox.add(kind, entry)
-
-    def submit(self, entry: tuple[Any, ...], items: list[Any]) -> RemoteRequest:
-        """Send one request (its id is filled in here) and return what will hold its answer."""
-        rid = next(self._ids)
-        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        self.waiting[rid] = future
-        if self._outbox is not None and not self.gone:
-            self._outbox.add("requests", (rid, *entry, len(items)), items)
-        return RemoteRequest(rid, future)
-
-    async def sync(self) -> None:
-        """Wait until every front end holds a snapshot taken after everything this one sent so
-        far was handled (a load or unload it proxied)."""
-        token = next(self._ids)
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._syncs[token] = future
-        self.send("sync", token)
-        try:
-            await future
-        finally:
-            self._syncs.pop(token, None)
-
-    async def _run(self, reader: asyncio.StreamReader) -> None:
-        try:
-            while True:
-                self._apply(await wire.read(reader))
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        self._lost()
-
-    def _apply(self, message: dict[str, list[Any]]) -> None:
-        values = wire.values_of(message, "results")
-        at = 0
-        for rid, error, n in message.get("results", ()):
-            future = self.waiting.pop(rid, None)
-            if future is not None and not future.done():
-                if error is None:
-                    future.set_result(values[at:at + n])
-                else:
-                    future.set_exception(Relayed(*error))
-            at += n
-        snapshots = message.get("models")
-        if snapshots:
-            self.snapshot = snapshots[-1]
-            for callback in self.on_snapshot:
-                callback(self.snapshot)
-        for key in message.get("ack", ()):
-            self.send("acked", key)
-        for token in message.get("synced", ()):
-            waiter = self._syncs.get(token)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
-
-    def _lost(self) -> None:
-        """The device process is gone: everything waiting is answered 503 unhealthy."""
-        if self.gone:
-            return
-        self.gone = True
-        log.critical("%s; answering 503 and exiting", GONE)
-        futures: list[asyncio.Future[Any]] = [*self.waiting.values(), *self._syncs.values()]
-        for future in futures:
-            if not future.done():
-                future.set_exception(Unavailable("unhealthy", GONE))
-        self.waiting.clear()
-
-    def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
 
 
 class RemoteModel(ModelFacade):
@@ -177,10 +71,7 @@ class RemoteModel(ModelFacade):
         try:
             return await request.future
         finally:
-            if not request.future.done():  # the client left: drop its items there too
-                request.future.cancel()
-                self._service.link.waiting.pop(request.rid, None)
-                self._service.link.send("cancel", request.rid)
+            self._service.link.drop(request)
 
 
 class RemoteRepository:

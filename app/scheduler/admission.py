@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from app.errors import WouldMissDeadline
+from app.errors import Unavailable, WouldMissDeadline, busy
 
 
 def room(capacity: int, levels: int, default: int, level: int) -> int:
@@ -23,6 +24,51 @@ def predicted_wait_s(ahead: int, batch_limit: int, full_batch_s: float, sharing:
     over the model's devices."""
     batches = 1 + math.ceil(ahead / batch_limit)
     return batches * full_batch_s * max(1, sharing) / max(1, devices)
+
+
+@dataclass(slots=True)
+class Gate:
+    """Admission at one level against a model's queue as it stands: ``room`` (section 3) and,
+    where the cost model knows a batch's seconds, the predicted finish (section 4). Built once
+    for a run of requests at that level; each one ``admit`` passes is counted as queued ahead of
+    the next. Device threads only take items meanwhile, so counting from the depths at build
+    time never admits more than the queue has room for."""
+
+    model: str
+    capacity: int
+    level: int
+    limit: int  # ``room`` at this level
+    depth: int  # items queued, and admitted through this gate
+    through: int  # of those, at this level and the more urgent ones
+    batch_limit: int
+    full_batch_s: float | None  # None: the cost is not known yet (no deadline refusals)
+    sharing: int
+    devices: int
+
+    def admit(self, n: int, deadline: float | None, now: float) -> None:
+        """Count ``n`` items as queued, or raise Unavailable (no room) or WouldMissDeadline
+        (predicted to finish after ``deadline``; ``now``: the clock)."""
+        if self.depth + n > self.limit:
+            raise busy(self.capacity, self.level, self.limit)
+        if deadline is not None and self.full_batch_s is not None:
+            wait = self.wait_s(self.through + n)
+            left = deadline - now
+            if wait > left:
+                raise deadline_refusal(self.model, wait, left, self.wait_s(self.depth + n))
+        self.depth += n
+        self.through += n
+
+    def wait_s(self, ahead: int) -> float:
+        assert self.full_batch_s is not None
+        return predicted_wait_s(ahead, self.batch_limit, self.full_batch_s, self.sharing,
+                                self.devices)
+
+
+def closed(health: str, model: str, reason: str) -> Unavailable:
+    """The refusal of a model that is not serving: ``health`` says why."""
+    if health == "draining":
+        return Unavailable(health, "the server is shutting down")
+    return Unavailable(health, f"model '{model}' is {health}{f': {reason}' if reason else ''}")
 
 
 def retry_after_s(drain_s: float) -> int:

@@ -96,6 +96,27 @@ def test_metrics_count_each_request_once_and_errors_match_one_process() -> None:
         assert metadata.status_code == 200 and metadata.json()["name"] == "linear"
 
 
+def test_a_request_past_its_deadline_is_answered_504_and_never_computed(tmp_path: Path) -> None:
+    """The front end keeps each request's deadline: with the model stalled, a request with a
+    short X-Request-Timeout is answered 504 on time, and the device process drops its item."""
+    gate = tmp_path / "gate"
+    with split_server(*GATED, "--max-batch-size", "1", env={"GATE_FILE": str(gate)}) as (_, url), \
+            ThreadPoolExecutor(1) as pool:
+        first = pool.submit(post, url, [[2, 2]])
+        wait_until_sync(lambda: metric(url, "batchserve_queue_depth") == 0
+                        and metric(url, "batchserve_in_flight_requests") == 1, "the model busy")
+        with httpx.Client(timeout=60) as client:
+            late = client.post(url + "/predict", json={"instances": [[4, 4]]},
+                               headers={"X-Request-Timeout": "0.3"})
+        assert late.status_code == 504 and late.json()["error"]["type"] == "timeout"
+        gate.touch()
+        assert first.result().json()["predictions"] == [[4.0, 4.0]]
+        wait_until_sync(lambda: metric(url, "batchserve_dropped_items_total",
+                                       reason="expired") == 1, "the late item dropped")
+        assert metric(url, "batchserve_requests_total", status="504") == 1
+        assert metric(url, "batchserve_batch_size_count") == 1  # only the first was computed
+
+
 def test_load_and_unload_through_any_front_end_act_on_the_one_repository(
         tmp_path: Path) -> None:
     for name, model in (("lin", "linear"), ("other", "linear")):

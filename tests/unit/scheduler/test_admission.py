@@ -1,10 +1,12 @@
-"""Admission by priority (room per level) and by predicted finish: the pure arithmetic."""
+"""Admission by priority (room per level) and by predicted finish: the pure arithmetic, and the
+gate that applies it to a run of requests."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.scheduler.admission import predicted_wait_s, retry_after_s, room
+from app.errors import Unavailable, WouldMissDeadline
+from app.scheduler.admission import Gate, predicted_wait_s, retry_after_s, room
 
 
 def test_the_default_level_gets_the_capacity_the_urgent_more_the_rest_less() -> None:
@@ -26,3 +28,31 @@ def test_the_predicted_wait_counts_batches_sharing_and_devices() -> None:
 
 def test_retry_after_is_whole_seconds_at_least_one() -> None:
     assert retry_after_s(0.01) == 1 and retry_after_s(2.2) == 3
+
+
+def gate(depth: int = 0, through: int = 0, full_batch_s: float | None = None) -> Gate:
+    # capacity 8 at the default level 2 of two: level 2 may fill 8 places, level 1 twelve
+    return Gate("m", 8, 2, room(8, 2, 2, 2), depth, through, 4, full_batch_s, 1, 1)
+
+
+def test_a_gate_counts_what_it_admitted_ahead_of_the_next_request() -> None:
+    """A run of requests at one level (a front end's message) is admitted as if each were
+    queued before the next: 8 places hold 8 items whichever way they come."""
+    g = gate(depth=3, through=3)
+    g.admit(4, None, 0.0)
+    g.admit(1, None, 0.0)
+    with pytest.raises(Unavailable) as refused:
+        g.admit(1, None, 0.0)
+    assert refused.value.type == "busy" and (g.depth, g.through) == (8, 8)
+    g.admit(0, None, 0.0)  # nothing to queue: always room
+
+
+def test_a_gate_refuses_what_would_finish_past_its_deadline_once_the_cost_is_known() -> None:
+    g = gate(full_batch_s=0.010)  # batches of 4 at 10 ms
+    g.admit(4, 0.050, 0.0)  # 4 ahead: the batch in progress and one more, 20 ms
+    with pytest.raises(WouldMissDeadline) as late:
+        g.admit(1, 0.025, 0.0)  # 5 ahead: 30 ms, after 25
+    assert late.value.retry_after_s == 1 and (g.depth, g.through) == (4, 4)
+    g.admit(1, 0.040, 0.0)  # the refusal queued nothing: 30 ms fits 40
+    unknown = gate()
+    unknown.admit(8, 0.0, 1.0)  # no cost model yet: no deadline refusal, only room

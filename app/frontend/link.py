@@ -1,0 +1,151 @@
+"""A front end's link to the device process (docs/frontends.md): requests out, results and the
+model snapshot in, each request answered exactly once.
+
+``submit`` sends a request and keeps its deadline here (a timer): past it, the answer is
+DeadlineExceeded and the device process is told to drop it. An answer relayed from the device
+process resolves it otherwise; if the device process goes away first, every request waiting
+here is answered 503 ``unhealthy``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import app.wire as wire
+from app.bridge import Snapshot
+from app.errors import Relayed, Unavailable
+from app.pending import expire
+
+log = logging.getLogger("batchserve.frontend")
+
+GONE = "the device process has stopped"
+
+
+@dataclass(eq=False, slots=True)
+class RemoteRequest:
+    rid: int
+    future: asyncio.Future[list[Any]]
+    timer: asyncio.TimerHandle | None = None  # its deadline's
+
+
+class DeviceLink:
+    """This front end's socket to the device process: requests out, results and the model
+    snapshot in."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[int, RemoteRequest] = {}
+        self.snapshot = Snapshot()
+        self.gone = False
+        self.on_snapshot: list[Any] = []
+        self._ids = itertools.count(1)
+        self._syncs: dict[int, asyncio.Future[None]] = {}
+        self._outbox: wire.Outbox | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def open(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Start on a connected socket; returns once the first snapshot is in."""
+        self._reader = reader
+        self._outbox = wire.Outbox(writer)
+        self._apply(await wire.read(reader))
+        self._task = asyncio.get_running_loop().create_task(self._run(reader))
+
+    def send(self, kind: str, entry: Any) -> None:
+        if self._outbox is not None and not self.gone:
+            self._outbox.add(kind, entry)
+
+    def submit(self, entry: tuple[Any, ...], items: list[Any]) -> RemoteRequest:
+        """Send one request, ``entry`` (model, version, level, deadline, log id), and return
+        what will hold its answer. The deadline is kept here: past it, the answer is
+        DeadlineExceeded and the device process is told to drop the request."""
+        rid = next(self._ids)
+        loop = asyncio.get_running_loop()
+        request = RemoteRequest(rid, loop.create_future())
+        request.timer = loop.call_later(entry[3] - time.monotonic(), self._expire, request)
+        self.waiting[rid] = request
+        if self._outbox is not None and not self.gone:
+            self._outbox.add("requests", (rid, *entry, len(items)), items)
+        return request
+
+    def drop(self, request: RemoteRequest) -> None:
+        """Its caller is done with ``request``: if it is still waiting (its client left), the
+        device process drops its items."""
+        if request.timer is not None:
+            request.timer.cancel()
+        if not request.future.done():
+            request.future.cancel()
+            self.waiting.pop(request.rid, None)
+            self.send("cancel", request.rid)
+
+    def _expire(self, request: RemoteRequest) -> None:
+        if not request.future.done():
+            expire(request.future)
+            self.waiting.pop(request.rid, None)
+            self.send("cancel", request.rid)
+
+    async def sync(self) -> None:
+        """Wait until every front end holds a snapshot taken after everything this one sent so
+        far was handled (a load or unload it proxied)."""
+        token = next(self._ids)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._syncs[token] = future
+        self.send("sync", token)
+        try:
+            await future
+        finally:
+            self._syncs.pop(token, None)
+
+    async def _run(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                self._apply(await wire.read(reader))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        self._lost()
+
+    def _apply(self, message: dict[str, list[Any]]) -> None:
+        values = wire.values_of(message, "results")
+        at = 0
+        for rid, error, n in message.get("results", ()):
+            request = self.waiting.pop(rid, None)
+            if request is not None and not request.future.done():
+                if request.timer is not None:
+                    request.timer.cancel()
+                if error is None:
+                    request.future.set_result(values[at:at + n])
+                else:
+                    request.future.set_exception(Relayed(*error))
+            at += n
+        snapshots = message.get("models")
+        if snapshots:
+            self.snapshot = snapshots[-1]
+            for callback in self.on_snapshot:
+                callback(self.snapshot)
+        for key in message.get("ack", ()):
+            self.send("acked", key)
+        for token in message.get("synced", ()):
+            waiter = self._syncs.get(token)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+    def _lost(self) -> None:
+        """The device process is gone: everything waiting is answered 503 unhealthy."""
+        if self.gone:
+            return
+        self.gone = True
+        log.critical("%s; answering 503 and exiting", GONE)
+        futures: list[asyncio.Future[Any]] = [*(r.future for r in self.waiting.values()),
+                                              *self._syncs.values()]
+        for future in futures:
+            if not future.done():
+                future.set_exception(Unavailable("unhealthy", GONE))
+        self.waiting.clear()
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()

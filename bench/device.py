@@ -1,0 +1,151 @@
+"""``python -m bench.device``: the device process alone, fed by a synthetic front end.
+
+What limits ``--frontends N`` on a GPU box is the device process (docs/frontends.md): its one
+event loop admits, enqueues and answers every request, and its device threads share that GIL.
+This runs that process's own code (``build_service`` and ``Bridge``, as ``--frontends N`` does)
+with front ends that skip HTTP: ``--clients`` child processes that keep ``--concurrency``
+requests of ``--instances`` items in flight between them, each over a real link
+(``DeviceLink``, the front end's own code), and count each answer as a front end does. More
+clients mean fewer requests a message. Printed: requests per second the device process
+answered, and its CPU per request, the event loop's and the whole process's (loop, device
+threads, decode pool).
+
+    python -m bench.device --workload linear --concurrency 256 --seconds 5 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import uvloop
+
+from app.bridge import Bridge
+from app.config import Settings
+from app.frontend.link import DeviceLink
+from app.runtime import build_service
+from app.state import ModelState
+from bench.run import cpu_seconds, instance_for
+
+
+def settings_for(args: argparse.Namespace) -> Settings:
+    return Settings(model=args.workload, devices=args.devices, max_batch_size=args.max_batch_size,
+                    max_wait_ms=args.max_wait_ms, torch_threads=args.torch_threads,
+                    queue_capacity=4096, max_instances=max(256, args.instances), grpc_port=0)
+
+
+async def device(args: argparse.Namespace) -> list[tuple[float, float, float]]:
+    """The device process: serve the child's link; per round (req/s, loop us, process us)."""
+    service = build_service(settings_for(args))
+    await service.start()
+    model = None
+    while model is None or model.state is not ModelState.READY:
+        await asyncio.sleep(0.1)
+        model = next(iter(service.repository.served.get(args.workload, {}).values()), None)
+    bridge = Bridge(service)
+    children, serving = [], []
+    for _ in range(args.clients):
+        ours, theirs = socket.socketpair()
+        children.append(subprocess.Popen(
+            [sys.executable, "-m", "bench.device", "--client-fd", str(theirs.fileno()),
+             "--workload", args.workload, "--instances", str(args.instances),
+             "--concurrency", str(args.concurrency // args.clients)],
+            pass_fds=(theirs.fileno(),)))
+        theirs.close()
+        reader, writer = await asyncio.open_connection(sock=ours)
+        serving.append(asyncio.get_running_loop().create_task(bridge.serve(reader, writer)))
+    answered = service.metrics.requests
+    rounds = []
+    try:
+        await asyncio.sleep(args.warmup_s)
+        for _ in range(args.rounds):
+            n0, t0 = _count(answered), time.monotonic()
+            loop0, all0 = cpu_seconds(os.getpid(), os.getpid()), cpu_seconds(os.getpid())
+            await asyncio.sleep(args.seconds)
+            n1, t1 = _count(answered), time.monotonic()
+            loop1, all1 = cpu_seconds(os.getpid(), os.getpid()), cpu_seconds(os.getpid())
+            n = max(1.0, n1 - n0)
+            rounds.append((n / (t1 - t0), (loop1 - loop0) / n * 1e6, (all1 - all0) / n * 1e6))
+    finally:
+        for child in children:
+            child.terminate()
+            child.wait()
+        for task in serving:
+            task.cancel()
+        bridge.close()
+        await service.stop()
+    return rounds
+
+
+def _count(counter: Any) -> float:
+    """Requests answered 200, as the child counts them to the device process."""
+    return sum(s.value for m in counter.collect() for s in m.samples
+               if s.name.endswith("_total") and s.labels.get("status") == "200")
+
+
+async def client(args: argparse.Namespace) -> None:
+    """The synthetic front end: ``concurrency`` closed loops of one request each."""
+    sock = socket.socket(fileno=args.client_fd)
+    reader, writer = await asyncio.open_connection(sock=sock)
+    link = DeviceLink()
+    await link.open(reader, writer)
+    versions = link.snapshot.served[args.workload]
+    version = next(iter(versions))
+    rows = np.asarray([instance_for(args.workload, i) for i in range(args.instances)],
+                      dtype=np.float32)
+    items = list(rows)
+
+    async def loop() -> None:
+        while True:
+            start = time.monotonic()
+            request = link.submit((args.workload, version, 1, start + 30.0, None), items)
+            await request.future
+            link.send("answered", (args.workload, version, 200, time.monotonic() - start,
+                                   "http"))
+
+    await asyncio.gather(*(loop() for _ in range(args.concurrency)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workload", choices=["linear", "mlp"], default="linear")
+    p.add_argument("--concurrency", type=int, default=256, help="requests in flight (256)")
+    p.add_argument("--clients", type=int, default=1,
+                   help="synthetic front ends, the concurrency shared between them (1)")
+    p.add_argument("--instances", type=int, default=1, help="items a request (1)")
+    p.add_argument("--seconds", type=float, default=5.0, help="a round (5)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--warmup-s", type=float, default=2.0)
+    p.add_argument("--devices", default="cpu")
+    p.add_argument("--max-batch-size", type=int, default=256)
+    p.add_argument("--max-wait-ms", type=float, default=5.0)
+    p.add_argument("--torch-threads", type=int, default=1)
+    p.add_argument("--client-fd", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.client_fd is not None:
+        uvloop.run(client(args))
+        return 0
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    print(f"== device process alone: {args.workload}, {args.instances} item(s) a request, "
+          f"c={args.concurrency} over {args.clients} client(s), max batch {args.max_batch_size}, "
+          f"devices {args.devices}", flush=True)
+    rounds = uvloop.run(device(args))
+    print(f"{'round':>5}{'req/s':>10}{'loop us/req':>13}{'process us/req':>16}")
+    for i, (rate, loop, whole) in enumerate(rounds, 1):
+        print(f"{i:>5}{rate:>10.0f}{loop:>13.1f}{whole:>16.1f}")
+    print(f"median: {statistics.median(r[0] for r in rounds):,.0f} req/s, loop "
+          f"{statistics.median(r[1] for r in rounds):.1f} us/req, process "
+          f"{statistics.median(r[2] for r in rounds):.1f} us/req")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""A front end's link (app/frontend/link.py) against a scripted device process: each request
+is answered once, by the device, by its deadline (then the device is told to drop it), or 503
+when the device process goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app import wire
+from app.bridge import Snapshot
+from app.errors import DeadlineExceeded, Relayed, Unavailable
+from app.frontend.link import DeviceLink
+
+pytestmark = pytest.mark.asyncio
+
+
+@asynccontextmanager
+async def linked() -> AsyncIterator[tuple[DeviceLink, asyncio.StreamReader,
+                                          asyncio.StreamWriter]]:
+    """A link and the device's end of its socket, the first snapshot sent."""
+    ours, theirs = socket.socketpair()
+    reader, writer = await asyncio.open_connection(sock=theirs)
+    writer.write(wire.encode({"models": [Snapshot()]}))
+    link = DeviceLink()
+    front_reader, front_writer = await asyncio.open_connection(sock=ours)
+    await link.open(front_reader, front_writer)
+    try:
+        yield link, reader, writer
+    finally:
+        link.close()
+        for end in (writer, front_writer):
+            end.close()
+            await end.wait_closed()
+
+
+async def received(reader: asyncio.StreamReader, kind: str) -> list[Any]:
+    """The entries of ``kind`` in the next message that has any."""
+    while True:
+        message = await asyncio.wait_for(wire.read(reader), 10)
+        if kind in message:
+            return list(message[kind])
+
+
+def entry(timeout_s: float) -> tuple[Any, ...]:
+    return ("m", "1", 1, time.monotonic() + timeout_s, "log-1")
+
+
+async def test_results_answer_a_request_and_its_deadline_is_then_off() -> None:
+    async with linked() as (link, device, to_front):
+        request = link.submit(entry(0.2), [np.ones(2)])
+        (rid, *_), = await received(device, "requests")
+        to_front.write(wire.encode({"results": [(rid, None, 1)],
+                                    "results_values": wire.pack([np.full(3, 7.0)])}))
+        assert (await request.future)[0].tolist() == [7.0] * 3
+        await asyncio.sleep(0.3)  # past the deadline: nothing more is sent
+        assert request.timer is not None and request.timer.cancelled()
+        assert not link.waiting
+
+
+async def test_past_its_deadline_a_request_is_answered_504_and_dropped_there() -> None:
+    async with linked() as (link, device, to_front):
+        request = link.submit(entry(0.05), [np.ones(2)])
+        (rid, *_), = await received(device, "requests")
+        with pytest.raises(DeadlineExceeded):
+            await request.future
+        assert await received(device, "cancel") == [rid] and not link.waiting
+        # an answer the device sends meanwhile changes nothing
+        to_front.write(wire.encode({"results": [(rid, (503, "busy", "full", 1), 0)]}))
+        await asyncio.sleep(0.05)
+        assert isinstance(request.future.exception(), DeadlineExceeded)
+
+
+async def test_a_refusal_is_relayed_and_a_lost_device_answers_the_rest_503() -> None:
+    async with linked() as (link, device, to_front):
+        refused = link.submit(entry(30), [np.ones(2)])
+        waiting = link.submit(entry(30), [np.ones(2)])
+        first, _ = await received(device, "requests")
+        to_front.write(wire.encode({"results": [(first[0], (503, "busy", "full", 2), 0)]}))
+        with pytest.raises(Relayed) as busy:
+            await refused.future
+        assert (busy.value.status, busy.value.retry_after_s) == (503, 2)
+        to_front.close()
+        with pytest.raises(Unavailable) as gone:
+            await waiting.future
+        assert gone.value.type == "unhealthy" and link.gone

@@ -1,0 +1,114 @@
+"""The device process's end of a front end's link (app/bridge.py), driven with the messages a
+front end sends: one message's requests are admitted in order against the one queue, each is
+answered once (results or its refusal), a cancelled one never, and counts are counted once."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from app.bridge import Bridge, _Link
+from app.runtime import InferenceService
+from tests.conftest import sample, wait_until
+from tests.fakes import EchoHandler, GatedHandler
+from tests.unit.test_runtime import call, running
+
+pytestmark = pytest.mark.asyncio
+
+
+class Outbox:
+    """What the bridge sends to the front end, entry by entry."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Any, list[Any] | None]] = []
+
+    def add(self, kind: str, entry: Any, values: list[Any] | None = None) -> None:
+        self.sent.append((kind, entry, values))
+
+    def results(self) -> dict[int, Any]:
+        """Each request's answer: its results, or its error's (status, type)."""
+        return {entry[0]: values if entry[1] is None else entry[1][:2]
+                for kind, entry, values in self.sent if kind == "results"}
+
+
+def link() -> tuple[_Link, Outbox]:
+    outbox = Outbox()
+    return _Link(outbox), outbox  # type: ignore[arg-type]
+
+
+def message(service: InferenceService, *requests: tuple[int, list[float]],
+            name: str | None = None) -> dict[str, Any]:
+    """``requests`` (id, items) as a front end sends them, at the default level: one entry
+    each, their items in one list."""
+    model = service.repository.get()
+    deadline = time.monotonic() + 30.0
+    level = model.settings.default_level
+    entries = [(rid, name or model.name, model.version, level, deadline, f"log-{rid}",
+                len(items)) for rid, items in requests]
+    values = [x for _, items in requests for x in items]
+    return {"requests": entries, "requests_values": ("list", values)}
+
+
+async def test_one_message_is_admitted_in_order_against_the_one_queue() -> None:
+    """queue_capacity 4 with the device busy: of six requests in one message the first four
+    are queued and the last two refused at once; every admitted one is answered."""
+    handler = GatedHandler()
+    async with running(handler, max_batch_size=1, queue_capacity=4, max_instances=4) as service:
+        bridge, (front, outbox) = Bridge(service), link()
+        bridge._handle(front, message(service, (0, [0.0])))
+        await wait_until(handler.entered.is_set, "the device busy")
+        bridge._handle(front, message(service, *[(i, [float(i)]) for i in range(1, 7)]))
+        assert outbox.results() == {5: (503, "busy"), 6: (503, "busy")}
+        assert service.repository.get().queue.depth == 4
+        handler.gate.set()
+        await wait_until(lambda: len(outbox.results()) == 7, "every request answered")
+        answers = outbox.results()
+        assert [answers[i] for i in range(5)] == [[2.0 * i] for i in range(5)]
+        assert service.repository.get().in_flight == 0 and not front.waiting
+
+
+async def test_a_request_of_many_items_is_admitted_or_refused_whole() -> None:
+    handler = GatedHandler()
+    async with running(handler, max_batch_size=1, queue_capacity=4, max_instances=4) as service:
+        bridge, (front, outbox) = Bridge(service), link()
+        bridge._handle(front, message(service, (0, [0.0])))
+        await wait_until(handler.entered.is_set, "the device busy")
+        bridge._handle(front, message(service, (1, [1.0, 2.0, 3.0]), (2, [4.0, 5.0]),
+                                      (3, [6.0])))
+        assert outbox.results() == {2: (503, "busy")}  # 3 + 2 > 4; 3 + 1 fits
+        handler.gate.set()
+        await wait_until(lambda: len(outbox.results()) == 4, "every request answered")
+        assert outbox.results()[1] == [2.0, 4.0, 6.0] and outbox.results()[3] == [12.0]
+
+
+async def test_a_cancelled_request_is_dropped_unanswered() -> None:
+    handler = GatedHandler()
+    async with running(handler, max_batch_size=1) as service:
+        bridge, (front, outbox) = Bridge(service), link()
+        bridge._handle(front, message(service, (0, [0.0]), (1, [1.0])))
+        await wait_until(handler.entered.is_set, "the device busy")
+        bridge._handle(front, {"cancel": [1]})
+        assert service.repository.get().in_flight == 1 and list(front.waiting) == [0]
+        handler.gate.set()
+        await wait_until(lambda: 0 in outbox.results(), "the other answered")
+        await call(service, [9.0])  # a later batch: the cancelled item was dropped before it
+        assert 1 not in outbox.results() and handler.seen == [0.0, 9.0]
+        assert sample(service.metrics.registry, "batchserve_dropped_items_total",
+                      reason="cancelled") == 1
+
+
+async def test_an_unknown_model_is_refused_per_request_and_counts_arrive_once() -> None:
+    async with running(EchoHandler()) as service:
+        bridge, (front, outbox) = Bridge(service), link()
+        bridge._handle(front, message(service, (1, [1.0]), (2, [2.0]), name="nope"))
+        assert outbox.results() == {1: (404, "not_found"), 2: (404, "not_found")}
+        model = service.repository.get()
+        bridge._handle(front, {"answered": [(model.name, model.version, 200, 0.001, "http"),
+                                            (model.name, model.version, 200, 0.002, "http"),
+                                            (model.name, model.version, 504, 0.5, "grpc")]})
+        registry = service.metrics.registry
+        assert sample(registry, "batchserve_requests_total", status="200") == 2
+        assert sample(registry, "batchserve_requests_total", status="504", protocol="grpc") == 1
+        assert sample(registry, "batchserve_request_duration_seconds_count") == 3

@@ -1,0 +1,50 @@
+"""What travels through a queue: an ``Answer`` settles once and says so at once, and a batch's
+report resolves each request whose items are all in."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from app.errors import ModelError
+from app.pending import Answer, BatchReport, PendingItem, PendingRequest
+
+
+def test_an_answer_settles_once_and_calls_back_at_once() -> None:
+    seen: list[Answer] = []
+    answer = Answer(seen.append, "r1")
+    assert not answer.done() and answer.exception() is None
+    answer.set_result([1, 2])
+    assert seen == [answer] and answer.key == "r1"  # no event-loop pass in between
+    assert answer.done() and not answer.cancelled() and answer.result() == [1, 2]
+    with pytest.raises(asyncio.InvalidStateError):
+        answer.set_exception(ModelError())
+    assert not answer.cancel() and seen == [answer]  # a settled answer is not cancelled
+
+
+def test_a_cancelled_or_failed_answer_says_which() -> None:
+    seen: list[Answer] = []
+    cancelled, failed = Answer(seen.append, 1), Answer(seen.append, 2)
+    assert cancelled.cancel() and cancelled.cancelled() and cancelled.exception() is None
+    error = ModelError()
+    failed.set_exception(error)
+    assert failed.exception() is error and not failed.cancelled()
+    assert seen == [cancelled, failed]
+
+
+def test_a_report_resolves_a_request_once_every_item_is_in() -> None:
+    seen: list[Answer] = []
+    two = PendingRequest(Answer(seen.append, "two"), 2, 1e9, 1.0)
+    one = PendingRequest(Answer(seen.append, "one"), 1, 1e9, 2.0)
+    gone = PendingRequest(Answer(seen.append, "gone"), 1, 1e9, 2.0)
+    assert gone.future.cancel()
+    items = [PendingItem(two, 1, None), PendingItem(one, 0, None), PendingItem(gone, 0, None)]
+    results: list[tuple[PendingItem, Any]] = [(items[0], "b"), (items[1], ModelError()),
+                                              (items[2], "x")]
+    waits = BatchReport("cpu", results, 3.0).answer()
+    assert [a.key for a in seen] == ["gone", "one"] and not two.future.done()
+    assert waits == [2.0]  # the item written into ``two``; the failure and the cancelled not
+    waits = BatchReport("cpu", [(PendingItem(two, 0, None), "a")], 4.0).answer()
+    assert two.future.result() == ["a", "b"] and waits == [3.0]
