@@ -30,6 +30,7 @@ import uvloop
 
 from app.bridge import Bridge
 from app.config import Settings
+from app.errors import ServeError
 from app.frontend.link import DeviceLink
 from app.runtime import build_service
 from app.state import ModelState
@@ -39,7 +40,8 @@ from bench.run import cpu_seconds, instance_for
 def settings_for(args: argparse.Namespace) -> Settings:
     return Settings(model=args.workload, devices=args.devices, max_batch_size=args.max_batch_size,
                     max_wait_ms=args.max_wait_ms, torch_threads=args.torch_threads,
-                    queue_capacity=4096, max_instances=max(256, args.instances), grpc_port=0)
+                    queue_capacity=max(4096, args.concurrency * args.instances),
+                    max_instances=max(256, args.instances), grpc_port=0)
 
 
 async def device(args: argparse.Namespace) -> list[tuple[float, float, float]]:
@@ -107,7 +109,12 @@ async def client(args: argparse.Namespace) -> None:
         while True:
             start = time.monotonic()
             request = link.submit((args.workload, version, 1, start + 30.0, None), items)
-            await request.future
+            try:
+                await request.future
+            except ServeError as exc:  # counted by its status; the loop goes on
+                link.send("answered", (args.workload, version, exc.status,
+                                       time.monotonic() - start, "http"))
+                continue
             link.send("answered", (args.workload, version, 200, time.monotonic() - start,
                                    "http"))
 

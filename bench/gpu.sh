@@ -2,7 +2,8 @@
 # The GPU run, in one command on a lent GPU machine (docs/benchmarks.md, "GPU"): the tests with
 # CUDA present, the model alone at GPU batch sizes, then the front-end curve (docs/frontends.md):
 # N = 1, 2, 4, 8, 14 front ends at c=256 on mlp (1 JSON instance a request; 32 instances as v2
-# binary tensors) and minilm, with the GPU's busy share. Needs .carry/ from
+# binary tensors) and minilm, with the GPU's busy share; and the device process alone on mlp
+# (bench.device: its ceiling and CPU a request without HTTP). Needs .carry/ from
 # `python -m bench.carry` (made here, named in the device call's carry).
 #
 #   on the device:  bash bench/gpu.sh            (logs and result JSON go to $OUT)
@@ -16,7 +17,7 @@ DEVICES=${DEVICES:-cuda}
 FRONTENDS=${FRONTENDS:-1,2,4,8,14}
 SECONDS_PER_POINT=${SECONDS_PER_POINT:-4}
 TESTS=${TESTS:-tests/unit tests/api}  # what pytest runs
-CURVES=${CURVES:-mlp-json mlp-binary32 minilm}  # which curves
+CURVES=${CURVES:-mlp-json mlp-binary32 minilm device}  # which curves
 OUT=${OUT:?OUT: where the logs and results go}
 mkdir -p "$OUT"
 
@@ -60,6 +61,14 @@ main() {
     --queue-capacity 16384 \
     --concurrency 256
   curve minilm --workload minilm --max-batch-size 128 --concurrency 256
+  if [[ " $CURVES " == *" device "* ]]; then
+    echo "== the device process alone: mlp, 1 and 32 items a request, 8 synthetic front ends"
+    timeout 60 "$PY" -m bench.device --workload mlp --devices "$DEVICES" --clients 8 \
+      --seconds 3 --rounds 1 --warmup-s 2
+    timeout 60 "$PY" -m bench.device --workload mlp --devices "$DEVICES" --clients 8 \
+      --instances 32 --concurrency 256 --seconds 3 --rounds 1 --warmup-s 2
+    echo "== device exit $?"
+  fi
 }
 
 main 2>&1 | tee "$OUT/gpu.log"
