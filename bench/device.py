@@ -44,8 +44,9 @@ def settings_for(args: argparse.Namespace) -> Settings:
                     max_instances=max(256, args.instances), grpc_port=0)
 
 
-async def device(args: argparse.Namespace) -> list[tuple[float, float, float]]:
-    """The device process: serve the child's link; per round (req/s, loop us, process us)."""
+async def device(args: argparse.Namespace) -> list[tuple[float, float, float, float]]:
+    """The device process: serve the children's links; per round (req/s, loop us, process us,
+    mean batch)."""
     service = build_service(settings_for(args))
     await service.start()
     model = None
@@ -60,22 +61,26 @@ async def device(args: argparse.Namespace) -> list[tuple[float, float, float]]:
             [sys.executable, "-m", "bench.device", "--client-fd", str(theirs.fileno()),
              "--workload", args.workload, "--instances", str(args.instances),
              "--concurrency", str(args.concurrency // args.clients)],
-            pass_fds=(theirs.fileno(),)))
+            pass_fds=(theirs.fileno(),), stdout=subprocess.PIPE))
         theirs.close()
         reader, writer = await asyncio.open_connection(sock=ours)
         serving.append(asyncio.get_running_loop().create_task(bridge.serve(reader, writer)))
-    answered = service.metrics.requests
+    answered, registry = service.metrics.requests, service.metrics.registry
     rounds = []
     try:
+        for child in children:  # each says so once linked: imports take seconds on a small box
+            assert child.stdout is not None
+            await asyncio.to_thread(child.stdout.readline)
         await asyncio.sleep(args.warmup_s)
         for _ in range(args.rounds):
-            n0, t0 = _count(answered), time.monotonic()
+            n0, t0, b0 = _count(answered), time.monotonic(), _batches(registry)
             loop0, all0 = cpu_seconds(os.getpid(), os.getpid()), cpu_seconds(os.getpid())
             await asyncio.sleep(args.seconds)
-            n1, t1 = _count(answered), time.monotonic()
+            n1, t1, b1 = _count(answered), time.monotonic(), _batches(registry)
             loop1, all1 = cpu_seconds(os.getpid(), os.getpid()), cpu_seconds(os.getpid())
             n = max(1.0, n1 - n0)
-            rounds.append((n / (t1 - t0), (loop1 - loop0) / n * 1e6, (all1 - all0) / n * 1e6))
+            rounds.append((n / (t1 - t0), (loop1 - loop0) / n * 1e6, (all1 - all0) / n * 1e6,
+                           (b1[0] - b0[0]) / max(1.0, b1[1] - b0[1])))
     finally:
         for child in children:
             child.terminate()
@@ -85,6 +90,14 @@ async def device(args: argparse.Namespace) -> list[tuple[float, float, float]]:
         bridge.close()
         await service.stop()
     return rounds
+
+
+def _batches(registry: Any) -> tuple[float, float]:
+    """(items, model calls) so far."""
+    return (registry.get_sample_value("batchserve_batch_size_sum", {"model": "mlp"}) or
+            registry.get_sample_value("batchserve_batch_size_sum", {"model": "linear"}) or 0.0,
+            registry.get_sample_value("batchserve_batch_size_count", {"model": "mlp"}) or
+            registry.get_sample_value("batchserve_batch_size_count", {"model": "linear"}) or 0.0)
 
 
 def _count(counter: Any) -> float:
@@ -99,6 +112,7 @@ async def client(args: argparse.Namespace) -> None:
     reader, writer = await asyncio.open_connection(sock=sock)
     link = DeviceLink()
     await link.open(reader, writer)
+    print("linked", flush=True)
     versions = link.snapshot.served[args.workload]
     version = next(iter(versions))
     rows = np.asarray([instance_for(args.workload, i) for i in range(args.instances)],
@@ -145,9 +159,9 @@ def main(argv: list[str] | None = None) -> int:
           f"c={args.concurrency} over {args.clients} client(s), max batch {args.max_batch_size}, "
           f"devices {args.devices}", flush=True)
     rounds = uvloop.run(device(args))
-    print(f"{'round':>5}{'req/s':>10}{'loop us/req':>13}{'process us/req':>16}")
-    for i, (rate, loop, whole) in enumerate(rounds, 1):
-        print(f"{i:>5}{rate:>10.0f}{loop:>13.1f}{whole:>16.1f}")
+    print(f"{'round':>5}{'req/s':>10}{'loop us/req':>13}{'process us/req':>16}{'batch':>7}")
+    for i, (rate, loop, whole, batch) in enumerate(rounds, 1):
+        print(f"{i:>5}{rate:>10.0f}{loop:>13.1f}{whole:>16.1f}{batch:>7.1f}")
     print(f"median: {statistics.median(r[0] for r in rounds):,.0f} req/s, loop "
           f"{statistics.median(r[1] for r in rounds):.1f} us/req, process "
           f"{statistics.median(r[2] for r in rounds):.1f} us/req")

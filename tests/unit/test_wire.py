@@ -19,6 +19,8 @@ def roundtrip(message: dict) -> dict:
     [np.arange(n, dtype=np.int64) for n in (3, 1, 5)],  # token ids: joined
     [{"a": np.ones(2)}, [np.zeros(1)], "text"],  # anything else: as it is
     [np.ones(2, dtype=np.float32), np.ones(2, dtype=np.float64)],  # mixed dtypes
+    [np.arange(12, dtype=np.float32).reshape(3, 4)[:, 1]],  # one strided view
+    [np.arange(6, dtype=np.int32).reshape(2, 3)] * 2,  # 2-D
 ])
 def test_values_come_back_equal_in_order(values: list) -> None:
     got = wire.unpack(roundtrip({"v": wire.pack(values)})["v"])
