@@ -12,7 +12,7 @@ import pytest
 from app.bridge import Bridge, _Link
 from app.runtime import InferenceService
 from tests.conftest import sample, wait_until
-from tests.fakes import EchoHandler, GatedHandler
+from tests.fakes import EchoHandler, FailingHandler, GatedHandler
 from tests.unit.test_runtime import call, running
 
 pytestmark = pytest.mark.asyncio
@@ -112,3 +112,13 @@ async def test_an_unknown_model_is_refused_per_request_and_counts_arrive_once() 
         assert sample(registry, "batchserve_requests_total", status="200") == 2
         assert sample(registry, "batchserve_requests_total", status="504", protocol="grpc") == 1
         assert sample(registry, "batchserve_request_duration_seconds_count") == 3
+
+
+async def test_a_failing_model_answers_each_request_500_once() -> None:
+    async with running(FailingHandler(), max_batch_size=8) as service:  # raises on a negative
+        bridge, (front, outbox) = Bridge(service), link()
+        bridge._handle(front, message(service, (1, [-1.0]), (2, [2.0, -3.0])))
+        await wait_until(lambda: len(outbox.results()) == 2, "both answered")
+        assert outbox.results() == {1: (500, "model_error"), 2: (500, "model_error")}
+        assert len([kind for kind, *_ in outbox.sent if kind == "results"]) == 2
+        assert service.repository.get().in_flight == 0 and not front.waiting
