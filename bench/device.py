@@ -73,10 +73,10 @@ async def device(args: argparse.Namespace) -> list[tuple[float, float, float, fl
             await asyncio.to_thread(child.stdout.readline)
         await asyncio.sleep(args.warmup_s)
         for _ in range(args.rounds):
-            n0, t0, b0 = _count(answered), time.monotonic(), _batches(registry)
+            n0, t0, b0 = _count(answered), time.monotonic(), _batches(registry, args.workload)
             loop0, all0 = cpu_seconds(os.getpid(), os.getpid()), cpu_seconds(os.getpid())
             await asyncio.sleep(args.seconds)
-            n1, t1, b1 = _count(answered), time.monotonic(), _batches(registry)
+            n1, t1, b1 = _count(answered), time.monotonic(), _batches(registry, args.workload)
             loop1, all1 = cpu_seconds(os.getpid(), os.getpid()), cpu_seconds(os.getpid())
             n = max(1.0, n1 - n0)
             rounds.append((n / (t1 - t0), (loop1 - loop0) / n * 1e6, (all1 - all0) / n * 1e6,
@@ -92,12 +92,13 @@ async def device(args: argparse.Namespace) -> list[tuple[float, float, float, fl
     return rounds
 
 
-def _batches(registry: Any) -> tuple[float, float]:
-    """(items, model calls) so far."""
-    return (registry.get_sample_value("batchserve_batch_size_sum", {"model": "mlp"}) or
-            registry.get_sample_value("batchserve_batch_size_sum", {"model": "linear"}) or 0.0,
-            registry.get_sample_value("batchserve_batch_size_count", {"model": "mlp"}) or
-            registry.get_sample_value("batchserve_batch_size_count", {"model": "linear"}) or 0.0)
+def _batches(registry: Any, model: str) -> tuple[float, float]:
+    """(items, model calls) of ``model`` so far."""
+    def value(part: str) -> float:
+        found = registry.get_sample_value(f"batchserve_batch_size_{part}", {"model": model})
+        return float(found or 0.0)
+
+    return value("sum"), value("count")
 
 
 def _count(counter: Any) -> float:
