@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from app.arrays import stack_rows
+
 _PREFIX = struct.Struct("!III")  # bytes after the prefix, pickle length, frame count
 
 
@@ -33,7 +35,7 @@ def pack(values: list[Any]) -> tuple[Any, ...]:
         dtype, shape = first.dtype, first.shape
         if not dtype.hasobject and first.ndim and all(v.dtype == dtype for v in values):
             if all(v.shape == shape for v in values):
-                return (_STACKED, first[None] if len(values) == 1 else np.stack(values))
+                return (_STACKED, first[None] if len(values) == 1 else stack_rows(values))
             if all(v.ndim == 1 for v in values):
                 return (_JOINED, np.concatenate(values), [len(v) for v in values])
     return ("list", values)

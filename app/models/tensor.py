@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from app.arrays import stack_rows
 from app.errors import InvalidInput
 from app.models.base import ModelHandler, Replica, Tensors
 
@@ -168,4 +169,4 @@ class TensorHandler(ModelHandler):
         return module
 
     def collate(self, items: list[Any]) -> Tensors:
-        return torch.from_numpy(np.stack(items))
+        return torch.from_numpy(stack_rows(items))
