@@ -178,21 +178,24 @@ class Bridge:
         """Admit and enqueue one message's requests, those for one model version and level
         together (``ServedModel.enqueue_all``), in the order they came; a refusal is sent back
         at once."""
-        groups: dict[tuple[str, str, int], list[tuple[Any, list[Any], float, Answer]]] = {}
+        # Per (model, version, level): the requests' (id, log id), and what enqueue_all takes.
+        groups: dict[tuple[str, str, int],
+                     tuple[list[tuple[int, str | None]], list[tuple[list[Any], float, Answer]]]]
+        groups = {}
         at = 0
         for rid, name, version, level, deadline, log_id, n in requests:
-            answer = Answer(link.done, rid)
-            groups.setdefault((name, version, level), []).append(
-                ((rid, log_id), values[at:at + n], deadline, answer))
+            ids, group = groups.setdefault((name, version, level), ([], []))
+            ids.append((rid, log_id))
+            group.append((values[at:at + n], deadline, Answer(link.done, rid)))
             at += n
-        for (name, version, level), group in groups.items():
+        for (name, version, level), (ids, group) in groups.items():
             try:
                 model = self.service.repository.get(name, version)
             except ServeError as exc:
                 outcomes: list[PendingRequest | ServeError] = [exc] * len(group)
             else:
-                outcomes = model.enqueue_all(level, [entry[1:] for entry in group])
-            for ((rid, log_id), *_), outcome in zip(group, outcomes, strict=True):
+                outcomes = model.enqueue_all(level, group)
+            for (rid, log_id), outcome in zip(ids, outcomes, strict=True):
                 if isinstance(outcome, ServeError):
                     link.outbox.add("results", (rid, error_fields(outcome), 0))
                 else:

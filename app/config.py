@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -17,6 +17,7 @@ from pydantic import (
 )
 from pydantic_settings import (
     BaseSettings,
+    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
@@ -224,6 +225,10 @@ class Settings(BaseSettings, BatchSettings):
             )
         return self
 
+    # A TOML file's values, below the environment: load_settings (app/sources.py) sets them on
+    # the subclass it builds; Settings itself has none.
+    file_values: ClassVar[dict[str, Any]] = {}
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -233,8 +238,8 @@ class Settings(BaseSettings, BatchSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Only init kwargs and the environment; load_settings layers the TOML file below both.
-        return (init_settings, env_settings)
+        # Init kwargs (flags), then the environment, then the file; no dotenv, no secrets dir.
+        return (init_settings, env_settings, InitSettingsSource(settings_cls, cls.file_values))
 
 
 def _number(value: Any) -> float | None:

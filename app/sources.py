@@ -10,8 +10,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource
-
 from app.config import CONFIG_ENV, ENV_PREFIX, Settings, describe_errors
 from app.errors import ConfigError
 
@@ -44,20 +42,9 @@ def load_settings(
     file_values = read_config_file(path) if path else {}
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
 
-    class _Layered(Settings):
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            return (init_settings, env_settings, InitSettingsSource(settings_cls, file_values))
-
+    layered_settings = type("LayeredSettings", (Settings,), {"file_values": file_values})
     try:
-        layered = _Layered(**given)
+        layered = layered_settings(**given)
     except ValueError as exc:
         raise ConfigError(describe_errors(exc)) from exc
     return Settings(**{name: getattr(layered, name) for name in layered.explicit})

@@ -26,6 +26,8 @@ import numpy as np
 from app.arrays import stack_rows
 
 _PREFIX = struct.Struct("!III")  # bytes after the prefix, pickle length, frame count
+_STACKED, _JOINED = "stacked", "joined"  # how ``pack`` holds a list of arrays
+_RAW = "raw"  # a packed entry whose array travels as (frame, dtype, shape): ``encode``, ``read``
 
 
 def pack(values: list[Any]) -> tuple[Any, ...]:
@@ -49,10 +51,6 @@ def unpack(packed: tuple[Any, ...]) -> list[Any]:
         flat, lengths = packed[1], packed[2]
         return np.split(flat, np.cumsum(lengths)[:-1]) if lengths else []
     return list(packed[1])
-
-
-_STACKED, _JOINED = "stacked", "joined"
-_RAW = "raw"  # a packed entry whose array travels as (frame, dtype, shape): ``encode``, ``read``
 
 
 def encode(message: Any) -> bytes:

@@ -30,7 +30,7 @@ GONE = "the device process has stopped"
 class RemoteRequest:
     rid: int
     future: asyncio.Future[list[Any]]
-    timer: asyncio.TimerHandle | None = None  # its deadline's
+    timer: asyncio.TimerHandle  # its deadline's
 
 
 class DeviceLink:
@@ -45,12 +45,10 @@ class DeviceLink:
         self._ids = itertools.count(1)
         self._syncs: dict[int, asyncio.Future[None]] = {}
         self._outbox: wire.Outbox | None = None
-        self._reader: asyncio.StreamReader | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def open(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Start on a connected socket; returns once the first snapshot is in."""
-        self._reader = reader
         self._outbox = wire.Outbox(writer)
         self._apply(await wire.read(reader))
         self._task = asyncio.get_running_loop().create_task(self._run(reader))
@@ -65,9 +63,8 @@ class DeviceLink:
         DeadlineExceeded and the device process is told to drop the request."""
         rid = next(self._ids)
         loop = asyncio.get_running_loop()
-        request = RemoteRequest(rid, loop.create_future())
-        request.timer = loop.call_later(entry[3] - time.monotonic(), self._expire, request)
-        self.waiting[rid] = request
+        timer = loop.call_later(entry[3] - time.monotonic(), self._expire, rid)
+        request = self.waiting[rid] = RemoteRequest(rid, loop.create_future(), timer)
         if self._outbox is not None and not self.gone:
             self._outbox.add("requests", (rid, *entry, len(items)), items)
         return request
@@ -75,18 +72,21 @@ class DeviceLink:
     def drop(self, request: RemoteRequest) -> None:
         """Its caller is done with ``request``: if it is still waiting (its client left), the
         device process drops its items."""
-        if request.timer is not None:
-            request.timer.cancel()
+        request.timer.cancel()
         if not request.future.done():
             request.future.cancel()
-            self.waiting.pop(request.rid, None)
-            self.send("cancel", request.rid)
+            self._cancel(request.rid)
 
-    def _expire(self, request: RemoteRequest) -> None:
-        if not request.future.done():
+    def _expire(self, rid: int) -> None:
+        request = self.waiting.get(rid)
+        if request is not None and not request.future.done():
             expire(request.future)
-            self.waiting.pop(request.rid, None)
-            self.send("cancel", request.rid)
+            self._cancel(rid)
+
+    def _cancel(self, rid: int) -> None:
+        """Stop waiting for ``rid``; the device process drops its items."""
+        self.waiting.pop(rid, None)
+        self.send("cancel", rid)
 
     async def sync(self) -> None:
         """Wait until every front end holds a snapshot taken after everything this one sent so
@@ -114,8 +114,7 @@ class DeviceLink:
         for rid, error, n in message.get("results", ()):
             request = self.waiting.pop(rid, None)
             if request is not None and not request.future.done():
-                if request.timer is not None:
-                    request.timer.cancel()
+                request.timer.cancel()
                 if error is None:
                     request.future.set_result(values[at:at + n])
                 else:

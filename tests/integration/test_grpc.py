@@ -65,6 +65,14 @@ def stub(srv: LiveServer) -> GRPCInferenceServiceStub:
     return GRPCInferenceServiceStub(grpc.insecure_channel(srv.grpc_url))
 
 
+def echo_request(value: float) -> pb.ModelInferRequest:
+    """One number for the echo model, as typed contents."""
+    r = pb.ModelInferRequest(model_name="echo")
+    r.inputs.add(name="INPUT0", datatype="FP32", shape=[1],
+                 contents=pb.InferTensorContents(fp32_contents=[value]))
+    return r
+
+
 def code_of(call: object) -> grpc.StatusCode:
     with pytest.raises(grpc.RpcError) as failed:
         call()  # type: ignore[operator]
@@ -287,15 +295,9 @@ async def test_a_cancelled_call_drops_its_queued_items() -> None:
         async with grpc.aio.insecure_channel(srv.grpc_url) as channel:
             infer = GRPCInferenceServiceStub(channel).ModelInfer
 
-            def request(value: float) -> pb.ModelInferRequest:
-                r = pb.ModelInferRequest(model_name="echo")
-                r.inputs.add(name="INPUT0", datatype="FP32", shape=[1],
-                             contents=pb.InferTensorContents(fp32_contents=[value]))
-                return r
-
-            first = infer(request(1))
+            first = infer(echo_request(1))
             await wait_until(handler.entered.is_set, "device busy")
-            second = infer(request(5))
+            second = infer(echo_request(5))
             await wait_until(lambda: queued(srv) == 1, "queued")
             second.cancel()
             registry = srv.app.state.service.metrics.registry
@@ -303,7 +305,7 @@ async def test_a_cancelled_call_drops_its_queued_items() -> None:
                                             reason="disconnected") == 1, "cancel noticed")
             handler.gate.set()
             assert len((await first).raw_output_contents) == 1
-            await infer(request(6))
+            await infer(echo_request(6))
     assert handler.seen == [1.0, 6.0]
 
 
@@ -399,21 +401,15 @@ async def test_the_grpc_deadline_bounds_the_request() -> None:
         async with grpc.aio.insecure_channel(srv.grpc_url) as channel:
             infer = GRPCInferenceServiceStub(channel).ModelInfer
 
-            def request(value: float) -> pb.ModelInferRequest:
-                r = pb.ModelInferRequest(model_name="echo")
-                r.inputs.add(name="INPUT0", datatype="FP32", shape=[1],
-                             contents=pb.InferTensorContents(fp32_contents=[value]))
-                return r
-
-            first = infer(request(1))
+            first = infer(echo_request(1))
             await wait_until(handler.entered.is_set, "device busy")
             with pytest.raises(grpc.aio.AioRpcError) as late:
-                await infer(request(5), timeout=0.3)
+                await infer(echo_request(5), timeout=0.3)
             assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             registry = srv.app.state.service.metrics.registry
             await wait_until(lambda: sample(registry, "batchserve_requests_total",
                                             protocol="grpc", status="504") == 1, "counted")
             handler.gate.set()
             await first
-            await infer(request(6))
+            await infer(echo_request(6))
     assert handler.seen == [1.0, 6.0]
