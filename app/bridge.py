@@ -2,11 +2,12 @@
 
 Each front end holds one socket to this process. What it sends (one message per pass of its
 event loop): ``requests`` to admit and enqueue, ``cancel`` for requests whose client left,
-``answered`` and ``rejected`` counts for the metrics, ``sync`` (after a load or unload: answer
-once every front end holds the new snapshot) and ``acked`` (this front end holds it). What it
-gets: ``results`` (a request's results or its error), ``models`` (the snapshot: what a front end
-needs to parse, decode and route to each model version), ``ack`` (say when you hold it) and
-``synced`` (every front end holds the snapshot).
+``answered`` (request durations, one list per model and status a message) and ``rejected``
+counts for the metrics, ``sync`` (after a load or unload: answer once every front end holds
+the new snapshot) and ``acked`` (this front end holds it). What it gets: ``results`` (a
+request's results or its error), ``models`` (the snapshot: what a front end needs to parse,
+decode and route to each model version), ``ack`` (say when you hold it) and ``synced`` (every
+front end holds the snapshot).
 
 Admission is the same gate a single process runs (``ServedModel.enqueue_all``: room per level
 and the deadline-aware refusal), against this process's real queues, and a refusal goes back at
@@ -151,10 +152,7 @@ class Bridge:
                 held[1].future.cancel()
         for name, version, reason in message.get("rejected", ()):
             self._metrics(name, version).rejected(reason)
-        answered: dict[tuple[str, str, int, str], list[float]] = {}
-        for name, version, status, seconds, protocol in message.get("answered", ()):
-            answered.setdefault((name, version, status, protocol), []).append(seconds)
-        for (name, version, status, protocol), durations in answered.items():
+        for name, version, status, protocol, durations in message.get("answered", ()):
             self._metrics(name, version).answered_all(status, durations, protocol)
         for key in message.get("acked", ()):
             ack = link.acks.pop(key, None)

@@ -106,6 +106,7 @@ class Outbox:
         self._writer = writer
         self._parts: dict[str, list[Any]] = {}
         self._values: dict[str, list[Any]] = {}
+        self._tallies: dict[str, dict[tuple[Any, ...], list[Any]]] = {}
         self._due = False
 
     def add(self, kind: str, entry: Any, values: list[Any] | None = None) -> None:
@@ -116,10 +117,21 @@ class Outbox:
             self._due = True
             asyncio.get_running_loop().call_soon(self.flush)
 
+    def tally(self, kind: str, key: tuple[Any, ...], value: Any) -> None:
+        """Add ``value`` to this message's one entry of ``kind`` for ``key``, ``(*key,
+        [values])``: a front end's request durations travel one list per model and status, not
+        one entry per request."""
+        tallies = self._tallies.setdefault(kind, {})
+        values = tallies.get(key)
+        if values is None:
+            values = tallies[key] = []
+            self.add(kind, (*key, values))  # the list fills until the message goes
+        values.append(value)
+
     def flush(self) -> None:
         self._due = False
         parts, values = self._parts, self._values
-        self._parts, self._values = {}, {}
+        self._parts, self._values, self._tallies = {}, {}, {}
         if not parts or self._writer.is_closing():
             return
         message: dict[str, Any] = dict(parts)

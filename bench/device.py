@@ -127,11 +127,11 @@ async def client(args: argparse.Namespace) -> None:
             try:
                 await request.future
             except ServeError as exc:  # counted by its status; the loop goes on
-                link.send("answered", (args.workload, version, exc.status,
-                                       time.monotonic() - start, "http"))
+                link.tally("answered", (args.workload, version, exc.status, "http"),
+                           time.monotonic() - start)
                 continue
-            link.send("answered", (args.workload, version, 200, time.monotonic() - start,
-                                   "http"))
+            link.tally("answered", (args.workload, version, 200, "http"),
+                       time.monotonic() - start)
 
     await asyncio.gather(*(loop() for _ in range(args.concurrency)))
 

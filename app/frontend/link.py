@@ -57,6 +57,12 @@ class DeviceLink:
         if self._outbox is not None and not self.gone:
             self._outbox.add(kind, entry)
 
+    def tally(self, kind: str, key: tuple[Any, ...], value: Any) -> None:
+        """Send ``value`` in this message's one entry of ``kind`` for ``key``
+        (``Outbox.tally``)."""
+        if self._outbox is not None and not self.gone:
+            self._outbox.tally(kind, key, value)
+
     def submit(self, entry: tuple[Any, ...], items: list[Any]) -> RemoteRequest:
         """Send one request, ``entry`` (model, version, level, deadline, log id), and return
         what will hold its answer. The deadline is kept here: past it, the answer is

@@ -37,7 +37,7 @@ class RemoteCounts:
         self._key = (name, version)
 
     def answered(self, status: int, seconds: float, protocol: str = "http") -> None:
-        self._link.send("answered", (*self._key, status, seconds, protocol))
+        self._link.tally("answered", (*self._key, status, protocol), seconds)
 
     def rejected(self, reason: str) -> None:
         self._link.send("rejected", (*self._key, reason))

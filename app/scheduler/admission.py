@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.errors import Unavailable, WouldMissDeadline, busy
 
@@ -44,13 +44,20 @@ class Gate:
     full_batch_s: float | None  # None: the cost is not known yet (no deadline refusals)
     sharing: int
     devices: int
+    # The longest predicted wait, with the queue full to ``limit``: a deadline further away
+    # than this is met whatever is admitted, and needs no prediction of its own.
+    longest_s: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.longest_s = math.inf if self.full_batch_s is None else self.wait_s(self.limit)
 
     def admit(self, n: int, deadline: float | None, now: float) -> None:
         """Count ``n`` items as queued, or raise Unavailable (no room) or WouldMissDeadline
         (predicted to finish after ``deadline``; ``now``: the clock)."""
         if self.depth + n > self.limit:
             raise busy(self.capacity, self.level, self.limit)
-        if deadline is not None and self.full_batch_s is not None:
+        if deadline is not None and self.full_batch_s is not None and \
+                deadline - now < self.longest_s:
             wait = self.wait_s(self.through + n)
             left = deadline - now
             if wait > left:

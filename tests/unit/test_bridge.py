@@ -105,9 +105,9 @@ async def test_an_unknown_model_is_refused_per_request_and_counts_arrive_once() 
         bridge._handle(front, message(service, (1, [1.0]), (2, [2.0]), name="nope"))
         assert outbox.results() == {1: (404, "not_found"), 2: (404, "not_found")}
         model = service.repository.get()
-        bridge._handle(front, {"answered": [(model.name, model.version, 200, 0.001, "http"),
-                                            (model.name, model.version, 200, 0.002, "http"),
-                                            (model.name, model.version, 504, 0.5, "grpc")]})
+        bridge._handle(front, {"answered": [(model.name, model.version, 200, "http",
+                                             [0.001, 0.002]),
+                                            (model.name, model.version, 504, "grpc", [0.5])]})
         registry = service.metrics.registry
         assert sample(registry, "batchserve_requests_total", status="200") == 2
         assert sample(registry, "batchserve_requests_total", status="504", protocol="grpc") == 1

@@ -41,7 +41,7 @@ def test_packing_joins_arrays_and_they_arrive_writable() -> None:
     assert got[5].flags.writeable and got[5].tolist() == [5.0] * 3
 
 
-def test_an_outbox_sends_one_message_per_pass_with_its_values_packed() -> None:
+def test_an_outbox_sends_one_message_per_pass_with_its_values_packed_and_tallied() -> None:
     class Writer:
         def __init__(self) -> None:
             self.chunks: list[bytes] = []
@@ -58,12 +58,18 @@ def test_an_outbox_sends_one_message_per_pass_with_its_values_packed() -> None:
         outbox.add("requests", ("r1", 2), [np.zeros(2), np.ones(2)])
         outbox.add("requests", ("r2", 1), [np.full(2, 2.0)])
         outbox.add("cancel", 7)
+        for key, seconds in ((("m", 200), 0.1), (("m", 504), 0.2), (("m", 200), 0.3)):
+            outbox.tally("answered", key, seconds)
+        await asyncio.sleep(0)
+        outbox.tally("answered", ("m", 200), 0.4)  # the next message's
         await asyncio.sleep(0)
         return writer.chunks
 
-    (chunk,) = asyncio.run(run())
+    chunk, after = asyncio.run(run())
     message = roundtrip_bytes(chunk)
     assert message["requests"] == [("r1", 2), ("r2", 1)] and message["cancel"] == [7]
+    assert message["answered"] == [("m", 200, [0.1, 0.3]), ("m", 504, [0.2])]
+    assert roundtrip_bytes(after) == {"answered": [("m", 200, [0.4])]}
     assert [v.tolist() for v in wire.values_of(message, "requests")] == [
         [0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
     assert wire.values_of(message, "cancel") == []

@@ -56,3 +56,24 @@ def test_a_gate_refuses_what_would_finish_past_its_deadline_once_the_cost_is_kno
     g.admit(1, 0.040, 0.0)  # the refusal queued nothing: 30 ms fits 40
     unknown = gate()
     unknown.admit(8, 0.0, 1.0)  # no cost model yet: no deadline refusal, only room
+
+
+def test_a_deadline_past_the_longest_wait_is_admitted_as_the_prediction_would() -> None:
+    """A deadline at least ``longest_s`` away (the wait with the queue full) needs no
+    prediction: every run of requests gets the same answers as from the prediction alone."""
+    assert gate(full_batch_s=0.010).longest_s == pytest.approx(predicted_wait_s(8, 4, 0.010, 1, 1))
+    seen = set()
+    for left in (0.005, 0.020, 0.030, 0.039, 0.040, 0.041, 1.0):
+        g = gate(depth=1, through=1, full_batch_s=0.010)
+        for n in (1, 2, 3, 1, 1):
+            fits = (g.depth + n <= g.limit
+                    and predicted_wait_s(g.through + n, 4, 0.010, 1, 1) <= left)
+            try:
+                g.admit(n, left, 0.0)
+            except (Unavailable, WouldMissDeadline):
+                admitted = False
+            else:
+                admitted = True
+            assert admitted == fits, (left, n)
+            seen.add(admitted)
+    assert seen == {True, False}
