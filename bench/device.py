@@ -2,8 +2,8 @@
 
 What limits ``--frontends N`` on a GPU box is the device process (docs/frontends.md): its one
 event loop admits, enqueues and answers every request, and its device threads share that GIL.
-This runs that process's own code (``build_service`` and ``Bridge``, as ``--frontends N`` does)
-with front ends that skip HTTP: ``--clients`` child processes that keep ``--concurrency``
+This runs that process's own code (``build_service`` and ``Bridge``, as ``--frontends N`` does,
+tuned as the server tunes it: app/process.py) with front ends that skip HTTP: ``--clients`` child processes that keep ``--concurrency``
 requests of ``--instances`` items in flight between them, each over a real link
 (``DeviceLink``, the front end's own code), and count each answer as a front end does. More
 clients mean fewer requests a message. Printed: requests per second the device process
@@ -32,6 +32,7 @@ from app.bridge import Bridge
 from app.config import Settings
 from app.errors import ServeError
 from app.frontend.link import DeviceLink
+from app.process import freeze_startup_objects, tune_for_serving
 from app.runtime import build_service
 from app.state import ModelState
 from bench.run import cpu_seconds, instance_for
@@ -53,6 +54,7 @@ async def device(args: argparse.Namespace) -> list[tuple[float, float, float, fl
     while model is None or model.state is not ModelState.READY:
         await asyncio.sleep(0.1)
         model = next(iter(service.repository.served.get(args.workload, {}).values()), None)
+    freeze_startup_objects()  # as the server does once ready (app/server.py)
     bridge = Bridge(service)
     children, serving = [], []
     for _ in range(args.clients):
@@ -113,6 +115,7 @@ async def client(args: argparse.Namespace) -> None:
     reader, writer = await asyncio.open_connection(sock=sock)
     link = DeviceLink()
     await link.open(reader, writer)
+    freeze_startup_objects()
     print("linked", flush=True)
     versions = link.snapshot.served[args.workload]
     version = next(iter(versions))
@@ -152,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--torch-threads", type=int, default=1)
     p.add_argument("--client-fd", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    tune_for_serving()  # as the device process and each front end do
     if args.client_fd is not None:
         uvloop.run(client(args))
         return 0
