@@ -6,9 +6,9 @@ This runs that process's own code (``build_service`` and ``Bridge``, as ``--fron
 tuned as the server tunes it: app/process.py) with front ends that skip HTTP: ``--clients``
 child processes that keep ``--concurrency`` requests of ``--instances`` items in flight between
 them, each over a real link (``DeviceLink``, the front end's own code), and count each answer
-as a front end does. More clients mean fewer requests a message. Printed: requests per second the device process
-answered, and its CPU per request, the event loop's and the whole process's (loop, device
-threads, decode pool).
+as a front end does. More clients mean fewer requests a message. Printed: requests per second
+the device process answered, and its CPU per request, the event loop's and the whole
+process's (loop, device threads, decode pool).
 
     python -m bench.device --workload linear --concurrency 256 --seconds 5 --rounds 3
 """
