@@ -56,10 +56,9 @@ class Gate:
         (predicted to finish after ``deadline``; ``now``: the clock)."""
         if self.depth + n > self.limit:
             raise busy(self.capacity, self.level, self.limit)
-        if deadline is not None and self.full_batch_s is not None and \
-                deadline - now < self.longest_s:
-            wait = self.wait_s(self.through + n)
+        if deadline is not None and self.full_batch_s is not None:
             left = deadline - now
+            wait = self.wait_s(self.through + n) if left < self.longest_s else 0.0
             if wait > left:
                 raise deadline_refusal(self.model, wait, left, self.wait_s(self.depth + n))
         self.depth += n
