@@ -145,7 +145,10 @@ class Bridge:
             origin.outbox.add("synced", token)
 
     def _handle(self, link: _Link, message: dict[str, list[Any]]) -> None:
-        self._admit(link, message.get("requests", ()), wire.values_of(message, "requests"))
+        # Stacked: a request's rows stay one array, which a model whose rows stack queues as
+        # one chunk (app/pending.py).
+        self._admit(link, message.get("requests", ()),
+                    wire.values_of(message, "requests", stacked=True))
         for rid in message.get("cancel", ()):
             held = link.waiting.get(rid)
             if held is not None:
@@ -171,20 +174,20 @@ class Bridge:
             metrics = self._counts[key] = self.service.metrics.for_model(name, version)
         return metrics
 
-    def _admit(self, link: _Link, requests: Iterable[tuple[Any, ...]], values: list[Any]
-               ) -> None:
+    def _admit(self, link: _Link, requests: Iterable[tuple[Any, ...]], values: Any) -> None:
         """Admit and enqueue one message's requests, those for one model version and level
         together (``ServedModel.enqueue_all``), in the order they came; a refusal is sent back
         at once."""
         # Per (model, version, level): the requests' (id, log id), and what enqueue_all takes.
         groups: dict[tuple[str, str, int],
-                     tuple[list[tuple[int, str | None]], list[tuple[list[Any], float, Answer]]]]
+                     tuple[list[tuple[int, str | None]], list[tuple[Any, float, Answer]]]]
         groups = {}
         at = 0
         for rid, name, version, level, deadline, log_id, n in requests:
             ids, group = groups.setdefault((name, version, level), ([], []))
             ids.append((rid, log_id))
-            group.append((values[at:at + n], deadline, Answer(link.done, rid)))
+            items = [values[at]] if n == 1 else values[at:at + n]
+            group.append((items, deadline, Answer(link.done, rid)))
             at += n
         for (name, version, level), (ids, group) in groups.items():
             try:

@@ -90,12 +90,43 @@ class PendingRequest:
 
 @dataclass(eq=False, slots=True)
 class PendingItem:
-    """One instance of a request, already decoded: the unit of batching."""
+    """One instance of a request, already decoded: the unit of batching. Or, with ``rows`` > 1,
+    a run of a request's instances stacked in one array (a chunk: its first row is instance
+    ``index``), for a model whose rows stack (``ModelHandler.stacks``): one object, one
+    result per chunk, however many rows. Counts (queue depth, batch sizes) are in rows."""
 
     request: PendingRequest
     index: int
     data: Any
     key: Any = None  # items of different keys (e.g. shapes) never share a model call
+    rows: int = 1
+
+    def split(self, k: int) -> tuple[PendingItem, PendingItem]:
+        """A chunk's first ``k`` rows and the rest (0 < k < rows), as two items."""
+        return (_part(self, self.index, self.data[:k], k),
+                _part(self, self.index + k, self.data[k:], self.rows - k))
+
+
+def _part(item: PendingItem, index: int, data: Any, rows: int) -> PendingItem:
+    return PendingItem(item.request, index, data[0] if rows == 1 else data, item.key, rows)
+
+
+def rows_in(items: list[PendingItem]) -> int:
+    """How many instances ``items`` hold."""
+    return sum(item.rows for item in items)
+
+
+def per_item(items: list[PendingItem], results: list[Any]) -> list[tuple[PendingItem, Any]]:
+    """Each item with its result, from one result a row: a chunk's is the list of its rows'."""
+    if len(results) == len(items):  # every item a single row
+        return list(zip(items, results, strict=True))
+    paired = []
+    at = 0
+    for item in items:
+        n = item.rows
+        paired.append((item, results[at] if n == 1 else results[at:at + n]))
+        at += n
+    return paired
 
 
 @dataclass
@@ -103,7 +134,8 @@ class BatchReport:
     """What one batch did, handed from a device thread to the event loop with its results."""
 
     device: str
-    results: list[tuple[PendingItem, Any]]  # a result, or a ServeError for that item
+    # Each item's result (a chunk's: a list of its rows' results), or a ServeError for it.
+    results: list[tuple[PendingItem, Any]]
     started_at: float
     # One entry per model call (key group): its items, seconds, cost-model work (items, or
     # padded tokens for a model that pads) and real tokens (items, for a model that does not).
@@ -127,8 +159,11 @@ class BatchReport:
             if isinstance(value, ServeError):
                 future.set_exception(value)
                 continue
-            request.results[item.index] = value
-            request.remaining -= 1
+            if item.rows == 1:
+                request.results[item.index] = value
+            else:
+                request.results[item.index:item.index + item.rows] = value
+            request.remaining -= item.rows
             if request.remaining == 0:
                 future.set_result(request.results)
             waits.append(self.started_at - request.enqueued_at)

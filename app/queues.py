@@ -18,7 +18,7 @@ from typing import Any
 
 import janus
 
-from app.pending import PendingItem
+from app.pending import PendingItem, rows_in
 from app.scheduler.lengths import similar
 
 
@@ -56,12 +56,12 @@ class ModelQueue:
         assert self._janus is not None
         if not items:
             return
-        self._put[items[0].request.level - 1] += len(items)
+        self._put[items[0].request.level - 1] += rows_in(items)
         self._janus.async_q.put_nowait(items)
 
     @property
     def depth(self) -> int:
-        """Items admitted and not yet taken into a batch."""
+        """Items (rows: app/pending.py) admitted and not yet taken into a batch."""
         return sum(self._put) - sum(self._taken)
 
     def depth_through(self, level: int) -> int:
@@ -100,16 +100,25 @@ class ModelQueue:
             return None
 
     def take(self, limit: int) -> list[PendingItem]:
-        """Up to ``limit`` waiting items, the most urgent level first, oldest first within a
-        level, without waiting (may be empty)."""
+        """Up to ``limit`` waiting items (rows), the most urgent level first, oldest first
+        within a level, without waiting (may be empty). A chunk that does not fit whole is
+        split: its first rows come now, the rest stay first in line."""
         taken: list[PendingItem] = []
+        room = limit
         with self._lock:
             self._pull()
             for level, staged in enumerate(self._staged):
-                n = min(limit - len(taken), len(staged))
-                taken.extend(staged.popleft() for _ in range(n))
-                self._taken[level] += n
-                if len(taken) == limit:
+                before = room
+                while staged and room:
+                    item = staged[0]
+                    if item.rows > room:
+                        item, staged[0] = item.split(room)
+                    else:
+                        staged.popleft()
+                    taken.append(item)
+                    room -= item.rows
+                self._taken[level] += before - room
+                if not room:
                     break
         return taken
 

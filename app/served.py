@@ -13,6 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
+import numpy as np
 import torch
 
 from app.bell import Bell
@@ -184,9 +185,10 @@ class ServedModel(ModelFacade):
         request.timer = self._loop.call_later(deadline - now, expire, future)
         return request
 
-    def enqueue_all(self, level: int, requests: list[tuple[list[Any], float, Answer]]
+    def enqueue_all(self, level: int, requests: list[tuple[Any, float, Answer]]
                     ) -> list[PendingRequest | ServeError]:
-        """Admit each of ``requests`` (items, deadline, answer) at ``level`` whole or refuse it
+        """Admit each of ``requests`` (items: a list, or their rows stacked in one array; a
+        deadline; an answer) at ``level`` whole or refuse it
         whole, in order, as ``check_admissible`` and ``enqueue`` would one after another; the
         admitted items go into the queue as one entry. Never waits. Each answer resolves once,
         on this loop, to its results or an error; no deadline timer is set: the caller keeps
@@ -196,7 +198,7 @@ class ServedModel(ModelFacade):
         except ServeError as exc:
             return [exc] * len(requests)
         outcomes: list[PendingRequest | ServeError] = []
-        admitted: list[tuple[PendingRequest, list[Any]]] = []
+        admitted: list[tuple[PendingRequest, Any]] = []
         now = time.monotonic()
         for items, deadline, answer in requests:
             try:
@@ -211,14 +213,25 @@ class ServedModel(ModelFacade):
             self._queue(admitted, now)
         return outcomes
 
-    def _queue(self, admitted: list[tuple[PendingRequest, list[Any]]], now: float) -> None:
+    def _queue(self, admitted: list[tuple[PendingRequest, Any]], now: float) -> None:
         """Put admitted requests' items (all at one level) into the queue together, count the
         requests in flight, and ring a device thread that wants them."""
         key = self.handler.key
+        stacks = self.handler.stacks
+        queued: list[PendingItem] = []
+        for request, items in admitted:
+            n = len(items)
+            if n == 1:
+                data = items[0]
+                queued.append(PendingItem(request, 0, data, key(data)))
+            elif stacks and type(items) is np.ndarray:  # stacked rows: one chunk
+                queued.append(PendingItem(request, 0, items, None, n))
+            else:
+                queued.extend(PendingItem(request, index, data, key(data))
+                              for index, data in enumerate(items))
         # Only this thread puts, and device threads only take, so the capacity checks before
         # guarantee the put succeeds; the requests' items go in together, never partly.
-        self.queue.put_all([PendingItem(request, index, data, key(data))
-                            for request, items in admitted for index, data in enumerate(items)])
+        self.queue.put_all(queued)
         if self._first_items is not None:
             hook, self._first_items = self._first_items, None
             hook(admitted[0][1])
@@ -290,6 +303,7 @@ class ServedModel(ModelFacade):
             self.tokens_per_item += WORK_WEIGHT * (tokens / size - self.tokens_per_item)
         self._batch_s = None
         if self.outputs is None:  # no warm-up results: the first batch's describe the outputs
-            values = [v for _, v in report.results if not isinstance(v, ServeError)]
+            values = [v if item.rows == 1 else v[0] for item, v in report.results
+                      if not isinstance(v, ServeError)]
             self.outputs = describe_outputs(values) if values else None
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.models.base import Replica
-from app.pending import PendingItem
+from app.pending import PendingItem, rows_in
 from app.queues import ModelQueue
 from app.scheduler.cost import CostModel
 from app.scheduler.waiting import ArrivalRate, ItemSource, Price
@@ -68,7 +68,8 @@ class Slot:
         """A batch's work for the cost model (items, or padded tokens: items x the longest, for
         a model that pads) and its real tokens (items, for a model that does not)."""
         if not self.padded:
-            return len(items), len(items)
+            rows = rows_in(items)
+            return rows, rows
         lengths = self.lengths([i.data for i in items])
         return len(items) * max(lengths), sum(lengths)
 

@@ -77,16 +77,19 @@ class DeviceExecutor:
             self._compute = _stream(device)
             self._copy_out = _stream(device)
 
-    def launch(self, handler: ModelHandler, replica: Replica, data: list[Any]) -> Launch:
+    def launch(self, handler: ModelHandler, replica: Replica, data: list[Any],
+               rows: int | None = None) -> Launch:
         """Collate ``data`` and start the model call; raises what collate or forward raise
-        (an out-of-memory error among them) before anything is left running."""
+        (an out-of-memory error among them) before anything is left running. ``rows``: the
+        instances ``data`` holds, where some are chunks (app/pending.py); one result each."""
+        n = len(data) if rows is None else rows
         with torch.inference_mode():
             batch = handler.collate(data)
             if not self.pipelined:
                 t0 = time.perf_counter()
                 outputs = replica(batch)
-                return Launch(handler, len(data), outputs, cpu_seconds=time.perf_counter() - t0)
-            return self._launch_cuda(handler, replica, batch, len(data))
+                return Launch(handler, n, outputs, cpu_seconds=time.perf_counter() - t0)
+            return self._launch_cuda(handler, replica, batch, n)
 
     def _launch_cuda(self, handler: ModelHandler, replica: Replica, batch: Tensors,
                      n: int) -> Launch:

@@ -43,10 +43,12 @@ def pack(values: list[Any]) -> tuple[Any, ...]:
     return ("list", values)
 
 
-def unpack(packed: tuple[Any, ...]) -> list[Any]:
+def unpack(packed: tuple[Any, ...], stacked: bool = False) -> Any:
+    """The values as a list; with ``stacked``, values that travel stacked as that one array
+    (its rows are the values: slicing it gives arrays, not lists)."""
     kind = packed[0]
     if kind == _STACKED:
-        return list(packed[1])
+        return packed[1] if stacked else list(packed[1])
     if kind == _JOINED:
         flat, lengths = packed[1], packed[2]
         return np.split(flat, np.cumsum(lengths)[:-1]) if lengths else []
@@ -140,7 +142,7 @@ class Outbox:
         self._writer.write(encode(message))
 
 
-def values_of(message: dict[str, Any], kind: str) -> list[Any]:
-    """The values the entries of ``kind`` carry, in their order."""
+def values_of(message: dict[str, Any], kind: str, stacked: bool = False) -> Any:
+    """The values the entries of ``kind`` carry, in their order (``stacked``: see ``unpack``)."""
     packed = message.get(kind + "_values")
-    return unpack(packed) if packed is not None else []
+    return unpack(packed, stacked) if packed is not None else []

@@ -24,7 +24,7 @@ import torch
 from app.bell import Bell
 from app.errors import DeadlineExceeded, ModelError
 from app.models.base import Replica
-from app.pending import BatchReport, PendingItem
+from app.pending import BatchReport, PendingItem, per_item, rows_in
 from app.scheduler.fairness import Fairness
 from app.scheduler.waiting import collect_batch, group_by, split_live
 from app.served import ServedModel
@@ -223,10 +223,10 @@ class DeviceWorker:
         report = flight.report
         for item in dead:
             if item.request.deadline <= started:  # its future may already hold the timeout
-                report.expired += 1
+                report.expired += item.rows
                 report.results.append((item, DeadlineExceeded("deadline passed while queued")))
             else:
-                report.cancelled += 1
+                report.cancelled += item.rows
         for group in group_by(live, lambda i: i.key):
             self._launch_group(executor, slot, group, flight)
         return flight
@@ -234,9 +234,13 @@ class DeviceWorker:
     def _launch_group(self, executor: DeviceExecutor, slot: Slot, items: list[PendingItem],
                       flight: Launched) -> None:
         report = flight.report
+        rows = rows_in(items)
         try:
-            launch = executor.launch(slot.model.handler, slot.replica, [i.data for i in items])
+            launch = executor.launch(slot.model.handler, slot.replica, [i.data for i in items],
+                                     rows)
         except torch.OutOfMemoryError:
+            if len(items) == 1 and rows > 1:  # a chunk: its halves, as two items
+                items = list(items[0].split(rows // 2))
             if len(items) == 1:
                 log.error("device %s: out of memory on a single item of %s", self.label,
                           slot.model.name)
@@ -245,10 +249,10 @@ class DeviceWorker:
                 )))
                 return
             half = len(items) // 2
-            if half < slot.batch_limit:
-                slot.batch_limit = half
+            if rows // 2 < slot.batch_limit:
+                slot.batch_limit = rows // 2
                 log.warning("device %s: out of memory at batch %d of %s; batch limit lowered "
-                            "to %d", self.label, len(items), slot.model.name, half)
+                            "to %d", self.label, rows, slot.model.name, rows // 2)
             self._launch_group(executor, slot, items[:half], flight)
             self._launch_group(executor, slot, items[half:], flight)
             return
@@ -272,11 +276,11 @@ class DeviceWorker:
             self.busy_s += seconds
             self._fairness.charge(slot.model, seconds)
             work, tokens = slot.work(items)
-            report.sizes.append(len(items))
+            report.sizes.append(rows_in(items))
             report.compute_s.append(seconds)
             report.work.append(work)
             report.tokens.append(tokens)
-            report.results.extend(zip(items, outputs, strict=True))
+            report.results.extend(per_item(items, outputs))
         slot.rate.answered(time.monotonic())
         self._loop.call_soon_threadsafe(slot.model.deliver, report)
 

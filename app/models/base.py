@@ -33,6 +33,9 @@ class ModelHandler(ABC):
     None: ``decode`` sees JSON values only. ``measured_from_traffic``: where ``examples`` is
     empty, the server may time its replica on copies of the first request's items to learn
     what a batch costs (the replica must have no side effects; a plain ``nn.Module`` has none).
+    ``stacks``: every decoded item is a float32 array of ``input_shape``, and ``collate`` also
+    takes chunks, arrays of several such rows (app/pending.py): a request's items that arrive
+    stacked (from a front end) may then be queued as one chunk.
     """
 
     name: str = "model"
@@ -44,6 +47,7 @@ class ModelHandler(ABC):
     output_shape: tuple[int, ...] | None = None
     dense_width: int | None = None
     measured_from_traffic: bool = False
+    stacks: bool = False
 
     def examples(self) -> list[Any]:
         """Raw instances (as a client would send them) to warm the model up with."""
@@ -73,7 +77,8 @@ class ModelHandler(ABC):
 
     @abstractmethod
     def collate(self, items: list[Any]) -> Tensors:
-        """Stack decoded items into a host-side batch (tensors on the CPU)."""
+        """Stack decoded items (and chunks, where ``stacks``) into a host-side batch (tensors on
+        the CPU)."""
 
     def split(self, outputs: Tensors, n: int) -> list[Any]:
         """Cut host-side outputs into ``n`` per-item results (numpy arrays serialise fastest)."""

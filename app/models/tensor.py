@@ -56,6 +56,7 @@ class TensorHandler(ModelHandler):
         self._examples = examples
         self.max_batch_size = max_batch_size
         self.output_shape = output_shape
+        self.stacks = input_shape is not None
         self.input_schema = _number_array_schema(input_shape)
         # Flat items too big for ``_decode_small`` come parsed into numpy rows; smaller ones
         # cost less as Python numbers checked in plain Python than with more numpy calls.
@@ -169,4 +170,9 @@ class TensorHandler(ModelHandler):
         return module
 
     def collate(self, items: list[Any]) -> Tensors:
+        shape = self.input_shape
+        rank = len(shape) if shape is not None else 0
+        if shape is not None and any(item.ndim > rank for item in items):  # chunks, too
+            return torch.from_numpy(np.concatenate([
+                item if item.ndim > rank else item[None] for item in items]))
         return torch.from_numpy(stack_rows(items))

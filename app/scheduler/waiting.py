@@ -221,12 +221,14 @@ def collect_batch(
     the oldest item's predicted completion must stay within it.
     """
     batch: list[PendingItem] = []
+    size = 0  # rows (a chunk holds several: app/pending.py)
     requests: set[int] = set()
     effective = BatchPolicy(min(limit, policy.max_batch_size), policy.max_wait_s)
     started = clock()
     while True:
-        for item in source.take(effective.max_batch_size - len(batch)):
+        for item in source.take(effective.max_batch_size - size):
             batch.append(item)
+            size += item.rows
             requests.add(id(item.request))
             rate.observe(item.request)
         if not batch:
@@ -238,7 +240,7 @@ def collect_batch(
             slack = min(slack, oldest + latency_target_s - now)
         others = None if concurrency is None else max(0, concurrency() - len(requests))
         price = pricing(batch) if pricing is not None else None
-        wait, expected = effective.wait_s(len(batch), now - started, rate.gap_s, others, price,
+        wait, expected = effective.wait_s(size, now - started, rate.gap_s, others, price,
                                           slack, rate.returning(now))
         if wait <= 0.0:
             return batch

@@ -4,12 +4,17 @@ answered once (results or its refusal), a cancelled one never, and counts are co
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 
 from app.bridge import Bridge, _Link
+from app.models.base import Tensors
+from app.models.tensor import TensorHandler
 from app.runtime import InferenceService
 from tests.conftest import sample, wait_until
 from tests.fakes import EchoHandler, FailingHandler, GatedHandler
@@ -38,8 +43,8 @@ def link() -> tuple[_Link, Outbox]:
     return _Link(outbox), outbox  # type: ignore[arg-type]
 
 
-def message(service: InferenceService, *requests: tuple[int, list[float]],
-            name: str | None = None) -> dict[str, Any]:
+def message(service: InferenceService, *requests: tuple[int, list[Any]],
+            name: str | None = None, stacked: bool = False) -> dict[str, Any]:
     """``requests`` (id, items) as a front end sends them, at the default level: one entry
     each, their items in one list."""
     model = service.repository.get()
@@ -48,7 +53,34 @@ def message(service: InferenceService, *requests: tuple[int, list[float]],
     entries = [(rid, name or model.name, model.version, level, deadline, f"log-{rid}",
                 len(items)) for rid, items in requests]
     values = [x for _, items in requests for x in items]
+    if stacked:  # as a front end packs rows of one shape (app/wire.py)
+        return {"requests": entries, "requests_values": ("stacked", np.stack(values))}
     return {"requests": entries, "requests_values": ("list", values)}
+
+
+class GatedRows(TensorHandler):
+    """Rows of two numbers, doubled; rows stack, so a front end's stacked request is one chunk.
+    Once ``armed`` (after the warm-up): ``shapes`` says what each batch's items were (a row,
+    or a chunk of rows), and a batch waits for ``gate``."""
+
+    def __init__(self) -> None:
+        super().__init__("rows", lambda device: Double(), (2,))
+        self.gate, self.entered = threading.Event(), threading.Event()
+        self.shapes: list[list[tuple[int, ...]]] = []
+        self.armed = False
+
+    def collate(self, items: list[Any]) -> Tensors:
+        if not self.armed:
+            return super().collate(items)
+        self.entered.set()
+        assert self.gate.wait(timeout=60), "gate never opened"
+        self.shapes.append([item.shape for item in items])
+        return super().collate(items)
+
+
+class Double(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * x
 
 
 async def test_one_message_is_admitted_in_order_against_the_one_queue() -> None:
@@ -121,4 +153,27 @@ async def test_a_failing_model_answers_each_request_500_once() -> None:
         await wait_until(lambda: len(outbox.results()) == 2, "both answered")
         assert outbox.results() == {1: (500, "model_error"), 2: (500, "model_error")}
         assert len([kind for kind, *_ in outbox.sent if kind == "results"]) == 2
+        assert service.repository.get().in_flight == 0 and not front.waiting
+
+
+async def test_a_stacked_request_is_one_chunk_that_a_batch_limit_splits() -> None:
+    """A request's rows that came stacked are queued as one item whatever their number, counted
+    as rows; a batch takes what fits of it, the rest goes first into the next; every row's
+    result comes back in order."""
+    handler = GatedRows()
+    async with running(handler, max_batch_size=3, queue_capacity=16, max_instances=8) as service:
+        bridge, (front, outbox) = Bridge(service), link()
+        handler.armed = True
+        rows = np.arange(14, dtype=np.float32).reshape(7, 2)
+        bridge._handle(front, message(service, (0, [rows[0]]), stacked=True))
+        await wait_until(handler.entered.is_set, "the device busy")
+        bridge._handle(front, message(service, (1, list(rows[:4])), (2, [rows[4]]),
+                                      (3, list(rows[5:])), stacked=True))
+        assert service.repository.get().queue.depth == 7
+        handler.gate.set()
+        await wait_until(lambda: len(outbox.results()) == 4, "every request answered")
+        answers = outbox.results()
+        for rid, want in ((0, rows[:1]), (1, rows[:4]), (2, rows[4:5]), (3, rows[5:])):
+            np.testing.assert_array_equal(np.stack(answers[rid]), 2 * want)
+        assert handler.shapes == [[(2,)], [(3, 2)], [(2,), (2,), (2,)], [(2,)]]
         assert service.repository.get().in_flight == 0 and not front.waiting

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from app.errors import ModelError
-from app.pending import Answer, BatchReport, PendingItem, PendingRequest
+from app.pending import Answer, BatchReport, PendingItem, PendingRequest, per_item, rows_in
 
 
 def test_an_answer_settles_once_and_calls_back_at_once() -> None:
@@ -48,3 +48,20 @@ def test_a_report_resolves_a_request_once_every_item_is_in() -> None:
     assert waits == [2.0]  # the item written into ``two``; the failure and the cancelled not
     waits = BatchReport("cpu", [(PendingItem(two, 0, None), "a")], 4.0).answer()
     assert two.future.result() == ["a", "b"] and waits == [3.0]
+
+
+def test_a_chunk_takes_one_result_a_row_and_fills_its_rows_of_the_request() -> None:
+    """A chunk of rows 1-2 and a row 0 of one request: one result a row in the batch's order
+    pairs each item with its own (the chunk's as a list), and the request resolves once all
+    three rows are in."""
+    seen: list[Answer] = []
+    request = PendingRequest(Answer(seen.append, "r"), 3, 1e9, 1.0)
+    row, chunk = PendingItem(request, 0, "x0"), PendingItem(request, 1, ["x1", "x2"], rows=2)
+    assert rows_in([row, chunk]) == 3
+    paired = per_item([chunk, row], ["y1", "y2", "y0"])
+    assert paired == [(chunk, ["y1", "y2"]), (row, "y0")]
+    assert per_item([row], ["y0"]) == [(row, "y0")]
+    BatchReport("cpu", paired[:1], 2.0).answer()
+    assert not seen and request.remaining == 1
+    BatchReport("cpu", paired[1:], 2.0).answer()
+    assert seen and request.future.result() == ["y0", "y1", "y2"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import numpy as np
 import pytest
 
 from app.pending import PendingItem, PendingRequest
@@ -29,6 +30,26 @@ async def test_head_shows_the_oldest_without_taking_it() -> None:
     assert [i.data for i in q.take(2)] == [0.0, 1.0]
     assert q.depth == 1
     assert [i.data for i in q.take(5)] == [2.0] and q.take(5) == []
+
+
+async def test_a_chunk_counts_its_rows_and_a_take_splits_what_does_not_fit() -> None:
+    """A chunk (rows stacked in one item) counts as its rows; a take that has room for part of
+    it takes its first rows, and the rest stays first in line at its level."""
+    q = ModelQueue(capacity=8, levels=2)
+    q.open()
+    loop = asyncio.get_running_loop()
+    chunked = PendingRequest(loop.create_future(), 5, 1e9, 0.0, level=2)
+    urgent = PendingRequest(loop.create_future(), 1, 1e9, 0.0, level=1)
+    q.put(PendingItem(chunked, 0, np.arange(5.0), rows=5))
+    q.put(PendingItem(urgent, 0, 9.0))
+    assert q.depth == 6 and q.depth_through(1) == 1
+    first = q.take(3)
+    assert [(i.request, i.index, i.rows) for i in first] == [(urgent, 0, 1), (chunked, 0, 2)]
+    assert list(first[1].data) == [0.0, 1.0] and q.depth == 3
+    one, rest = q.take(1), q.take(8)
+    assert (one[0].index, one[0].rows, one[0].data) == (2, 1, 2.0)  # a lone row is a row
+    assert [(i.index, i.rows, list(i.data)) for i in rest] == [(3, 2, [3.0, 4.0])]
+    assert q.depth == 0 and q.head() is None
 
 
 async def test_depth_counts_staged_items_so_the_capacity_holds() -> None:

@@ -9,13 +9,14 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from app.config import BatchSettings
 from app.errors import DeadlineExceeded, ModelError
 from app.metrics import Metrics
-from app.models.base import ModelHandler
+from app.models.base import ModelHandler, Tensors
 from app.pending import BatchReport, PendingItem, PendingRequest
 from app.served import ServedModel
 from app.warmup import warm_replica
@@ -192,6 +193,31 @@ async def test_out_of_memory_splits_the_batch_and_lowers_the_limit() -> None:
         h.put("echo", 999.0)  # out of memory even alone: that item fails, nothing else
         failed = (await h.settled(8))[999.0]
         assert isinstance(failed, ModelError) and "out of device memory" in failed.message
+
+
+class ChunkOOMHandler(OOMHandler):
+    """OOMHandler whose rows stack: it takes chunks (arrays of rows) among its items."""
+
+    stacks = True
+
+    def collate(self, items: list[Any]) -> Tensors:
+        return torch.tensor(np.concatenate([np.atleast_1d(i) for i in items]),
+                            dtype=torch.float64)
+
+
+async def test_out_of_memory_on_one_chunk_splits_the_chunk() -> None:
+    handler = ChunkOOMHandler(fits=2)
+    async with device(handler, max_batch_size=8) as h:
+        model = h.models["echo"]
+        now = time.monotonic()
+        request = PendingRequest(asyncio.get_running_loop().create_future(), 6, now + 30, now)
+        model.queue.put(PendingItem(request, 0, np.arange(1.0, 7.0), rows=6))
+        h.worker.bell.ring()
+        await wait_until(lambda: sum(len(r.results) for _, r in h.reports) >= 4, "answers")
+        for _, report in h.reports:
+            report.answer()
+        assert request.future.result() == [2.0 * i for i in range(1, 7)]
+        assert max(handler.attempts[1:]) <= 3 and h.worker.batch_limit(model) <= 2
 
 
 async def test_expired_items_are_dropped_not_computed() -> None:

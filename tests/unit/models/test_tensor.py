@@ -60,11 +60,21 @@ def test_valid_batch_decodes_to_float32_rows(handler: TensorHandler) -> None:
     assert items[1].tolist() == [0.5, 0, 0, 0]
 
 
+def test_rows_and_chunks_of_rows_collate_into_one_batch_in_order(handler: TensorHandler) -> None:
+    """A model of one input shape stacks: chunks (several rows in one array, app/pending.py)
+    and rows collate into the batch they would make row by row."""
+    assert handler.stacks
+    rows = np.arange(20, dtype=np.float32).reshape(5, 4)
+    batch = handler.collate([rows[0], rows[1:3], rows[3], rows[4:]])
+    assert torch.equal(batch, torch.from_numpy(rows))
+    assert torch.equal(handler.collate(list(rows)), torch.from_numpy(rows))
+
+
 def test_shapeless_module_batches_by_shape() -> None:
     h = TensorHandler.from_module("double", torch.nn.Identity())
     items = h.decode([[1.0, 2.0], [[1.0]], [3.0, 4.0]])
     assert h.key(items[0]) == h.key(items[2]) != h.key(items[1])
-    assert h.examples() == []
+    assert h.examples() == [] and not h.stacks  # its rows' shapes may differ
 
 
 def test_shape_inferred_from_example() -> None:
