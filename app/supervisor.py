@@ -20,6 +20,7 @@ from typing import Any
 
 from app.bridge import Bridge
 from app.config import Settings
+from app.wire import STREAM_LIMIT
 
 log = logging.getLogger("batchserve.frontends")
 
@@ -95,7 +96,7 @@ class Frontends:
         task.add_done_callback(self._tasks.discard)
 
     async def _link(self, sock: socket.socket) -> None:
-        reader, writer = await asyncio.open_connection(sock=sock)
+        reader, writer = await asyncio.open_connection(sock=sock, limit=STREAM_LIMIT)
         await self.bridge.serve(reader, writer)
 
     async def _watch(self, index: int, process: subprocess.Popen[bytes]) -> None:

@@ -25,6 +25,10 @@ import numpy as np
 
 from app.arrays import stack_rows
 
+# A link's stream buffer (``asyncio.open_connection(limit=...)``). asyncio's 64 KiB default
+# pauses and resumes the socket every 128 KiB, which for messages of large tensors (32 rows of
+# 512 floats are 64 KiB a request) doubled the device process's CPU a request (bench.ipc).
+STREAM_LIMIT = 16 * 2**20
 _PREFIX = struct.Struct("!III")  # bytes after the prefix, pickle length, frame count
 _STACKED, _JOINED = "stacked", "joined"  # how ``pack`` holds a list of arrays
 _RAW = "raw"  # a packed entry whose array travels as (frame, dtype, shape): ``encode``, ``read``

@@ -35,6 +35,7 @@ from app.frontend.link import DeviceLink
 from app.process import freeze_startup_objects, tune_for_serving
 from app.runtime import build_service
 from app.state import ModelState
+from app.wire import STREAM_LIMIT
 from bench.run import cpu_seconds, instance_for
 
 
@@ -65,7 +66,7 @@ async def device(args: argparse.Namespace) -> list[tuple[float, float, float, fl
              "--concurrency", str(args.concurrency // args.clients)],
             pass_fds=(theirs.fileno(),), stdout=subprocess.PIPE))
         theirs.close()
-        reader, writer = await asyncio.open_connection(sock=ours)
+        reader, writer = await asyncio.open_connection(sock=ours, limit=STREAM_LIMIT)
         serving.append(asyncio.get_running_loop().create_task(bridge.serve(reader, writer)))
     answered, registry = service.metrics.requests, service.metrics.registry
     rounds = []
@@ -112,7 +113,7 @@ def _count(counter: Any) -> float:
 async def client(args: argparse.Namespace) -> None:
     """The synthetic front end: ``concurrency`` closed loops of one request each."""
     sock = socket.socket(fileno=args.client_fd)
-    reader, writer = await asyncio.open_connection(sock=sock)
+    reader, writer = await asyncio.open_connection(sock=sock, limit=STREAM_LIMIT)
     link = DeviceLink()
     await link.open(reader, writer)
     freeze_startup_objects()

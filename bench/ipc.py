@@ -39,7 +39,7 @@ def _device_unix(sock: socket.socket, q: Any) -> None:
     import uvloop
 
     async def main() -> None:
-        reader, writer = await asyncio.open_connection(sock=sock)
+        reader, writer = await asyncio.open_connection(sock=sock, limit=wire.STREAM_LIMIT)
         out = np.zeros(16, dtype=np.float32)
         start = time.process_time()
         try:
@@ -117,7 +117,7 @@ def run(transport: str, messages: int, per: int, width: int, window: int) -> dic
         b.close()
 
         async def front() -> tuple[float, float]:
-            reader, writer = await asyncio.open_connection(sock=a)
+            reader, writer = await asyncio.open_connection(sock=a, limit=wire.STREAM_LIMIT)
 
             async def send(obj: Any) -> None:
                 write_message(writer, obj)

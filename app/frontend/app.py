@@ -31,6 +31,7 @@ from app.frontend.link import GONE
 from app.frontend.remote import RemoteService
 from app.logs import request_id
 from app.version import __version__
+from app.wire import STREAM_LIMIT
 
 # Hop-by-hop headers and those the proxy's own answer sets.
 _DROPPED = {b"host", b"connection", b"content-length", b"transfer-encoding", b"keep-alive",
@@ -98,7 +99,7 @@ def create_frontend_app(service: RemoteService, link: socket.socket,
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await service.start(*await asyncio.open_connection(sock=link))
+        await service.start(*await asyncio.open_connection(sock=link, limit=STREAM_LIMIT))
         clients.append(httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=device_socket), base_url="http://device",
             timeout=None))
