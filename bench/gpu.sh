@@ -3,25 +3,27 @@
 # CUDA present, the model alone at GPU batch sizes, then the front-end curve (docs/frontends.md):
 # N = 1, 2, 4, 8, 14 front ends at c=256 on mlp (1 JSON instance a request; 32 instances as v2
 # binary tensors) and minilm, with the GPU's busy share; and the device process alone on mlp
-# (bench.device: its ceiling and CPU a request without HTTP). py-spy records the device process
-# at each point of the first curve, into $OUT/profiles. Needs .carry/ from
-# `python -m bench.carry` (made here, named in the device call's carry).
+# (bench.device: its ceiling and CPU a request without HTTP). With PROFILE=1, py-spy records
+# the device process at each point of the first curve, into $OUT/profiles.tgz (it slows what
+# it records: one process at c=256 read 3.8 k req/s profiled). Needs .carry/ from
+# `python -m bench.carry` (made here, named in the device call's carry). About 8 minutes on
+# the H100 box: each minilm point takes ~30 s (start-up and warm-up), the others ~12-24 s.
 #
 #   on the device:  bash bench/gpu.sh            (logs and result JSON go to $OUT)
 #   dry run here:   INSTALL=0 PY=.venv/bin/python DEVICES=cpu FRONTENDS=1,2 OUT=/tmp/gpu \
 #                   bash bench/gpu.sh
 #   a part of it:   TESTS=tests/unit/test_repository.py CURVES=minilm FRONTENDS=1,8 ...
-#                   (TESTS= runs no tests, PROFILE=0 records no profiles; a second call on
-#                   the same machine installs nothing again)
+#                   (TESTS= runs no tests; a second call on the same machine installs
+#                   nothing again)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 DEVICES=${DEVICES:-cuda}
 FRONTENDS=${FRONTENDS:-1,2,4,8,14}
-SECONDS_PER_POINT=${SECONDS_PER_POINT:-4}
+SECONDS_PER_POINT=${SECONDS_PER_POINT:-3}
 TESTS=${TESTS-tests/unit tests/api}  # what pytest runs (empty: no tests)
 DEVICE_INSTANCES=${DEVICE_INSTANCES:-1 32}  # items a request in the device curve's runs
-PROFILE=${PROFILE:-1}  # py-spy on the device process at each point of the mlp-json curve
+PROFILE=${PROFILE:-0}  # 1: py-spy on the device process at each point of the mlp-json curve
 CURVES=${CURVES:-mlp-json mlp-binary32 minilm device}  # which curves
 OUT=${OUT:?OUT: where the logs and results go}
 mkdir -p "$OUT"
@@ -41,12 +43,12 @@ p.with_suffix("").write_bytes(lzma.decompress(p.read_bytes())); p.unlink()' "$pa
 export PATH=$PWD/.carry/bin:$PATH LD_LIBRARY_PATH=$PWD/.carry/lib HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 
-curve() {  # name, then bench.frontends flags
-  local name=$1
-  shift
+curve() {  # name, seconds it may take, then bench.frontends flags
+  local name=$1 limit=$2
+  shift 2
   [[ " $CURVES " == *" $name "* ]] || return 0
   echo "== front-end curve: $name"
-  timeout 130 "$PY" -m bench.frontends --devices "$DEVICES" --frontends "$FRONTENDS" \
+  timeout "$limit" "$PY" -m bench.frontends --devices "$DEVICES" --frontends "$FRONTENDS" \
     --seconds "$SECONDS_PER_POINT" --warmup-s 1 --threads 4 --offline \
     --out "$OUT/frontends-$name.json" "$@"
   echo "== curve exit $?"
@@ -71,11 +73,11 @@ main() {
 
   local profile=()
   [ "$PROFILE" = 1 ] && profile=(--profile "$OUT/profiles")
-  curve mlp-json --workload mlp --max-batch-size 256 --concurrency 1,256 "${profile[@]}"
-  curve mlp-binary32 --workload mlp --max-batch-size 256 --instances 32 --binary \
+  curve mlp-json 130 --workload mlp --max-batch-size 256 --concurrency 1,256 "${profile[@]}"
+  curve mlp-binary32 130 --workload mlp --max-batch-size 256 --instances 32 --binary \
     --queue-capacity 16384 \
     --concurrency 256
-  curve minilm --workload minilm --max-batch-size 128 --concurrency 256
+  curve minilm 170 --workload minilm --max-batch-size 128 --concurrency 256
   if [[ " $CURVES " == *" device "* ]]; then
     for n in $DEVICE_INSTANCES; do
       echo "== the device process alone: mlp, $n items a request, 8 synthetic front ends"
