@@ -217,7 +217,7 @@ class ModelMetrics:
         self._counted("dropped", reason).inc(n)
 
     def batch(self, report: BatchReport, waits: list[float]) -> None:
-        """One batch's figures: the answered requests' ``waits`` in the queue, each model
+        """One batch's figures: the answered items' ``waits`` in the queue, each model
         call's size, seconds and padding, the items dropped unanswered."""
         observe_all(self.queue_wait, waits)
         for size, seconds, work, tokens in zip(report.sizes, report.compute_s, report.work,

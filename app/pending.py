@@ -149,7 +149,8 @@ class BatchReport:
 
     def answer(self) -> list[float]:
         """Write each result into its request, and resolve each request whose every item is
-        in (or the first to fail) on the event loop; the queue waits of the answered items."""
+        in (or the first to fail) on the event loop; the queue waits of the answered items (one
+        a row)."""
         waits = []
         for item, value in self.results:
             request = item.request
@@ -159,14 +160,16 @@ class BatchReport:
             if isinstance(value, ServeError):
                 future.set_exception(value)
                 continue
+            wait = self.started_at - request.enqueued_at
             if item.rows == 1:
                 request.results[item.index] = value
-            else:
+                waits.append(wait)
+            else:  # a chunk: its rows' results, and a wait for each (the metric is per item)
                 request.results[item.index:item.index + item.rows] = value
+                waits.extend([wait] * item.rows)
             request.remaining -= item.rows
             if request.remaining == 0:
                 future.set_result(request.results)
-            waits.append(self.started_at - request.enqueued_at)
         return waits
 
 

@@ -177,3 +177,7 @@ async def test_a_stacked_request_is_one_chunk_that_a_batch_limit_splits() -> Non
             np.testing.assert_array_equal(np.stack(answers[rid]), 2 * want)
         assert handler.shapes == [[(2,)], [(3, 2)], [(2,), (2,), (2,)], [(2,)]]
         assert service.repository.get().in_flight == 0 and not front.waiting
+        registry = service.metrics.registry  # a queue wait and a batch place a row
+        await wait_until(lambda: sample(registry, "batchserve_queue_wait_seconds_count") == 8,
+                         "a queue wait a row")
+        assert sample(registry, "batchserve_batch_size_sum") == 8

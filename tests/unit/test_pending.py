@@ -61,7 +61,7 @@ def test_a_chunk_takes_one_result_a_row_and_fills_its_rows_of_the_request() -> N
     paired = per_item([chunk, row], ["y1", "y2", "y0"])
     assert paired == [(chunk, ["y1", "y2"]), (row, "y0")]
     assert per_item([row], ["y0"]) == [(row, "y0")]
-    BatchReport("cpu", paired[:1], 2.0).answer()
+    assert BatchReport("cpu", paired[:1], 2.0).answer() == [1.0, 1.0]  # a wait a row
     assert not seen and request.remaining == 1
-    BatchReport("cpu", paired[1:], 2.0).answer()
+    assert BatchReport("cpu", paired[1:], 3.0).answer() == [2.0]
     assert seen and request.future.result() == ["y0", "y1", "y2"]
