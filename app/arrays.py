@@ -1,5 +1,4 @@
-"""Stacking many small numpy arrays, the way the hot paths need it (a batch's rows, a message's
-items)."""
+"""Stacking many small numpy arrays, the way a batch's rows need it."""
 
 from __future__ import annotations
 

@@ -23,8 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from app.arrays import stack_rows
-
 # A link's stream buffer (``asyncio.open_connection(limit=...)``). asyncio's 64 KiB default
 # pauses and resumes the socket every 128 KiB, which for messages of large tensors (32 rows of
 # 512 floats are 64 KiB a request) doubled the device process's CPU a request (bench.ipc).
@@ -36,14 +34,16 @@ _RAW = "raw"  # a packed entry whose array travels as (frame, dtype, shape): ``e
 
 def pack(values: list[Any]) -> tuple[Any, ...]:
     """``values`` in the form that pickles fastest; ``unpack`` gives them back, as views."""
-    if values and all(type(v) is np.ndarray for v in values):
-        first = values[0]
+    first = values[0] if values else None
+    if type(first) is np.ndarray and first.ndim and not first.dtype.hasobject:
         dtype, shape = first.dtype, first.shape
-        if not dtype.hasobject and first.ndim and all(v.dtype == dtype for v in values):
-            if all(v.shape == shape for v in values):
-                return (_STACKED, first[None] if len(values) == 1 else stack_rows(values))
-            if all(v.ndim == 1 for v in values):
-                return (_JOINED, np.concatenate(values), [len(v) for v in values])
+        # One pass over the values each way: a chunk's rows make this per-row work.
+        if all(type(v) is np.ndarray and v.shape == shape and v.dtype == dtype for v in values):
+            if len(values) == 1:
+                return (_STACKED, first[None])
+            return (_STACKED, np.concatenate(values).reshape(len(values), *shape))
+        if all(type(v) is np.ndarray and v.ndim == 1 and v.dtype == dtype for v in values):
+            return (_JOINED, np.concatenate(values), [len(v) for v in values])
     return ("list", values)
 
 
@@ -75,7 +75,7 @@ def _raw(value: Any, frames: list[Any]) -> Any:
     """A packed entry's array as a frame and a reference to it; anything else as it is."""
     if type(value) is tuple and value and value[0] in (_STACKED, _JOINED):
         array = np.ascontiguousarray(value[1])
-        frames.append(array.data.cast("B"))
+        frames.append(array.data.cast("B") if array.size else memoryview(b""))  # 0 in shape
         return (_RAW, value[0], len(frames) - 1, array.dtype.str, array.shape, *value[2:])
     return value
 

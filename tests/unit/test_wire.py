@@ -21,6 +21,9 @@ def roundtrip(message: dict) -> dict:
     [np.ones(2, dtype=np.float32), np.ones(2, dtype=np.float64)],  # mixed dtypes
     [np.arange(12, dtype=np.float32).reshape(3, 4)[:, 1]],  # one strided view
     [np.arange(6, dtype=np.int32).reshape(2, 3)] * 2,  # 2-D
+    [np.ones(2), "x"],  # an array, then not one
+    [np.ones((2, 2)), np.ones(4)],  # ranks that differ: neither stacked nor joined
+    [np.zeros(0, dtype=np.float32)] * 2,  # empty rows
 ])
 def test_values_come_back_equal_in_order(values: list) -> None:
     got = wire.unpack(roundtrip({"v": wire.pack(values)})["v"])
