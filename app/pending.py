@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from app.errors import DeadlineExceeded, ServeError
 
 _PENDING, _RESULT, _ERROR, _CANCELLED = range(4)
@@ -109,6 +111,25 @@ class PendingItem:
 
 def _part(item: PendingItem, index: int, data: Any, rows: int) -> PendingItem:
     return PendingItem(item.request, index, data[0] if rows == 1 else data, item.key, rows)
+
+
+def queue_items(admitted: list[tuple[PendingRequest, Any]], key: Callable[[Any], Any],
+                stacks: bool) -> list[PendingItem]:
+    """The queue's items for admitted requests and their decoded items (a list, or their rows
+    stacked in one array): an item a row, or, for a model whose rows stack, one chunk for a
+    request whose rows came stacked."""
+    queued: list[PendingItem] = []
+    for request, items in admitted:
+        n = len(items)
+        if n == 1:
+            data = items[0]
+            queued.append(PendingItem(request, 0, data, key(data)))
+        elif stacks and type(items) is np.ndarray:
+            queued.append(PendingItem(request, 0, items, None, n))
+        else:
+            queued.extend(PendingItem(request, index, data, key(data))
+                          for index, data in enumerate(items))
+    return queued
 
 
 def rows_in(items: list[PendingItem]) -> int:

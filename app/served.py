@@ -13,7 +13,6 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-import numpy as np
 import torch
 
 from app.bell import Bell
@@ -23,7 +22,7 @@ from app.facade import ModelFacade
 from app.metrics import ModelMetrics
 from app.models.base import ModelHandler
 from app.models.signature import TensorSpec, describe_outputs
-from app.pending import Answer, BatchReport, PendingItem, PendingRequest, expire
+from app.pending import Answer, BatchReport, PendingRequest, expire, queue_items
 from app.queues import ModelQueue
 from app.scheduler.admission import Gate, closed, room
 from app.scheduler.cost import CostModel
@@ -216,22 +215,10 @@ class ServedModel(ModelFacade):
     def _queue(self, admitted: list[tuple[PendingRequest, Any]], now: float) -> None:
         """Put admitted requests' items (all at one level) into the queue together, count the
         requests in flight, and ring a device thread that wants them."""
-        key = self.handler.key
-        stacks = self.handler.stacks
-        queued: list[PendingItem] = []
-        for request, items in admitted:
-            n = len(items)
-            if n == 1:
-                data = items[0]
-                queued.append(PendingItem(request, 0, data, key(data)))
-            elif stacks and type(items) is np.ndarray:  # stacked rows: one chunk
-                queued.append(PendingItem(request, 0, items, None, n))
-            else:
-                queued.extend(PendingItem(request, index, data, key(data))
-                              for index, data in enumerate(items))
         # Only this thread puts, and device threads only take, so the capacity checks before
         # guarantee the put succeeds; the requests' items go in together, never partly.
-        self.queue.put_all(queued)
+        handler = self.handler
+        self.queue.put_all(queue_items(admitted, handler.key, handler.stacks))
         if self._first_items is not None:
             hook, self._first_items = self._first_items, None
             hook(admitted[0][1])

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from app.arrays import stack_alike
+
 # A link's stream buffer (``asyncio.open_connection(limit=...)``). asyncio's 64 KiB default
 # pauses and resumes the socket every 128 KiB, which for messages of large tensors (32 rows of
 # 512 floats are 64 KiB a request) doubled the device process's CPU a request (bench.ipc).
@@ -39,9 +41,7 @@ def pack(values: list[Any]) -> tuple[Any, ...]:
         dtype, shape = first.dtype, first.shape
         # One pass over the values each way: a chunk's rows make this per-row work.
         if all(type(v) is np.ndarray and v.shape == shape and v.dtype == dtype for v in values):
-            if len(values) == 1:
-                return (_STACKED, first[None])
-            return (_STACKED, np.concatenate(values).reshape(len(values), *shape))
+            return (_STACKED, first[None] if len(values) == 1 else stack_alike(values))
         if all(type(v) is np.ndarray and v.ndim == 1 and v.dtype == dtype for v in values):
             return (_JOINED, np.concatenate(values), [len(v) for v in values])
     return ("list", values)

@@ -276,7 +276,7 @@ class DeviceWorker:
             self.busy_s += seconds
             self._fairness.charge(slot.model, seconds)
             work, tokens = slot.work(items)
-            report.sizes.append(rows_in(items))
+            report.sizes.append(launch.n)  # rows
             report.compute_s.append(seconds)
             report.work.append(work)
             report.tokens.append(tokens)

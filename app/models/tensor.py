@@ -170,9 +170,9 @@ class TensorHandler(ModelHandler):
         return module
 
     def collate(self, items: list[Any]) -> Tensors:
-        shape = self.input_shape
-        rank = len(shape) if shape is not None else 0
-        if shape is not None and any(item.ndim > rank for item in items):  # chunks, too
-            return torch.from_numpy(np.concatenate([
-                item if item.ndim > rank else item[None] for item in items]))
+        if self.stacks:  # chunks may be among the rows
+            rank = len(self.input_shape or ())
+            if any(item.ndim > rank for item in items):
+                return torch.from_numpy(np.concatenate([
+                    item if item.ndim > rank else item[None] for item in items]))
         return torch.from_numpy(stack_rows(items))

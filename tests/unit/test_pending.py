@@ -6,10 +6,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
 import pytest
 
 from app.errors import ModelError
-from app.pending import Answer, BatchReport, PendingItem, PendingRequest, per_item, rows_in
+from app.pending import (
+    Answer,
+    BatchReport,
+    PendingItem,
+    PendingRequest,
+    per_item,
+    queue_items,
+    rows_in,
+)
 
 
 def test_an_answer_settles_once_and_calls_back_at_once() -> None:
@@ -65,3 +74,14 @@ def test_a_chunk_takes_one_result_a_row_and_fills_its_rows_of_the_request() -> N
     assert not seen and request.remaining == 1
     assert BatchReport("cpu", paired[1:], 3.0).answer() == [2.0]
     assert seen and request.future.result() == ["y0", "y1", "y2"]
+
+
+def test_queue_items_make_an_item_a_row_or_one_chunk_for_stacked_rows() -> None:
+    request = PendingRequest(Answer(lambda _: None, "r"), 3, 1e9, 1.0)
+    rows = np.arange(6.0).reshape(3, 2)
+    [chunk] = queue_items([(request, rows)], lambda _: None, stacks=True)
+    assert (chunk.index, chunk.rows, chunk.data is rows) == (0, 3, True)
+    apart = queue_items([(request, rows)], lambda _: "k", stacks=False)
+    assert [(i.index, i.rows, i.key) for i in apart] == [(0, 1, "k"), (1, 1, "k"), (2, 1, "k")]
+    listed = queue_items([(request, list(rows))], lambda _: None, stacks=True)  # not stacked
+    assert [i.rows for i in listed] == [1, 1, 1]
