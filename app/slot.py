@@ -45,8 +45,8 @@ class Slot:
         cost = self.cost
         if not cost.known:
             return None
-        per_item = max(self.lengths([i.data for i in items]))
-        return lambda n: cost.predict(n * per_item)
+        per_item = max(self.lengths([i.data for i in items])) if self.padded else 1
+        return lambda n: cost.predict_all(n * per_item)
 
     def source(self) -> ItemSource:
         """Where the next batch comes from: its queue in arrival order, or batches of

@@ -7,10 +7,11 @@ them; each batch served moves the nearest point towards what it took.
 
 from __future__ import annotations
 
-import bisect
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 REFINE_WEIGHT = 0.1  # how far one observed batch moves the nearest point
 
@@ -37,17 +38,25 @@ class CostModel:
 
     def predict(self, work: float) -> float:
         """Seconds for a batch of ``work`` (0 when nothing is known yet)."""
+        return float(self.predict_all(np.array([work], dtype=np.float64))[0])
+
+    def predict_all(self, work: np.ndarray) -> np.ndarray:
+        """``predict`` of each of ``work``, at once: a device thread prices every batch size
+        it might wait for in one call (app/scheduler/waiting.py)."""
+        # A reader may meet ``take`` between the two lists: use the points both hold.
         xs, ys = self.work, self.seconds
-        if not xs:
-            return 0.0
-        if len(xs) == 1:
-            return ys[0] * max(1.0, work / xs[0])  # one point: proportional beyond it
-        i = bisect.bisect_left(xs, work)
-        i = min(max(i, 1), len(xs) - 1)  # the segment [i-1, i], or the last one beyond it
-        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        if work <= x0:
-            return y0
-        return max(0.0, y0 + (y1 - y0) * (work - x0) / (x1 - x0))
+        n = min(len(xs), len(ys))
+        if n == 0:
+            return np.zeros(len(work))
+        x, y = np.asarray(xs[:n], dtype=np.float64), np.asarray(ys[:n], dtype=np.float64)
+        if n == 1:
+            return np.asarray(y[0] * np.maximum(1.0, work / x[0]))  # one point: proportional
+        seconds = np.asarray(np.interp(work, x, y))  # at or below the first point: its seconds
+        beyond = work > x[-1]
+        if beyond.any():  # extrapolated from the last two points
+            slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
+            seconds[beyond] = np.maximum(0.0, y[-1] + slope * (work[beyond] - x[-1]))
+        return seconds
 
     def observe(self, work: float, seconds: float) -> None:
         """A batch of ``work`` took ``seconds``: move the nearest point towards it (the event

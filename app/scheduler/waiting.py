@@ -14,6 +14,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+import numpy as np
+
 from app.pending import PendingItem, PendingRequest
 
 T = TypeVar("T")
@@ -27,7 +29,8 @@ RETURNING_SHARE = 0.25
 TRIPS_KNOWN = 4  # round trips seen before a closed loop's is trusted
 
 
-Price = Callable[[int], float]  # seconds a batch like the one in hand would take at n items
+# Seconds a batch like the one in hand would take at each of the given item counts (an array).
+Price = Callable[[np.ndarray], np.ndarray]
 
 
 Wait = tuple[float, int]  # seconds to wait for more items, and how many arrivals that is for
@@ -66,35 +69,40 @@ class BatchPolicy:
         remaining = min(self.max_wait_s - idle_s, slack_s)
         if free <= 0 or others == 0 or remaining <= 0.0:
             return NO_WAIT
-        now_s = price(size) if price is not None else None
+        arrivals = free if others is None else min(free, others)
+        # One call prices every size this wait could reach: cost[n] is a batch of n items.
+        cost = None if price is None else price(np.arange(size + arrivals + 1, dtype=np.float64))
+        now_s = None if cost is None else float(cost[size])
         loop = _closed_loop(returning, now_s)
         back = loop[1] if loop is not None else None
         if gap_s is None and back is None:
             return min(remaining, UNKNOWN_RATE_NAP_S), 1  # look again soon
-        arrivals = free if others is None else min(free, others)
-
-        def due(m: int) -> float:  # when the m-th more item is expected
-            d = m * gap_s if gap_s is not None else float("inf")
-            return d if back is None else min(d, back)
-
-        best = NO_WAIT
-        for m in range(1, arrivals + 1):
-            d = due(m)
-            if d > remaining:
-                break
-            if price is None or now_s is None:
-                best = (d, m)
-                continue
-            whole = price(size + m)
-            together = d + whole
-            if together > slack_s:
-                break
-            if loop is not None and loop[0] + whole >= now_s + price(m):
-                continue  # taking turns, each part's round trip hidden by the other's batch
-            faster = d <= RETURNING_SHARE * now_s and (size + m) * now_s > size * together
-            if faster or (size + m) * together < size * now_s + m * (now_s + price(m)):
-                best = (d, m)  # more items per second, or all of them sooner
-        return best
+        # Each of m more items is due at d(m), never sooner than the one before: the m due in
+        # time are a prefix, and so are those whose batch still ends within the slack.
+        m = np.arange(1.0, arrivals + 1.0)
+        d = m * gap_s if gap_s is not None else np.full(arrivals, np.inf)
+        if back is not None:
+            np.minimum(d, back, out=d)
+        reach = int(np.searchsorted(d, remaining, side="right"))
+        if cost is None or now_s is None:  # any arrival in time is worth waiting for
+            return (float(d[reach - 1]), reach) if reach else NO_WAIT
+        whole = cost[size + 1:size + 1 + reach]  # the batch with them
+        together = d[:reach] + whole
+        late = together > slack_s
+        if late.any():
+            reach = int(late.argmax())
+            whole, together = whole[:reach], together[:reach]
+        m, d, alone = m[:reach], d[:reach], cost[1:reach + 1]  # alone: the m served after
+        grown = size + m
+        # More items per second (for arrivals due almost at once), or all of them sooner.
+        pays = grown * together < size * now_s + m * (now_s + alone)
+        pays |= (d <= RETURNING_SHARE * now_s) & (grown * now_s > size * together)
+        if loop is not None:  # taking turns, each part's round trip hidden by the other's batch
+            pays &= loop[0] + whole < now_s + alone
+        if not pays.any():
+            return NO_WAIT
+        best = reach - 1 - int(pays[::-1].argmax())
+        return float(d[best]), best + 1
 
 
 def _closed_loop(returning: tuple[float, float] | None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from app.scheduler.cost import CostModel, grid
@@ -32,3 +33,12 @@ def test_served_batches_pull_the_curve_to_what_the_device_does() -> None:
     empty = CostModel()
     empty.observe(4, 0.003)
     assert empty.curve() == [(4, 0.003)]
+
+
+def test_a_device_thread_prices_every_size_at_once_as_one_at_a_time() -> None:
+    work = np.array([0.5, 1, 4, 8, 20, 32, 64, 300], dtype=np.float64)
+    for cost in (CostModel([1, 8, 32], [0.002, 0.008, 0.020]), CostModel([4], [0.004]),
+                 CostModel(), CostModel([1, 8], [0.008, 0.002])):  # the last falls to 0
+        assert cost.predict_all(work).tolist() == pytest.approx(
+            [cost.predict(w) for w in work.tolist()])
+    assert CostModel([1, 8], [0.008, 0.002]).predict(64) == 0.0  # never below nothing

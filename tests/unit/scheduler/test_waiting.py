@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import random
+from collections.abc import Callable
 
+import numpy as np
 import pytest
 
 from app.pending import PendingItem, PendingRequest
+from app.scheduler.cost import CostModel
 from app.scheduler.waiting import (
     NO_WAIT,
+    RETURNING_SHARE,
     ArrivalRate,
     BatchPolicy,
     RecentPeak,
+    Wait,
+    _closed_loop,
     collect_batch,
     group_by,
     split_live,
@@ -147,12 +154,12 @@ def test_the_decision_is_pure() -> None:
 WIDE = BatchPolicy(max_batch_size=32, max_wait_s=0.005)
 
 
-def flat(n: int) -> float:
+def flat(n: np.ndarray) -> np.ndarray:
     """A memory-bound model: 8 items cost barely more than 4 (the mlp of the issue)."""
     return 0.0072 + 0.00012 * n
 
 
-def linear_cost(n: int) -> float:
+def linear_cost(n: np.ndarray) -> np.ndarray:
     """A compute-bound model: every item costs the same, so sharing a batch saves nothing."""
     return 0.001 * n
 
@@ -166,7 +173,7 @@ def test_waiting_does_not_pay_when_every_item_costs_the_same() -> None:
     assert WIDE.wait_s(4, 0.0, 0.0002, 4, linear_cost) == NO_WAIT
 
 
-def per_batch_and_per_item(n: int) -> float:
+def per_batch_and_per_item(n: np.ndarray) -> np.ndarray:
     """A compute-bound model with a fixed cost per batch (MiniLM on a CPU): 6 ms + 1.9 an item."""
     return 0.006 + 0.0019 * n
 
@@ -196,7 +203,7 @@ def test_two_clients_taking_turns_are_waited_for_when_their_round_trip_is_short(
                         returning=(0.001, 0.0004)) == (pytest.approx(0.0006), 1)
 
 
-def twice_for_two(n: int) -> float:
+def twice_for_two(n: np.ndarray) -> np.ndarray:
     """A model whose batch of 2 costs all but 20 us of two batches of 1 (the mlp on this CPU)."""
     return 0.00428 * n - 0.00002 * (n - 1)
 
@@ -209,7 +216,7 @@ def test_a_returning_client_is_not_waited_for_when_a_pair_costs_two_singles() ->
                         returning=(0.0003, 0.00029)) == NO_WAIT
 
 
-def pair_saves_a_little(n: int) -> float:
+def pair_saves_a_little(n: np.ndarray) -> np.ndarray:
     """A batch of 2 costs 0.12 ms less than two batches of 1 (4.2 ms each)."""
     return 0.0042 * n - 0.00012 * (n - 1)
 
@@ -256,6 +263,63 @@ def test_the_round_trip_is_measured_from_the_latest_answers_before_each_arrival(
     trip, since = rate.returning(100.0405)  # type: ignore[misc]
     assert trip == pytest.approx(0.0012)  # the upper quartile
     assert since == pytest.approx(0.0005)
+
+
+def _wait_one_m_at_a_time(policy: BatchPolicy, size: int, idle_s: float, gap_s: float | None,
+                          others: int | None, price: Callable[[float], float] | None,
+                          slack_s: float, returning: tuple[float, float] | None) -> Wait:
+    """docs/scheduler.md's inequalities, each m more arrivals in turn: what ``wait_s`` decides
+    for every m at once."""
+    free = policy.max_batch_size - size
+    remaining = min(policy.max_wait_s - idle_s, slack_s)
+    if free <= 0 or others == 0 or remaining <= 0.0:
+        return NO_WAIT
+    now_s = price(size) if price is not None else None
+    loop = _closed_loop(returning, now_s)
+    back = loop[1] if loop is not None else None
+    if gap_s is None and back is None:
+        return min(remaining, 0.0005), 1
+    best = NO_WAIT
+    for m in range(1, (free if others is None else min(free, others)) + 1):
+        d = m * gap_s if gap_s is not None else float("inf")
+        d = d if back is None else min(d, back)
+        if d > remaining:
+            break
+        if price is None or now_s is None:
+            best = (d, m)
+            continue
+        whole = price(size + m)
+        together = d + whole
+        if together > slack_s:
+            break
+        if loop is not None and loop[0] + whole >= now_s + price(m):
+            continue
+        faster = d <= RETURNING_SHARE * now_s and (size + m) * now_s > size * together
+        if faster or (size + m) * together < size * now_s + m * (now_s + price(m)):
+            best = (d, m)
+    return best
+
+
+def test_every_arrival_count_is_weighed_as_if_one_at_a_time() -> None:
+    rng = random.Random(29)
+    for _ in range(2000):
+        work = sorted(rng.sample(range(1, 300), rng.randint(1, 6)))
+        cost = CostModel(work, [rng.uniform(0.0001, 0.01) for _ in work])
+        per_item = rng.choice([1, 3])
+        limit = rng.choice([4, 32, 256])
+        case = (BatchPolicy(limit, rng.choice([0.002, 0.005, 0.02])), rng.randint(0, limit),
+                rng.choice([0.0, rng.uniform(0, 0.006)]),
+                rng.choice([None, rng.uniform(1e-6, 0.005)]),
+                rng.choice([None, 0, rng.randint(0, 300)]))
+        slack = rng.choice([float("inf"), rng.uniform(0, 0.02)])
+        returning = rng.choice([None, (rng.uniform(1e-5, 0.003), rng.uniform(0, 0.006))])
+        priced = rng.random() < 0.9
+        policy, size, idle, gap, others = case
+        many = (lambda n, c=cost, k=per_item: c.predict_all(n * k)) if priced else None
+        one = (lambda n, c=cost, k=per_item: c.predict(n * k)) if priced else None
+        got = policy.wait_s(size, idle, gap, others, many, slack, returning)
+        want = _wait_one_m_at_a_time(policy, size, idle, gap, others, one, slack, returning)
+        assert got[1] == want[1] and got[0] == pytest.approx(want[0])
 
 
 def test_two_clients_taking_turns_share_a_batch() -> None:
