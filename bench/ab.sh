@@ -3,17 +3,21 @@
 # (core 1), then the per-pair ratios of requests/s and their median, and each build's event-loop
 # CPU per request (its main thread's, from /proc): the finer measure of a small change.
 #   bench/ab.sh OLD_CHECKOUT NEW_CHECKOUT   (e.g. a `git worktree add /tmp/old <commit>`)
-# Env: C (concurrency, 64), N (pairs, 6), W (workload, linear), F (--frontends, 1; above 1 the
-# loop CPU is the device process's), BODY (the request body),
+# Env: C (concurrency, 64), N (pairs, 6), W (workload, linear), D (--devices, cpu), F
+# (--frontends, 1; above 1 the loop CPU is the device process's), OLD_F / NEW_F (one side's
+# --frontends instead of F; set empty, that side gets no flag: its default, or a build without
+# the setting), BODY (the request body), PY (the Python, this checkout's .venv),
 # PIN (1; 0 leaves servers and wrk unpinned, as `python -m bench` runs them: then the event
 # loop and the device thread of a server run on different cores at once).
 set -euo pipefail
 old=$(realpath "$1"); new=$(realpath "$2")
-C=${C:-64}; N=${N:-6}; W=${W:-linear}; F=${F:-1}; PIN=${PIN:-1}
+C=${C:-64}; N=${N:-6}; W=${W:-linear}; D=${D:-cpu}; F=${F:-1}; PIN=${PIN:-1}
+OLD_F=${OLD_F-$F}; NEW_F=${NEW_F-$F}
 server_cpu=(taskset -c 0); wrk_cpu=(taskset -c 1)
 [ "$PIN" = 1 ] || { server_cpu=(); wrk_cpu=(); }
 BODY=${BODY:-'{"instances": [[1.0, 2.0, 3.0, 4.0]]}'}
-py="$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python"
+py=${PY:-"$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python"}
+case $py in */*) py="$(cd "$(dirname "$py")" && pwd)/$(basename "$py")";; esac  # servers cd
 lua=$(realpath "$(dirname "$0")/post.lua")
 tmp=$(mktemp -d) && trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
 echo "$BODY" > "$tmp/body.json"
@@ -21,13 +25,18 @@ export HF_HUB_OFFLINE=1 BENCH_BODY_FILE="$tmp/body.json" BATCHSERVE_GRPC_PORT=0 
 declare -A pid
 for side in old new; do
   dir=${!side}; port=$([ $side = old ] && echo 8101 || echo 8102)
-  (cd "$dir" && exec "${server_cpu[@]}" "$py" -m app serve --model "$W" --devices cpu --port $port \
-     --log-level warning --torch-threads 1 --frontends "$F") > "$tmp/$side.log" 2>&1 &
+  f=$([ $side = old ] && echo "$OLD_F" || echo "$NEW_F")
+  (cd "$dir" && exec "${server_cpu[@]}" "$py" -m app serve --model "$W" --devices "$D" \
+     --port $port --log-level warning --torch-threads 1 ${f:+--frontends "$f"}) \
+     > "$tmp/$side.log" 2>&1 &
   pid[$port]=$!
 done
 loop_ticks() { awk '{print $14 + $15}' "/proc/$1/task/$1/stat"; }  # user + system, main thread
 for port in 8101 8102; do
-  until curl -sf "localhost:$port/health_check" >/dev/null; do sleep 0.5; done
+  until curl -sf "localhost:$port/health_check" >/dev/null; do
+    kill -0 "${pid[$port]}" 2>/dev/null || { cat "$tmp"/*.log >&2; exit 1; }  # it did not start
+    sleep 0.5
+  done
 done
 for i in $(seq "$N"); do
   for port in 8101 8102; do
@@ -46,6 +55,8 @@ for line in sys.stdin:
     ok = j['requests'] - j['http_errors']  # a refusal is not throughput
     runs.setdefault(port, []).append((ok / j['duration_us'] * 1e6, j['p50_us'], j['http_errors'], loop_us))
 old, new = runs['8101'], runs['8102']
+if not all(x[0] for x in old + new):
+    sys.exit('ab.sh: a run had no answer without an error (is BODY right for W?)')
 ratios = [b[0] / a[0] for a, b in zip(old, new)]
 print('old req/s', [round(x[0]) for x in old]); print('new req/s', [round(x[0]) for x in new])
 print('ratios', [round(r, 3) for r in ratios], 'median', round(st.median(ratios), 3))

@@ -3,7 +3,9 @@
 # CUDA present, the model alone at GPU batch sizes, then the front-end curve (docs/frontends.md):
 # N = 1, 2, 4, 8, 14 front ends at c=256 on mlp (1 JSON instance a request; 32 instances as v2
 # binary tensors) and minilm, with the GPU's busy share; and the device process alone on mlp
-# (bench.device: its ceiling and CPU a request without HTTP). With PROFILE=1, py-spy records
+# (bench.device: its ceiling and CPU a request without HTTP); at c=1, this build against the
+# first GPU run's (bench/ab.sh, both up at once), with one process and with its default front
+# ends. With PROFILE=1, py-spy records
 # the device process at each point of the first curve, into $OUT/profiles.tgz (it slows what
 # it records: one process at c=256 read 3.8 k req/s profiled). Needs .carry/ from
 # `python -m bench.carry` (made here, named in the device call's carry). About 8 minutes on
@@ -24,7 +26,7 @@ SECONDS_PER_POINT=${SECONDS_PER_POINT:-3}
 TESTS=${TESTS-tests/unit tests/api}  # what pytest runs (empty: no tests)
 DEVICE_INSTANCES=${DEVICE_INSTANCES:-1 32}  # items a request in the device curve's runs
 PROFILE=${PROFILE:-0}  # 1: py-spy on the device process at each point of the mlp-json curve
-CURVES=${CURVES:-mlp-json mlp-binary32 minilm device}  # which curves
+CURVES=${CURVES:-mlp-json mlp-binary32 minilm device c1}  # which curves
 OUT=${OUT:?OUT: where the logs and results go}
 mkdir -p "$OUT"
 
@@ -78,6 +80,18 @@ main() {
     --queue-capacity 16384 \
     --concurrency 256
   curve minilm 170 --workload minilm --max-batch-size 128 --concurrency 256
+  if [[ " $CURVES " == *" c1 "* ]] && [ -f .carry/first-gpu-build.tar.gz ]; then
+    rm -rf /tmp/first-gpu-build && mkdir /tmp/first-gpu-build
+    tar -xzf .carry/first-gpu-build.tar.gz -C /tmp/first-gpu-build
+    body=$("$PY" -c 'import json; from bench.run import instance_for
+print(json.dumps({"instances": [instance_for("mlp", 0)]}))')
+    for f in 1 auto; do
+      echo "== c=1, mlp: the first GPU run's build (one process) against this one (--frontends $f)"
+      N=3 C=1 W=mlp D="$DEVICES" PIN=0 PY="$PY" OLD_F= NEW_F=$f BODY=$body timeout 100 \
+        bash bench/ab.sh /tmp/first-gpu-build .
+      echo "== c1 exit $?"
+    done
+  fi
   if [[ " $CURVES " == *" device "* ]]; then
     for n in $DEVICE_INSTANCES; do
       echo "== the device process alone: mlp, $n items a request, 8 synthetic front ends"
