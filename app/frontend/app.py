@@ -9,9 +9,11 @@ own app on its private Unix socket, so each has one answer whichever front end a
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from urllib.parse import quote, quote_from_bytes
 
 import httpx
 import orjson
@@ -39,6 +41,7 @@ _DROPPED = {b"host", b"connection", b"content-length", b"transfer-encoding", b"k
 _DROPPED_OUT = {"connection", "content-length", "transfer-encoding", "keep-alive",
                 REQUEST_ID_HEADER.decode()}
 _REPOSITORY_PREFIX = "/v2/repository/"
+_VISIBLE = "".join(map(chr, range(0x21, 0x7F)))  # what a request target holds unescaped
 
 
 class DeviceProxy:
@@ -67,8 +70,7 @@ class DeviceProxy:
         except ServeError as exc:
             return errors.error_response(exc)
         path = scope["path"]
-        target = path + ("?" + scope["query_string"].decode("latin-1")
-                         if scope["query_string"] else "")
+        target = proxied_target(scope)
         try:
             answer = await self._client().request(scope["method"], target, headers=headers,
                                                   content=body)
@@ -81,6 +83,17 @@ class DeviceProxy:
             (k.encode("latin-1"), v.encode("latin-1"))
             for k, v in answer.headers.multi_items() if k.lower() not in _DROPPED_OUT)
         return response
+
+
+def proxied_target(scope: Scope) -> str:
+    """The path and query to ask the device process for: as the client sent them (``raw_path``:
+    still percent-encoded, so an escaped ``/`` stays one segment), with any byte a URL cannot
+    hold escaped. The decoded path may hold control characters, which no URL may carry."""
+    raw = scope.get("raw_path")
+    path = (quote_from_bytes(raw, safe=_VISIBLE) if raw is not None
+            else quote(scope["path"], safe=_VISIBLE.replace("%", "")))
+    query = scope.get("query_string", b"")
+    return path + ("?" + quote_from_bytes(query, safe=_VISIBLE) if query else "")
 
 
 def _unreachable(path: str) -> Response:
@@ -117,7 +130,10 @@ def create_frontend_app(service: RemoteService, link: socket.socket,
         app.add_raw_route(route)
     app.include_router(v2.infer_router)
     proxy = DeviceProxy(service, lambda: clients[0])
-    app.router.routes.append(Route("/{path:path}", proxy, methods=[
-        "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]))
+    rest = Route("/{path:path}", proxy, methods=[
+        "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"])
+    # Every other path, a decoded newline in it too (an escaped one reaches a model's name).
+    rest.path_regex = re.compile(rest.path_regex.pattern, re.DOTALL)
+    app.router.routes.append(rest)
     app.add_middleware(AccessLog)
     return app

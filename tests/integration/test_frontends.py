@@ -94,6 +94,9 @@ def test_metrics_count_each_request_once_and_errors_match_one_process() -> None:
         assert metric(url, "batchserve_requests_total", status="404") == 1
         metadata = fresh_get(url, "/v2/models/linear")
         assert metadata.status_code == 200 and metadata.json()["name"] == "linear"
+        for path in ("/v2/models/a%0Ab", "/v2/models/%C2%A8%19/ready"):  # as one process answers
+            unknown = fresh_get(url, path)
+            assert unknown.status_code == 404 and "unknown model" in unknown.json()["error"]
 
 
 def test_a_request_past_its_deadline_is_answered_504_and_never_computed(tmp_path: Path) -> None:
