@@ -7,6 +7,7 @@ them; each batch served moves the nearest point towards what it took.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -37,8 +38,19 @@ class CostModel:
         return bool(self.work)
 
     def predict(self, work: float) -> float:
-        """Seconds for a batch of ``work`` (0 when nothing is known yet)."""
-        return float(self.predict_all(np.array([work], dtype=np.float64))[0])
+        """Seconds for a batch of ``work`` (0 when nothing is known yet). One value, in plain
+        Python: the event loop asks once a batch, where numpy's call costs more than this."""
+        xs, ys = self.work, self.seconds
+        if not xs:
+            return 0.0
+        if len(xs) == 1:
+            return ys[0] * max(1.0, work / xs[0])  # one point: proportional beyond it
+        i = bisect.bisect_left(xs, work)
+        i = min(max(i, 1), len(xs) - 1)  # the segment [i-1, i], or the last one beyond it
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        if work <= x0:
+            return y0
+        return max(0.0, y0 + (y1 - y0) * (work - x0) / (x1 - x0))
 
     def predict_all(self, work: np.ndarray) -> np.ndarray:
         """``predict`` of each of ``work``, at once: a device thread prices every batch size
