@@ -88,10 +88,14 @@ class DeviceProxy:
 def proxied_target(scope: Scope) -> str:
     """The path and query to ask the device process for: as the client sent them (``raw_path``:
     still percent-encoded, so an escaped ``/`` stays one segment), with any byte a URL cannot
-    hold escaped. The decoded path may hold control characters, which no URL may carry."""
+    hold escaped, and ``.`` and ``..`` segments too, which the client would otherwise resolve.
+    The decoded path may hold control characters, which no URL may carry."""
     raw = scope.get("raw_path")
     path = (quote_from_bytes(raw, safe=_VISIBLE) if raw is not None
             else quote(scope["path"], safe=_VISIBLE.replace("%", "")))
+    if "/." in path:  # dot segments escaped: httpx would resolve them, one process does not
+        path = "/".join("%2E" * len(part) if part in (".", "..") else part
+                        for part in path.split("/"))
     query = scope.get("query_string", b"")
     return path + ("?" + quote_from_bytes(query, safe=_VISIBLE) if query else "")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +47,14 @@ def fresh_get(url: str, path: str) -> httpx.Response:
     """A GET on a new connection: the kernel may hand it to either front end."""
     with httpx.Client(timeout=10) as client:
         return client.get(url + path)
+
+
+def raw_status(url: str, target: bytes) -> bytes:
+    """The status of a GET of ``target`` sent as it is (an HTTP client would resolve it)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        return sock.recv(64).split(b" ")[1]
 
 
 def post(url: str, instances: list[list[float]], path: str = "/predict") -> httpx.Response:
@@ -97,6 +106,7 @@ def test_metrics_count_each_request_once_and_errors_match_one_process() -> None:
         for path in ("/v2/models/a%0Ab", "/v2/models/%C2%A8%19/ready"):  # as one process answers
             unknown = fresh_get(url, path)
             assert unknown.status_code == 404 and "unknown model" in unknown.json()["error"]
+        assert raw_status(url, b"/v2/../metrics") == b"404"  # routed as sent, not resolved
 
 
 def test_a_request_past_its_deadline_is_answered_504_and_never_computed(tmp_path: Path) -> None:

@@ -23,3 +23,11 @@ def test_what_no_url_may_hold_is_escaped() -> None:
     for scope in (raw, decoded_only):  # httpx takes it as it is
         url = httpx.URL("http://device" + proxied_target(scope))
         assert url.raw_path.startswith(b"/v2/models/a%0Ab")
+
+
+def test_dot_segments_reach_the_device_process_unresolved() -> None:
+    scope = {"path": "/v2/../metrics", "raw_path": b"/v2/../metrics", "query_string": b""}
+    assert proxied_target(scope) == "/v2/%2E%2E/metrics"  # one process routes it as it is: 404
+    assert httpx.URL("http://device" + proxied_target(scope)).raw_path == b"/v2/%2E%2E/metrics"
+    scope = {"path": "/v2/./x.y/.z", "raw_path": b"/v2/./x.y/.z", "query_string": b""}
+    assert proxied_target(scope) == "/v2/%2E/x.y/.z"
