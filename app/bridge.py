@@ -9,13 +9,12 @@ request's results or its error), ``models`` (the snapshot: what a front end need
 decode and route to each model version), ``ack`` (say when you hold it) and ``synced`` (every
 front end holds the snapshot).
 
-Admission is the same gate a single process runs (``ServedModel.enqueue_all``: room per level
-and the deadline-aware refusal), against this process's real queues, and a refusal goes back at
-once. A message's requests for one model version and level pass it together, in order, each
-counted ahead of the next, and their items go into the queue as one entry. Each request's
-answer is an ``Answer`` that sends itself as it is set: no future, callback or timer per
-request here. Deadlines are kept by the front ends, which cancel a request past its own; the
-device threads skip its items.
+Admission is the same gate a single process runs (app/intake.py: room per level and the
+deadline-aware refusal), against this process's real queues; a refusal goes back at once. A
+message's requests for one model version and level pass it together, in order, and enter the
+queue as one entry: one-row requests to a model whose rows stack as one chunk. Answers send
+themselves as they are set (``Answer``, ``RowsAnswer``): no future, callback or timer per
+request here. Deadlines are kept by the front ends, which cancel a request past its own.
 """
 
 from __future__ import annotations
@@ -27,12 +26,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 import app.wire as wire
 from app.config import BatchSettings
 from app.errors import ServeError
+from app.intake import admit_all, admit_rows
 from app.metrics import ModelMetrics
 from app.models.signature import TensorSpec
-from app.pending import Answer, PendingRequest
+from app.pending import DROPPED, Answer, PendingRequest, RowsAnswer
 from app.runtime import InferenceService
 from app.served import ServedModel
 
@@ -115,7 +117,7 @@ class Bridge:
             pass
         finally:
             self._links.discard(link)
-            for _, pending, _ in list(link.waiting.values()):
+            for _, pending, _, _ in list(link.waiting.values()):
                 pending.future.cancel()
             for ack in link.acks.values():
                 if not ack.done():
@@ -152,7 +154,11 @@ class Bridge:
         for rid in message.get("cancel", ()):
             held = link.waiting.get(rid)
             if held is not None:
-                held[1].future.cancel()
+                _, pending, _, row = held
+                if row is None:
+                    pending.future.cancel()
+                else:
+                    pending.cancel_row(row)
         for name, version, reason in message.get("rejected", ()):
             self._metrics(name, version).rejected(reason)
         for name, version, status, protocol, durations in message.get("answered", ()):
@@ -176,38 +182,55 @@ class Bridge:
 
     def _admit(self, link: _Link, requests: Iterable[tuple[Any, ...]], values: Any) -> None:
         """Admit and enqueue one message's requests, those for one model version and level
-        together (``ServedModel.enqueue_all``), in the order they came; a refusal is sent back
-        at once."""
-        # Per (model, version, level): the requests' (id, log id), and what enqueue_all takes.
-        groups: dict[tuple[str, str, int],
-                     tuple[list[tuple[int, str | None]], list[tuple[Any, float, Answer]]]]
-        groups = {}
+        together (app/intake.py), in the order they came; a refusal is sent back at once.
+        Where they are all one-row requests to a model whose rows stack, they queue as one
+        chunk (``admit_rows``)."""
+        # Per (model, version, level): each request's id, log id, deadline, values' place, size.
+        groups: dict[tuple[str, str, int], list[tuple[int, str | None, float, int, int]]] = {}
         at = 0
         for rid, name, version, level, deadline, log_id, n in requests:
-            ids, group = groups.setdefault((name, version, level), ([], []))
-            ids.append((rid, log_id))
-            items = [values[at]] if n == 1 else values[at:at + n]
-            group.append((items, deadline, Answer(link.done, rid)))
+            groups.setdefault((name, version, level), []).append((rid, log_id, deadline, at, n))
             at += n
-        for (name, version, level), (ids, group) in groups.items():
+        rows_stack = type(values) is np.ndarray
+        for (name, version, level), group in groups.items():
             try:
                 model = self.service.repository.get(name, version)
             except ServeError as exc:
                 outcomes: list[PendingRequest | ServeError] = [exc] * len(group)
             else:
-                outcomes = model.enqueue_all(level, group)
-            for (rid, log_id), outcome in zip(ids, outcomes, strict=True):
+                if (rows_stack and model.handler.stacks and model.tracing is None
+                        and all(n == 1 for *_, n in group)):
+                    outcomes = self._admit_rows(link, model, level, values, group)
+                else:
+                    outcomes = admit_all(model, level, [
+                        ([values[v]] if n == 1 else values[v:v + n], deadline,
+                         Answer(link.done, rid)) for rid, _, deadline, v, n in group])
+            place = 0
+            for (rid, log_id, *_), outcome in zip(group, outcomes, strict=True):
                 if isinstance(outcome, ServeError):
                     link.outbox.add("results", (rid, error_fields(outcome), 0))
                 else:
-                    link.waiting[rid] = (model, outcome, log_id)
+                    row = None if outcome.deadlines is None else place  # a chunk's row
+                    link.waiting[rid] = (model, outcome, log_id, row)
+                    place += row is not None
+
+    @staticmethod
+    def _admit_rows(link: _Link, model: ServedModel, level: int, values: Any,
+                    group: list[tuple[int, str | None, float, int, int]]
+                    ) -> list[PendingRequest | ServeError]:
+        first, last = group[0][3], group[-1][3]
+        rows = (values[first:last + 1] if last - first + 1 == len(group)
+                else values[[r[3] for r in group]])
+        return admit_rows(model, level, rows, [r[2] for r in group],
+                          lambda kept: RowsAnswer(link.done_rows, [group[i][:2] for i in kept]))
 
 
 @dataclass(eq=False)
 class _Link:
     outbox: wire.Outbox
-    # Each admitted request's model, its place in the queue and its log id.
-    waiting: dict[int, tuple[ServedModel, PendingRequest, str | None]] = field(
+    # Each admitted request's model, its place in the queue, its log id and, for a row of a
+    # chunk of one-row requests, its row.
+    waiting: dict[int, tuple[ServedModel, PendingRequest, str | None, int | None]] = field(
         default_factory=dict)
     sent: Snapshot | None = None  # the last snapshot sent
     acks: dict[int, asyncio.Future[None]] = field(default_factory=dict)
@@ -230,7 +253,7 @@ class _Link:
         held = self.waiting.pop(rid, None)
         log_id = None
         if held is not None:
-            model, pending, log_id = held
+            model, pending, log_id, _ = held
             model.finish(pending)
         if answer.cancelled():
             return  # the front end cancelled it, or went away
@@ -238,7 +261,35 @@ class _Link:
         if exc is None:
             results = answer.result()
             self.outbox.add("results", (rid, None, len(results)), results)
-        elif isinstance(exc, ServeError):
+        else:
+            self._failed(rid, exc, log_id)
+
+    def done_rows(self, answer: RowsAnswer) -> None:
+        """A chunk of one-row requests is answered (or every one cancelled): send each its
+        row's result or error, none for a row dropped, and free their places."""
+        held = None
+        for rid, _ in answer.ids:
+            held = self.waiting.pop(rid, None) or held
+        if held is not None:
+            held[0].finish(held[1])
+        if answer.cancelled():
+            return
+        exc = answer.exception()
+        if exc is not None:
+            for rid, log_id in answer.ids:
+                self._failed(rid, exc, log_id)
+            return
+        entries, values = [], []
+        for (rid, log_id), value in zip(answer.ids, answer.result(), strict=True):
+            if isinstance(value, BaseException):
+                self._failed(rid, value, log_id)
+            elif value is not DROPPED:
+                entries.append((rid, None, 1))
+                values.append(value)
+        self.outbox.add_all("results", entries, values)
+
+    def _failed(self, rid: int, exc: BaseException, log_id: str | None) -> None:
+        if isinstance(exc, ServeError):
             self.outbox.add("results", (rid, error_fields(exc), 0))
         else:
             log.error("request %s failed", log_id or rid, exc_info=exc)

@@ -32,7 +32,7 @@ class RequestCounts(Protocol):
 
 class Waiting(Protocol):
     """An enqueued request as its caller holds it: a future resolved exactly once (an
-    ``Answer`` only where ``ServedModel.enqueue_all`` queued it, for a front end)."""
+    ``Answer`` only where app/intake.py queued it, for a front end)."""
 
     @property
     def future(self) -> asyncio.Future[list[Any]] | Answer: ...

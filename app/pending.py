@@ -13,6 +13,7 @@ import numpy as np
 from app.errors import DeadlineExceeded, ServeError
 
 _PENDING, _RESULT, _ERROR, _CANCELLED = range(4)
+DROPPED = object()  # the result of a chunk's rows whose request went before they were computed
 
 
 class Answer:
@@ -23,7 +24,7 @@ class Answer:
 
     __slots__ = ("_state", "_value", "_on_done", "key")
 
-    def __init__(self, on_done: Callable[[Answer], None], key: Any) -> None:
+    def __init__(self, on_done: Callable[[Any], None], key: Any) -> None:
         self._state = _PENDING
         self._value: Any = None
         self._on_done = on_done
@@ -62,6 +63,17 @@ class Answer:
         self._on_done(self)
 
 
+class RowsAnswer(Answer):
+    """The answer of a chunk of one-row requests (``ServedModel`` via app/intake.py): their ids
+    and log ids, in row order; its result is their rows' results (or errors, or ``DROPPED``)."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self, on_done: Callable[[Any], None], ids: list[tuple[int, str | None]]) -> None:
+        super().__init__(on_done, None)
+        self.ids = ids
+
+
 class PendingRequest:
     """One admitted request: its future resolves to the list of per-item results, in order.
 
@@ -71,7 +83,7 @@ class PendingRequest:
     """
 
     __slots__ = ("future", "deadline", "enqueued_at", "results", "remaining", "timer",
-                 "level", "trace")
+                 "level", "trace", "count", "deadlines", "cancelled")
 
     def __init__(
         self, future: asyncio.Future[list[Any]] | Answer, size: int, deadline: float,
@@ -85,9 +97,23 @@ class PendingRequest:
         self.remaining = size
         self.timer: asyncio.TimerHandle | None = None  # the deadline's (event loop only)
         self.trace: Any = None  # its server span when tracing is on (app/tracing.py)
+        # Requests it stands for: more than one for a message's one-row requests queued as one
+        # chunk (``ServedModel.enqueue_rows``), whose rows keep their own deadlines and
+        # cancellations (each row one request, answered on its own: ``BatchReport.answer``).
+        self.count = 1
+        self.deadlines: np.ndarray | None = None
+        self.cancelled: np.ndarray | None = None
 
     def abandoned(self, now: float) -> bool:
         return self.future.done() or now >= self.deadline
+
+    def cancel_row(self, row: int) -> None:
+        """One request of a chunk of rows has gone: its row is dropped, not computed; the
+        chunk is cancelled once all are."""
+        assert self.cancelled is not None
+        self.cancelled[row] = True
+        if self.cancelled.all():
+            self.future.cancel()
 
 
 @dataclass(eq=False, slots=True)
@@ -113,6 +139,27 @@ def _part(item: PendingItem, index: int, data: Any, rows: int) -> PendingItem:
     return PendingItem(item.request, index, data[0] if rows == 1 else data, item.key, rows)
 
 
+LIVE, EXPIRED, CANCELLED = range(3)  # what became of an item's rows by the time it is taken
+
+
+def row_states(item: PendingItem, now: float) -> list[tuple[int, PendingItem]]:
+    """An item of a chunk of one-row requests split into runs of rows in one state: someone
+    waits for them, their deadline has passed, or they were cancelled (rows past their deadline
+    or cancelled are dropped, not computed, as the items of single requests are)."""
+    request = item.request
+    assert request.deadlines is not None and request.cancelled is not None
+    lo, hi = item.index, item.index + item.rows
+    state = np.where(request.deadlines[lo:hi] <= now, EXPIRED,
+                     np.where(request.cancelled[lo:hi], CANCELLED, LIVE))
+    if not state.any():
+        return [(LIVE, item)]
+    edges = [0, *(np.flatnonzero(np.diff(state)) + 1).tolist(), item.rows]
+    if len(edges) == 2:
+        return [(int(state[0]), item)]
+    return [(int(state[a]), _part(item, lo + a, item.data[a:b], b - a))
+            for a, b in zip(edges, edges[1:], strict=False)]
+
+
 def queue_items(admitted: list[tuple[PendingRequest, Any]], key: Callable[[Any], Any],
                 stacks: bool) -> list[PendingItem]:
     """The queue's items for admitted requests and their decoded items (a list, or their rows
@@ -130,6 +177,16 @@ def queue_items(admitted: list[tuple[PendingRequest, Any]], key: Callable[[Any],
             queued.extend(PendingItem(request, index, data, key(data))
                           for index, data in enumerate(items))
     return queued
+
+
+def rows_request(answer: Answer, deadlines: list[float], now: float, level: int
+                 ) -> PendingRequest:
+    """One request standing for one-row requests, a row each, with their deadlines."""
+    request = PendingRequest(answer, len(deadlines), max(deadlines), now, level)
+    request.count = len(deadlines)
+    request.deadlines = np.asarray(deadlines, dtype=np.float64)
+    request.cancelled = np.zeros(len(deadlines), dtype=bool)
+    return request
 
 
 def rows_in(items: list[PendingItem]) -> int:
@@ -178,16 +235,21 @@ class BatchReport:
             future = request.future
             if future.done():
                 continue
-            if isinstance(value, ServeError):
+            failed = isinstance(value, ServeError) or value is DROPPED
+            if failed and request.deadlines is None:
                 future.set_exception(value)
                 continue
+            # Rows of one-row requests fail or are dropped each on its own.
             wait = self.started_at - request.enqueued_at
             if item.rows == 1:
                 request.results[item.index] = value
-                waits.append(wait)
+                if not failed:
+                    waits.append(wait)
             else:  # a chunk: its rows' results, and a wait for each (the metric is per item)
-                request.results[item.index:item.index + item.rows] = value
-                waits.extend([wait] * item.rows)
+                request.results[item.index:item.index + item.rows] = (
+                    [value] * item.rows if failed else value)
+                if not failed:
+                    waits.extend([wait] * item.rows)
             request.remaining -= item.rows
             if request.remaining == 0:
                 future.set_result(request.results)

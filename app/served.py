@@ -22,7 +22,7 @@ from app.facade import ModelFacade
 from app.metrics import ModelMetrics
 from app.models.base import ModelHandler
 from app.models.signature import TensorSpec, describe_outputs
-from app.pending import Answer, BatchReport, PendingRequest, expire, queue_items
+from app.pending import DROPPED, BatchReport, PendingRequest, expire, queue_items
 from app.queues import ModelQueue
 from app.scheduler.admission import Gate, closed, room
 from app.scheduler.cost import CostModel
@@ -180,41 +180,14 @@ class ServedModel(ModelFacade):
         future = self._loop.create_future()
         request = PendingRequest(future, len(items), deadline, now, level)
         request.trace = trace
-        self._queue([(request, items)], now)
+        self.put_admitted([(request, items)], now)
         request.timer = self._loop.call_later(deadline - now, expire, future)
         return request
 
-    def enqueue_all(self, level: int, requests: list[tuple[Any, float, Answer]]
-                    ) -> list[PendingRequest | ServeError]:
-        """Admit each of ``requests`` (items: a list, or their rows stacked in one array; a
-        deadline; an answer) at ``level`` whole or refuse it
-        whole, in order, as ``check_admissible`` and ``enqueue`` would one after another; the
-        admitted items go into the queue as one entry. Never waits. Each answer resolves once,
-        on this loop, to its results or an error; no deadline timer is set: the caller keeps
-        the deadlines (a front end's timer), and device threads skip the items past theirs."""
-        try:
-            gate = self.gate(level)
-        except ServeError as exc:
-            return [exc] * len(requests)
-        outcomes: list[PendingRequest | ServeError] = []
-        admitted: list[tuple[PendingRequest, Any]] = []
-        now = time.monotonic()
-        for items, deadline, answer in requests:
-            try:
-                gate.admit(len(items), deadline, now)
-            except ServeError as exc:
-                outcomes.append(exc)
-                continue
-            request = PendingRequest(answer, len(items), deadline, now, level)
-            outcomes.append(request)
-            admitted.append((request, items))
-        if admitted:
-            self._queue(admitted, now)
-        return outcomes
-
-    def _queue(self, admitted: list[tuple[PendingRequest, Any]], now: float) -> None:
-        """Put admitted requests' items (all at one level) into the queue together, count the
-        requests in flight, and ring a device thread that wants them."""
+    def put_admitted(self, admitted: list[tuple[PendingRequest, Any]], now: float) -> None:
+        """Put admitted requests' items (all at one level; admitted through ``gate``, with
+        nothing run on the event loop since) into the queue together, count the requests in
+        flight, and ring a device thread that wants them."""
         # Only this thread puts, and device threads only take, so the capacity checks before
         # guarantee the put succeeds; the requests' items go in together, never partly.
         handler = self.handler
@@ -222,7 +195,7 @@ class ServedModel(ModelFacade):
         if self._first_items is not None:
             hook, self._first_items = self._first_items, None
             hook(admitted[0][1])
-        self.in_flight += len(admitted)
+        self.in_flight += sum(request.count for request, _ in admitted)
         self._peak.note(self.in_flight, now)
         # Rung once this pass of the event loop is done: a burst of requests that arrived
         # together is queued before the thread wakes (and takes the GIL).
@@ -243,7 +216,7 @@ class ServedModel(ModelFacade):
     async def result(self, request: PendingRequest) -> list[Any]:
         """Wait for a request's results (DeadlineExceeded once its deadline passes)."""
         future = request.future
-        assert isinstance(future, asyncio.Future)  # ``enqueue``'s, not ``enqueue_all``'s
+        assert isinstance(future, asyncio.Future)  # ``enqueue``'s, not app/intake.py's
         try:
             return await future
         finally:
@@ -259,7 +232,7 @@ class ServedModel(ModelFacade):
     def finish(self, request: PendingRequest) -> None:
         """A request's waiter is done with it: answered, or gone (then its queued items are
         dropped before they reach the device). Once per request."""
-        self.in_flight -= 1
+        self.in_flight -= request.count
         if not self.in_flight and self._settled is not None:
             self._settled.set()
         if request.timer is not None:
@@ -291,6 +264,6 @@ class ServedModel(ModelFacade):
         self._batch_s = None
         if self.outputs is None:  # no warm-up results: the first batch's describe the outputs
             values = [v if item.rows == 1 else v[0] for item, v in report.results
-                      if not isinstance(v, ServeError)]
+                      if not isinstance(v, ServeError) and v is not DROPPED]
             self.outputs = describe_outputs(values) if values else None
 

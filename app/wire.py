@@ -123,6 +123,17 @@ class Outbox:
             self._due = True
             asyncio.get_running_loop().call_soon(self.flush)
 
+    def add_all(self, kind: str, entries: list[Any], values: list[Any]) -> None:
+        """``add`` of several entries, ``values`` theirs in their order."""
+        if not entries:
+            return
+        self._parts.setdefault(kind, []).extend(entries)
+        if values:
+            self._values.setdefault(kind, []).extend(values)
+        if not self._due:
+            self._due = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
     def tally(self, kind: str, key: tuple[Any, ...], value: Any) -> None:
         """Add ``value`` to this message's one entry of ``kind`` for ``key``, ``(*key,
         [values])``: a front end's request durations travel one list per model and status, not

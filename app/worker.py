@@ -24,7 +24,7 @@ import torch
 from app.bell import Bell
 from app.errors import DeadlineExceeded, ModelError
 from app.models.base import Replica
-from app.pending import BatchReport, PendingItem, per_item, rows_in
+from app.pending import DROPPED, BatchReport, PendingItem, per_item, rows_in
 from app.scheduler.fairness import Fairness
 from app.scheduler.waiting import collect_batch, group_by, split_live
 from app.served import ServedModel
@@ -218,15 +218,16 @@ class DeviceWorker:
     def _launch(self, executor: DeviceExecutor, slot: Slot, batch: list[PendingItem]
                 ) -> Launched:
         started = time.monotonic()
-        live, dead = split_live(batch, started)
+        live, expired, cancelled = split_live(batch, started)
         flight = Launched(slot, BatchReport(self.label, [], started, padded=slot.padded))
         report = flight.report
-        for item in dead:
-            if item.request.deadline <= started:  # its future may already hold the timeout
-                report.expired += item.rows
-                report.results.append((item, DeadlineExceeded("deadline passed while queued")))
-            else:
-                report.cancelled += item.rows
+        for item in expired:  # its future may already hold the timeout
+            report.expired += item.rows
+            report.results.append((item, DeadlineExceeded("deadline passed while queued")))
+        for item in cancelled:
+            report.cancelled += item.rows
+            if item.request.deadlines is not None:  # the chunk's other rows still count it
+                report.results.append((item, DROPPED))
         for group in group_by(live, lambda i: i.key):
             self._launch_group(executor, slot, group, flight)
         return flight

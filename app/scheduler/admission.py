@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from app.errors import Unavailable, WouldMissDeadline, busy
+from app.errors import ServeError, Unavailable, WouldMissDeadline, busy
 
 
 def room(capacity: int, levels: int, default: int, level: int) -> int:
@@ -63,6 +63,14 @@ class Gate:
                 raise deadline_refusal(self.model, wait, left, self.wait_s(self.depth + n))
         self.depth += n
         self.through += n
+
+    def refusal(self, n: int, deadline: float | None, now: float) -> ServeError | None:
+        """``admit``, with its refusal returned rather than raised (None: admitted)."""
+        try:
+            self.admit(n, deadline, now)
+        except ServeError as exc:
+            return exc
+        return None
 
     def wait_s(self, ahead: int) -> float:
         assert self.full_batch_s is not None

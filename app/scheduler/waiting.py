@@ -16,7 +16,7 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
-from app.pending import PendingItem, PendingRequest
+from app.pending import CANCELLED, EXPIRED, LIVE, PendingItem, PendingRequest, row_states
 
 T = TypeVar("T")
 
@@ -144,13 +144,16 @@ class ArrivalRate:
             return  # another item of the same request: not a new arrival
         self.last = request
         arrived = request.enqueued_at
+        more = min(request.count, self.window) - 1  # a chunk's other requests came with it
         for answered in reversed(self.answers):
             if answered <= arrived:
-                _push(self.trips, arrived - answered, self.window)
+                for _ in range(1 + more):
+                    _push(self.trips, arrived - answered, self.window)
                 break
-        if last is None or arrived < last.enqueued_at:
-            return
-        _push(self.gaps, arrived - last.enqueued_at, self.window)
+        if last is not None and arrived >= last.enqueued_at:
+            _push(self.gaps, arrived - last.enqueued_at, self.window)
+        for _ in range(more):
+            _push(self.gaps, 0.0, self.window)
 
     def answered(self, now: float) -> None:
         """A batch's answers were sent at ``now`` (the device thread's clock)."""
@@ -230,14 +233,17 @@ def collect_batch(
     """
     batch: list[PendingItem] = []
     size = 0  # rows (a chunk holds several: app/pending.py)
-    requests: set[int] = set()
+    requests: set[int] = set()  # those in the batch (a chunk of rows may stand for several)
+    counted = 0
     effective = BatchPolicy(min(limit, policy.max_batch_size), policy.max_wait_s)
     started = clock()
     while True:
         for item in source.take(effective.max_batch_size - size):
             batch.append(item)
             size += item.rows
-            requests.add(id(item.request))
+            if id(item.request) not in requests:
+                requests.add(id(item.request))
+                counted += item.request.count
             rate.observe(item.request)
         if not batch:
             return batch
@@ -246,7 +252,7 @@ def collect_batch(
         if latency_target_s is not None:
             oldest = min(i.request.enqueued_at for i in batch)
             slack = min(slack, oldest + latency_target_s - now)
-        others = None if concurrency is None else max(0, concurrency() - len(requests))
+        others = None if concurrency is None else max(0, concurrency() - counted)
         price = pricing(batch) if pricing is not None else None
         wait, expected = effective.wait_s(size, now - started, rate.gap_s, others, price,
                                           slack, rate.returning(now))
@@ -255,15 +261,20 @@ def collect_batch(
         nap(max(wait, MIN_NAP_S), expected)
 
 
-def split_live(
-    batch: list[PendingItem], now: float
-) -> tuple[list[PendingItem], list[PendingItem]]:
-    """(items someone still waits for, items cancelled or past their deadline)."""
-    live: list[PendingItem] = []
-    dead: list[PendingItem] = []
+def split_live(batch: list[PendingItem], now: float) -> tuple[list[PendingItem], ...]:
+    """(items someone still waits for, items past their deadline, items cancelled). An item of
+    a chunk of one-row requests splits into runs of rows, each run where its rows belong."""
+    split: tuple[list[PendingItem], ...] = ([], [], [])
     for item in batch:
-        (dead if item.request.abandoned(now) else live).append(item)
-    return live, dead
+        request = item.request
+        if request.deadlines is not None and not request.future.done():
+            for state, part in row_states(item, now):
+                split[state].append(part)
+        elif now >= request.deadline:
+            split[EXPIRED].append(item)
+        else:
+            split[CANCELLED if request.future.done() else LIVE].append(item)
+    return split
 
 
 def group_by(items: list[T], key: Callable[[T], Hashable]) -> list[list[T]]:

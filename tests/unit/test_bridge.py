@@ -4,6 +4,7 @@ answered once (results or its refusal), a cancelled one never, and counts are co
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -31,6 +32,12 @@ class Outbox:
 
     def add(self, kind: str, entry: Any, values: list[Any] | None = None) -> None:
         self.sent.append((kind, entry, values))
+
+    def add_all(self, kind: str, entries: list[Any], values: list[Any]) -> None:
+        at = 0
+        for entry in entries:
+            self.add(kind, entry, values[at:at + entry[2]])
+            at += entry[2]
 
     def results(self) -> dict[int, Any]:
         """Each request's answer: its results, or its error's (status, type)."""
@@ -181,3 +188,59 @@ async def test_a_stacked_request_is_one_chunk_that_a_batch_limit_splits() -> Non
         await wait_until(lambda: sample(registry, "batchserve_queue_wait_seconds_count") == 8,
                          "a queue wait a row")
         assert sample(registry, "batchserve_batch_size_sum") == 8
+
+
+async def test_one_row_requests_queue_as_one_chunk_each_answered_on_its_own() -> None:
+    """Five one-row requests in one message to a model whose rows stack: admitted in order
+    (the last refused at once: no room), queued as one chunk, one model call of their rows,
+    each answered with its own row; counted as four requests in flight, then none."""
+    handler = GatedRows()
+    async with running(handler, max_batch_size=8, queue_capacity=4, max_instances=4) as service:
+        bridge, (front, outbox) = Bridge(service), link()
+        handler.armed = True
+        rows = np.arange(10, dtype=np.float32).reshape(5, 2)
+        bridge._handle(front, message(service, *[(i, [rows[i]]) for i in range(5)],
+                                      stacked=True))
+        assert outbox.results() == {4: (503, "busy")}
+        model = service.repository.get()
+        assert model.in_flight == 4 and model.queue.depth == 4
+        handler.gate.set()
+        await wait_until(lambda: len(outbox.results()) == 5, "every request answered")
+        answers = outbox.results()
+        for i in range(4):
+            np.testing.assert_array_equal(np.stack(answers[i]), 2 * rows[i:i + 1])
+        assert handler.shapes == [[(4, 2)]]
+        assert model.in_flight == 0 and not front.waiting
+
+
+async def test_a_chunks_row_cancelled_or_past_its_deadline_is_dropped_uncomputed() -> None:
+    """Of four one-row requests queued as one chunk while the device is busy, one is
+    cancelled and one's deadline passes: the model computes the other two rows only (runs of
+    one), those two are answered, the expired one gets its 504, the cancelled one nothing."""
+    handler = GatedRows()
+    async with running(handler, max_batch_size=8, queue_capacity=16, max_instances=8) as service:
+        bridge, (front, outbox) = Bridge(service), link()
+        handler.armed = True
+        rows = np.arange(10, dtype=np.float32).reshape(5, 2)
+        bridge._handle(front, message(service, (9, [rows[4]]), stacked=True))
+        await wait_until(handler.entered.is_set, "the device busy")
+        model = service.repository.get()
+        soon, later = time.monotonic() + 0.2, time.monotonic() + 30.0
+        entries = [(i, model.name, model.version, model.settings.default_level,
+                    soon if i == 2 else later, None, 1) for i in range(4)]
+        bridge._handle(front, {"requests": entries,
+                               "requests_values": ("stacked", rows[:4])})
+        bridge._handle(front, {"cancel": [1]})
+        assert model.in_flight == 5
+        await asyncio.sleep(0.3)  # request 2's deadline passes while it is queued
+        handler.gate.set()
+        await wait_until(lambda: len(outbox.results()) == 4, "the others answered")
+        answers = outbox.results()
+        assert 1 not in answers and answers[2] == (504, "timeout")
+        for i in (0, 3):
+            np.testing.assert_array_equal(np.stack(answers[i]), 2 * rows[i:i + 1])
+        assert handler.shapes == [[(2,)], [(2,), (2,)]]
+        assert model.in_flight == 0 and not front.waiting
+        registry = service.metrics.registry
+        assert sample(registry, "batchserve_dropped_items_total", reason="cancelled") == 1
+        assert sample(registry, "batchserve_dropped_items_total", reason="expired") == 1

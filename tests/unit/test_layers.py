@@ -20,7 +20,7 @@ LAYERS = [
     ["app.metrics"],
     ["app.transfer", "app.queues", "app.warmup", "app.facade"],
     ["app.served"],
-    ["app.slot", "app.worker"],
+    ["app.slot", "app.worker", "app.intake"],
     ["app.catalog", "app.repository", "app.learning"],
     ["app.runtime"],
     ["app.api", "app.grpc", "app.jobs"],

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from app.pending import PendingItem, PendingRequest
+from app.pending import PendingItem, PendingRequest, rows_request
 from app.scheduler.cost import CostModel
 from app.scheduler.waiting import (
     NO_WAIT,
@@ -36,6 +36,10 @@ class _Future:
 
     def done(self) -> bool:
         return self.cancelled
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
 
 
 def request(at: float, size: int = 1, deadline: float = 1e9) -> PendingRequest:
@@ -388,6 +392,23 @@ def test_arrival_rate_counts_requests_not_items() -> None:
     assert rate.gap_s == pytest.approx(0.5)
 
 
+def test_a_chunk_of_one_row_requests_counts_as_its_requests() -> None:
+    """Four one-row requests queued as one chunk are four arrivals (three gaps of 0 after the
+    one before them), and a batch holding the chunk holds four of the four in flight: go."""
+    rate = ArrivalRate()
+    rate.observe(request(9.0))
+    chunk = rows_request(_Future(), [1e9] * 4, 10.0, 1)  # type: ignore[arg-type]
+    rate.observe(chunk)
+    assert list(rate.gaps) == [1.0, 0.0, 0.0, 0.0]
+    clock = FakeClock(10.0)
+    q = FakeQueue(clock)
+    q.add(10.0, PendingItem(chunk, 0, np.zeros((4, 2)), None, 4))
+    arriving = ArrivalRate()
+    arriving.gaps.extend([0.001] * arriving.window)  # others would be worth a nap
+    batch = collect_batch(q, WIDE, 32, arriving, lambda: 4, clock=clock, nap=q.nap)
+    assert len(batch) == 1 and clock.naps == 0
+
+
 def test_the_gap_of_bursty_arrivals_is_the_gap_inside_a_burst() -> None:
     """A closed loop of 8: bursts of 8 arrivals 0.2 ms apart, one burst per 8 ms batch. The
     mean gap (1.2 ms) would say waiting for the burst never pays; the median says 0.2 ms."""
@@ -423,9 +444,26 @@ def test_expired_and_cancelled_items_are_split_off() -> None:
     expired = item(100.0, deadline=100.5)
     cancelled = item(100.0)
     cancelled.request.future.cancelled = True  # type: ignore[attr-defined]
-    keep, drop = split_live([live, expired, cancelled], now=101.0)
-    assert keep == [live]
-    assert drop == [expired, cancelled]
+    assert split_live([live, expired, cancelled], now=101.0) == ([live], [expired], [cancelled])
+
+
+def test_a_chunk_of_one_row_requests_splits_into_runs_of_rows_alike() -> None:
+    """Rows 0-1 live, 2 past its deadline, 3 cancelled, 4-5 live: five parts, each a view of
+    its rows at its place; a chunk whose rows are all live stays whole."""
+    deadlines = [1e9, 1e9, 100.5, 1e9, 1e9, 1e9]
+    chunk = rows_request(_Future(), deadlines, 100.0, 1)  # type: ignore[arg-type]
+    chunk.cancel_row(3)
+    data = np.arange(12.0).reshape(6, 2)
+    live, expired, cancelled = split_live([PendingItem(chunk, 0, data, None, 6)], now=101.0)
+    assert [(i.index, i.rows) for i in live] == [(0, 2), (4, 2)]
+    assert [(i.index, i.rows) for i in expired] == [(2, 1)] and expired[0].data.tolist() == [4, 5]
+    assert [(i.index, i.rows) for i in cancelled] == [(3, 1)]
+    np.testing.assert_array_equal(live[1].data, data[4:])
+    whole = PendingItem(chunk, 0, data[:2], None, 2)
+    assert split_live([whole], now=101.0) == ([whole], [], [])
+    for row in (0, 1, 2, 4, 5):
+        chunk.cancel_row(row)
+    assert chunk.future.done()  # every row gone: the chunk is cancelled
 
 
 def test_group_by_keeps_order_within_groups() -> None:

@@ -1,0 +1,58 @@
+"""The device process's admission of a front end's requests (app/bridge.py): a message's
+requests for one model version and level pass ``ServedModel.gate`` together, in order, each
+counted ahead of the next, and those admitted enter the queue as one entry. Never waits; a
+refusal is returned at once. No deadline timer is set: the front ends keep the deadlines, and
+device threads skip the items past theirs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from app.errors import ServeError
+from app.pending import Answer, PendingRequest, rows_request
+from app.served import ServedModel
+
+
+def admit_all(model: ServedModel, level: int, requests: list[tuple[Any, float, Answer]]
+              ) -> list[PendingRequest | ServeError]:
+    """Admit or refuse each of ``requests`` (items: a list, or their rows stacked in one
+    array; a deadline; its answer) whole, as ``check_admissible`` and ``enqueue`` would one
+    after another."""
+    try:
+        gate = model.gate(level)
+    except ServeError as exc:
+        return [exc] * len(requests)
+    outcomes: list[PendingRequest | ServeError] = []
+    admitted: list[tuple[PendingRequest, Any]] = []
+    now = time.monotonic()
+    for items, deadline, answer in requests:
+        refused = gate.refusal(len(items), deadline, now)
+        if refused is None:
+            request = PendingRequest(answer, len(items), deadline, now, level)
+            admitted.append((request, items))
+        outcomes.append(refused or request)
+    if admitted:
+        model.put_admitted(admitted, now)
+    return outcomes
+
+
+def admit_rows(model: ServedModel, level: int, rows: Any, deadlines: list[float],
+               answer_for: Callable[[list[int]], Answer]) -> list[PendingRequest | ServeError]:
+    """One-row requests for a model whose rows stack (``rows`` stacked, each with its
+    deadline), admitted as ``admit_all`` admits them; those admitted queue as one chunk, one
+    request that stands for them (app/pending.py), answered by ``answer_for(their places)``.
+    Each admitted one's outcome is that request."""
+    try:
+        gate = model.gate(level)
+    except ServeError as exc:
+        return [exc] * len(deadlines)
+    now = time.monotonic()
+    refusals = [gate.refusal(1, deadline, now) for deadline in deadlines]
+    kept = [i for i, refusal in enumerate(refusals) if refusal is None]
+    if not kept:
+        return [refusal for refusal in refusals if refusal is not None]
+    request = rows_request(answer_for(kept), [deadlines[i] for i in kept], now, level)
+    model.put_admitted([(request, rows if len(kept) == len(rows) else rows[kept])], now)
+    return [request if refusal is None else refusal for refusal in refusals]
