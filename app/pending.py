@@ -98,7 +98,7 @@ class PendingRequest:
         self.timer: asyncio.TimerHandle | None = None  # the deadline's (event loop only)
         self.trace: Any = None  # its server span when tracing is on (app/tracing.py)
         # Requests it stands for: more than one for a message's one-row requests queued as one
-        # chunk (``ServedModel.enqueue_rows``), whose rows keep their own deadlines and
+        # chunk (``admit_rows``, app/intake.py), whose rows keep their own deadlines and
         # cancellations (each row one request, answered on its own: ``BatchReport.answer``).
         self.count = 1
         self.deadlines: np.ndarray | None = None

@@ -59,7 +59,8 @@ def test_an_outbox_sends_one_message_per_pass_with_its_values_packed_and_tallied
         writer = Writer()
         outbox = wire.Outbox(writer)  # type: ignore[arg-type]
         outbox.add("requests", ("r1", 2), [np.zeros(2), np.ones(2)])
-        outbox.add("requests", ("r2", 1), [np.full(2, 2.0)])
+        outbox.add_all("requests", [("r2", 1), ("r3", 1)], [np.full(2, 2.0), np.full(2, 3.0)])
+        outbox.add_all("requests", [], [])  # nothing: no entry
         outbox.add("cancel", 7)
         for key, seconds in ((("m", 200), 0.1), (("m", 504), 0.2), (("m", 200), 0.3)):
             outbox.tally("answered", key, seconds)
@@ -70,11 +71,11 @@ def test_an_outbox_sends_one_message_per_pass_with_its_values_packed_and_tallied
 
     chunk, after = asyncio.run(run())
     message = roundtrip_bytes(chunk)
-    assert message["requests"] == [("r1", 2), ("r2", 1)] and message["cancel"] == [7]
+    assert message["requests"] == [("r1", 2), ("r2", 1), ("r3", 1)] and message["cancel"] == [7]
     assert message["answered"] == [("m", 200, [0.1, 0.3]), ("m", 504, [0.2])]
     assert roundtrip_bytes(after) == {"answered": [("m", 200, [0.4])]}
     assert [v.tolist() for v in wire.values_of(message, "requests")] == [
-        [0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
+        [0.0, 0.0], [1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
     assert wire.values_of(message, "cancel") == []
 
 
