@@ -117,17 +117,16 @@ class Outbox:
 
     def add(self, kind: str, entry: Any, values: list[Any] | None = None) -> None:
         self._parts.setdefault(kind, []).append(entry)
-        if values:
-            self._values.setdefault(kind, []).extend(values)
-        if not self._due:
-            self._due = True
-            asyncio.get_running_loop().call_soon(self.flush)
+        self._add_values(kind, values)
 
     def add_all(self, kind: str, entries: list[Any], values: list[Any]) -> None:
         """``add`` of several entries, ``values`` theirs in their order."""
-        if not entries:
-            return
-        self._parts.setdefault(kind, []).extend(entries)
+        if entries:
+            self._parts.setdefault(kind, []).extend(entries)
+            self._add_values(kind, values)
+
+    def _add_values(self, kind: str, values: list[Any] | None) -> None:
+        """The values of the entries just added, and the message sent when this pass ends."""
         if values:
             self._values.setdefault(kind, []).extend(values)
         if not self._due:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import numpy as np
@@ -90,6 +92,22 @@ class Double(torch.nn.Module):
         return 2 * x
 
 
+@asynccontextmanager
+async def busy_rows(max_batch_size: int, busy_with: tuple[int, Any]
+                    ) -> AsyncIterator[tuple[GatedRows, InferenceService, Bridge, _Link, Outbox]]:
+    """A model of rows (``GatedRows``) whose device thread holds the batch of one request
+    (``busy_with``: its id and row) at the gate; the front end's link to it."""
+    handler = GatedRows()
+    async with running(handler, max_batch_size=max_batch_size, queue_capacity=16,
+                       max_instances=8) as service:
+        bridge, (front, outbox) = Bridge(service), link()
+        handler.armed = True
+        rid, row = busy_with
+        bridge._handle(front, message(service, (rid, [row]), stacked=True))
+        await wait_until(handler.entered.is_set, "the device busy")
+        yield handler, service, bridge, front, outbox
+
+
 async def test_one_message_is_admitted_in_order_against_the_one_queue() -> None:
     """queue_capacity 4 with the device busy: of six requests in one message the first four
     are queued and the last two refused at once; every admitted one is answered."""
@@ -167,13 +185,8 @@ async def test_a_stacked_request_is_one_chunk_that_a_batch_limit_splits() -> Non
     """A request's rows that came stacked are queued as one item whatever their number, counted
     as rows; a batch takes what fits of it, the rest goes first into the next; every row's
     result comes back in order."""
-    handler = GatedRows()
-    async with running(handler, max_batch_size=3, queue_capacity=16, max_instances=8) as service:
-        bridge, (front, outbox) = Bridge(service), link()
-        handler.armed = True
-        rows = np.arange(14, dtype=np.float32).reshape(7, 2)
-        bridge._handle(front, message(service, (0, [rows[0]]), stacked=True))
-        await wait_until(handler.entered.is_set, "the device busy")
+    rows = np.arange(14, dtype=np.float32).reshape(7, 2)
+    async with busy_rows(3, (0, rows[0])) as (handler, service, bridge, front, outbox):
         bridge._handle(front, message(service, (1, list(rows[:4])), (2, [rows[4]]),
                                       (3, list(rows[5:])), stacked=True))
         assert service.repository.get().queue.depth == 7
@@ -217,13 +230,8 @@ async def test_a_chunks_row_cancelled_or_past_its_deadline_is_dropped_uncomputed
     """Of four one-row requests queued as one chunk while the device is busy, one is
     cancelled and one's deadline passes: the model computes the other two rows only (runs of
     one), those two are answered, the expired one gets its 504, the cancelled one nothing."""
-    handler = GatedRows()
-    async with running(handler, max_batch_size=8, queue_capacity=16, max_instances=8) as service:
-        bridge, (front, outbox) = Bridge(service), link()
-        handler.armed = True
-        rows = np.arange(10, dtype=np.float32).reshape(5, 2)
-        bridge._handle(front, message(service, (9, [rows[4]]), stacked=True))
-        await wait_until(handler.entered.is_set, "the device busy")
+    rows = np.arange(10, dtype=np.float32).reshape(5, 2)
+    async with busy_rows(8, (9, rows[4])) as (handler, service, bridge, front, outbox):
         model = service.repository.get()
         soon, later = time.monotonic() + 0.2, time.monotonic() + 30.0
         entries = [(i, model.name, model.version, model.settings.default_level,
