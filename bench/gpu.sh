@@ -5,11 +5,12 @@
 # binary tensors) and minilm, with the GPU's busy share; and the device process alone on mlp
 # (bench.device: its ceiling and CPU a request without HTTP); at c=1, this build against the
 # first GPU run's (bench/ab.sh, both up at once), with one process and with its default front
-# ends. With PROFILE=1, py-spy records
-# the device process at each point of the first curve, into $OUT/profiles.tgz (it slows what
-# it records: one process at c=256 read 3.8 k req/s profiled). Needs .carry/ from
-# `python -m bench.carry` (made here, named in the device call's carry). About 8 minutes on
-# the H100 box: each minilm point takes ~30 s (start-up and warm-up), the others ~12-24 s.
+# ends. With PROFILE=1, py-spy records the device process at each point of the first curve,
+# into $OUT/profiles.tgz (it slows what it records: one process at c=256 read 3.8 k req/s
+# profiled). Needs .carry/ from `python -m bench.carry` (made here, named in the device call's
+# carry). On the H100 box each minilm point takes ~30 s (start-up and warm-up), the others
+# ~12-24 s, the c=1 comparison ~90 s: about 8-9 minutes in all (estimated; not yet timed at
+# these defaults), so TESTS= where a call must leave time for another.
 #
 #   on the device:  bash bench/gpu.sh            (logs and result JSON go to $OUT)
 #   dry run here:   INSTALL=0 PY=.venv/bin/python DEVICES=cpu FRONTENDS=1,2 OUT=/tmp/gpu \
