@@ -56,7 +56,9 @@ class Gate:
         (predicted to finish after ``deadline``; ``now``: the clock)."""
         if self.depth + n > self.limit:
             raise busy(self.capacity, self.level, self.limit)
-        if deadline is not None and self.full_batch_s is not None:
+        # With nothing queued ahead of it, a request is served next: refusing it would also
+        # keep the cost model from learning (one stalled batch must not refuse all that follow).
+        if deadline is not None and self.full_batch_s is not None and self.through:
             left = deadline - now
             wait = self.wait_s(self.through + n) if left < self.longest_s else 0.0
             if wait > left:

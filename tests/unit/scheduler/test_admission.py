@@ -58,6 +58,16 @@ def test_a_gate_refuses_what_would_finish_past_its_deadline_once_the_cost_is_kno
     unknown.admit(8, 0.0, 1.0)  # no cost model yet: no deadline refusal, only room
 
 
+def test_a_request_with_nothing_queued_ahead_is_never_refused_on_its_deadline() -> None:
+    """It would be served next whatever the prediction says; and a cost model taught by one
+    stalled batch (1.6 s for one item: 103 s predicted) must not refuse everything after it,
+    which would also keep it from learning again."""
+    g = gate(full_batch_s=51.2)
+    g.admit(1, 30.0, 0.0)
+    with pytest.raises(WouldMissDeadline):
+        g.admit(1, 30.0, 0.0)  # one ahead now
+
+
 def test_a_deadline_past_the_longest_wait_is_admitted_as_the_prediction_would() -> None:
     """A deadline at least ``longest_s`` away (the wait with the queue full) needs no
     prediction: every run of requests gets the same answers as from the prediction alone."""
