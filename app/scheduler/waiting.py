@@ -270,10 +270,10 @@ def split_live(batch: list[PendingItem], now: float) -> tuple[list[PendingItem],
         if request.deadlines is not None and not request.future.done():
             for state, part in row_states(item, now):
                 split[state].append(part)
-        elif now >= request.deadline:
-            split[EXPIRED].append(item)
+        elif not request.abandoned(now):
+            split[LIVE].append(item)
         else:
-            split[CANCELLED if request.future.done() else LIVE].append(item)
+            split[EXPIRED if now >= request.deadline else CANCELLED].append(item)
     return split
 
 
