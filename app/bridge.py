@@ -22,8 +22,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -149,8 +149,10 @@ class Bridge:
     def _handle(self, link: _Link, message: dict[str, list[Any]]) -> None:
         # Stacked: a request's rows stay one array, which a model whose rows stack queues as
         # one chunk (app/pending.py).
-        self._admit(link, message.get("requests", ()),
-                    wire.values_of(message, "requests", stacked=True))
+        for group, values in zip(message.get("requests", ()),
+                                 wire.grouped_values(message, "requests", stacked=True),
+                                 strict=True):
+            self._admit(link, group, values)
         for rid in message.get("cancel", ()):
             held = link.waiting.get(rid)
             if held is not None:
@@ -180,49 +182,45 @@ class Bridge:
             metrics = self._counts[key] = self.service.metrics.for_model(name, version)
         return metrics
 
-    def _admit(self, link: _Link, requests: Iterable[tuple[Any, ...]], values: Any) -> None:
-        """Admit and enqueue one message's requests, those for one model version and level
-        together (app/intake.py), in the order they came; a refusal is sent back at once.
-        Where they are all one-row requests to a model whose rows stack, they queue as one
-        chunk (``admit_rows``)."""
-        # Per (model, version, level): each request's id, log id, deadline, values' place, size.
-        groups: dict[tuple[str, str, int], list[tuple[int, str | None, float, int, int]]] = {}
+    def _admit(self, link: _Link, group: tuple[Any, ...], values: Any) -> None:
+        """Admit and enqueue one message's requests for one model version and level together
+        (app/intake.py), in the order they came; a refusal is sent back at once. Where they
+        are all one-row requests to a model whose rows stack, they queue as one chunk
+        (``admit_rows``)."""
+        name, version, level, entries = group  # entries: (id, deadline, log id, items)
+        try:
+            model = self.service.repository.get(name, version)
+        except ServeError as exc:
+            for rid, *_ in entries:
+                link.outbox.add("results", (rid, error_fields(exc), 0))
+            return
+        rids, deadlines, log_ids, sizes = zip(*entries, strict=True)
+        if (type(values) is np.ndarray and len(values) == len(entries) == sizes.count(1)
+                and model.handler.stacks and model.tracing is None):
+            request, refused = admit_rows(model, level, values, deadlines, lambda kept: RowsAnswer(
+                link.done_rows, rids if kept is None else [rids[i] for i in kept],
+                log_ids if kept is None else [log_ids[i] for i in kept]))
+            if request is not None:
+                answer = request.future
+                assert isinstance(answer, RowsAnswer)
+                held = zip(repeat(model), repeat(request), answer.log_ids, range(request.count),
+                           strict=False)  # each row: (model, chunk, log id, its row)
+                link.waiting.update(zip(answer.rids, held, strict=True))
+            for i, refusal in refused:
+                link.outbox.add("results", (rids[i], error_fields(refusal), 0))
+            return
         at = 0
-        for rid, name, version, level, deadline, log_id, n in requests:
-            groups.setdefault((name, version, level), []).append((rid, log_id, deadline, at, n))
+        requests = []
+        for rid, deadline, n in zip(rids, deadlines, sizes, strict=True):
+            requests.append(([values[at]] if n == 1 else values[at:at + n], deadline,
+                             Answer(link.done, rid)))
             at += n
-        rows_stack = type(values) is np.ndarray
-        for (name, version, level), group in groups.items():
-            try:
-                model = self.service.repository.get(name, version)
-            except ServeError as exc:
-                outcomes: list[PendingRequest | ServeError] = [exc] * len(group)
+        outcomes = admit_all(model, level, requests)
+        for rid, log_id, outcome in zip(rids, log_ids, outcomes, strict=True):
+            if isinstance(outcome, ServeError):
+                link.outbox.add("results", (rid, error_fields(outcome), 0))
             else:
-                if (rows_stack and model.handler.stacks and model.tracing is None
-                        and all(n == 1 for *_, n in group)):
-                    outcomes = self._admit_rows(link, model, level, values, group)
-                else:
-                    outcomes = admit_all(model, level, [
-                        ([values[v]] if n == 1 else values[v:v + n], deadline,
-                         Answer(link.done, rid)) for rid, _, deadline, v, n in group])
-            place = 0
-            for (rid, log_id, *_), outcome in zip(group, outcomes, strict=True):
-                if isinstance(outcome, ServeError):
-                    link.outbox.add("results", (rid, error_fields(outcome), 0))
-                else:
-                    row = None if outcome.deadlines is None else place  # a chunk's row
-                    link.waiting[rid] = (model, outcome, log_id, row)
-                    place += row is not None
-
-    @staticmethod
-    def _admit_rows(link: _Link, model: ServedModel, level: int, values: Any,
-                    group: list[tuple[int, str | None, float, int, int]]
-                    ) -> list[PendingRequest | ServeError]:
-        first, last = group[0][3], group[-1][3]
-        rows = (values[first:last + 1] if last - first + 1 == len(group)
-                else values[[r[3] for r in group]])
-        return admit_rows(model, level, rows, [r[2] for r in group],
-                          lambda kept: RowsAnswer(link.done_rows, [group[i][:2] for i in kept]))
+                link.waiting[rid] = (model, outcome, log_id, None)
 
 
 @dataclass(eq=False)
@@ -266,21 +264,27 @@ class _Link:
 
     def done_rows(self, answer: RowsAnswer) -> None:
         """A chunk of one-row requests is answered (or every one cancelled): send each its
-        row's result or error, none for a row dropped, and free their places."""
+        row's result or error, none for a row dropped, and free their places. Rows computed
+        together go back as one block (``rows``)."""
+        waiting = self.waiting
         held = None
-        for rid, _ in answer.ids:
-            held = self.waiting.pop(rid, None) or held
+        for rid in answer.rids:
+            held = waiting.pop(rid, None) or held
         if held is not None:
             held[0].finish(held[1])
         if answer.cancelled():
             return
         exc = answer.exception()
         if exc is not None:
-            for rid, log_id in answer.ids:
+            for rid, log_id in zip(answer.rids, answer.log_ids, strict=True):
                 self._failed(rid, exc, log_id)
             return
+        results = answer.result()
+        if type(results) is np.ndarray:  # every row computed, in one model call
+            self.outbox.add("rows", answer.rids, [results])
+            return
         entries, values = [], []
-        for (rid, log_id), value in zip(answer.ids, answer.result(), strict=True):
+        for rid, log_id, value in zip(answer.rids, answer.log_ids, results, strict=True):
             if isinstance(value, BaseException):
                 self._failed(rid, value, log_id)
             elif value is not DROPPED:

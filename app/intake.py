@@ -7,7 +7,7 @@ device threads skip the items past theirs."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from app.errors import ServeError
@@ -38,21 +38,31 @@ def admit_all(model: ServedModel, level: int, requests: list[tuple[Any, float, A
     return outcomes
 
 
-def admit_rows(model: ServedModel, level: int, rows: Any, deadlines: list[float],
-               answer_for: Callable[[list[int]], Answer]) -> list[PendingRequest | ServeError]:
+def admit_rows(model: ServedModel, level: int, rows: Any, deadlines: Sequence[float],
+               answer_for: Callable[[list[int] | None], Answer]
+               ) -> tuple[PendingRequest | None, list[tuple[int, ServeError]]]:
     """One-row requests for a model whose rows stack (``rows`` stacked, each with its
     deadline), admitted as ``admit_all`` admits them; those admitted queue as one chunk, one
-    request that stands for them (app/pending.py), answered by ``answer_for(their places)``.
-    Each admitted one's outcome is that request."""
+    request that stands for them (app/pending.py), answered by ``answer_for(their places)``
+    (None: all of them). Returns that request (None: all refused) and each refusal's place."""
     try:
         gate = model.gate(level)
     except ServeError as exc:
-        return [exc] * len(deadlines)
+        return None, [(i, exc) for i in range(len(deadlines))]
     now = time.monotonic()
-    refusals = [gate.refusal(1, deadline, now) for deadline in deadlines]
-    kept = [i for i, refusal in enumerate(refusals) if refusal is None]
-    if not kept:
-        return [refusal for refusal in refusals if refusal is not None]
-    request = rows_request(answer_for(kept), [deadlines[i] for i in kept], now, level)
-    model.put_admitted([(request, rows if len(kept) == len(rows) else rows[kept])], now)
-    return [request if refusal is None else refusal for refusal in refusals]
+    kept: list[int] | None = None
+    refused: list[tuple[int, ServeError]] = []
+    if not gate.admit_all(len(deadlines), min(deadlines), now):  # one by one, as admit_all
+        kept = []
+        for i, deadline in enumerate(deadlines):
+            refusal = gate.refusal(1, deadline, now)
+            if refusal is None:
+                kept.append(i)
+            else:
+                refused.append((i, refusal))
+        if not kept:
+            return None, refused
+        rows, deadlines = rows[kept], [deadlines[i] for i in kept]
+    request = rows_request(answer_for(kept), deadlines, now, level)
+    model.put_admitted([(request, rows)], now)
+    return request, refused

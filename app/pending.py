@@ -4,7 +4,7 @@ batch that carries their results back to the event loop."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,13 +65,16 @@ class Answer:
 
 class RowsAnswer(Answer):
     """The answer of a chunk of one-row requests (``ServedModel`` via app/intake.py): their ids
-    and log ids, in row order; its result is their rows' results (or errors, or ``DROPPED``)."""
+    and log ids, in row order; its result is their rows' results (or errors, or ``DROPPED``),
+    or, where every row was computed in one model call, those rows as one array."""
 
-    __slots__ = ("ids",)
+    __slots__ = ("rids", "log_ids")
 
-    def __init__(self, on_done: Callable[[Any], None], ids: list[tuple[int, str | None]]) -> None:
+    def __init__(self, on_done: Callable[[Any], None], rids: Sequence[int],
+                 log_ids: Sequence[str | None]) -> None:
         super().__init__(on_done, None)
-        self.ids = ids
+        self.rids = rids
+        self.log_ids = log_ids
 
 
 class PendingRequest:
@@ -83,7 +86,7 @@ class PendingRequest:
     """
 
     __slots__ = ("future", "deadline", "enqueued_at", "results", "remaining", "timer",
-                 "level", "trace", "count", "deadlines", "cancelled")
+                 "level", "trace", "count", "deadlines", "cancelled", "earliest", "cancels")
 
     def __init__(
         self, future: asyncio.Future[list[Any]] | Answer, size: int, deadline: float,
@@ -103,6 +106,8 @@ class PendingRequest:
         self.count = 1
         self.deadlines: np.ndarray | None = None
         self.cancelled: np.ndarray | None = None
+        self.earliest = deadline  # the soonest of ``deadlines``
+        self.cancels = 0  # rows cancelled
 
     def abandoned(self, now: float) -> bool:
         return self.future.done() or now >= self.deadline
@@ -111,9 +116,11 @@ class PendingRequest:
         """One request of a chunk of rows has gone: its row is dropped, not computed; the
         chunk is cancelled once all are."""
         assert self.cancelled is not None
-        self.cancelled[row] = True
-        if self.cancelled.all():
-            self.future.cancel()
+        if not self.cancelled[row]:
+            self.cancelled[row] = True
+            self.cancels += 1
+            if self.cancels == self.count:
+                self.future.cancel()
 
 
 @dataclass(eq=False, slots=True)
@@ -148,6 +155,8 @@ def row_states(item: PendingItem, now: float) -> list[tuple[int, PendingItem]]:
     or cancelled are dropped, not computed, as the items of single requests are)."""
     request = item.request
     assert request.deadlines is not None and request.cancelled is not None
+    if request.earliest > now and not request.cancels:  # the usual case, without numpy
+        return [(LIVE, item)]
     lo, hi = item.index, item.index + item.rows
     state = np.where(request.deadlines[lo:hi] <= now, EXPIRED,
                      np.where(request.cancelled[lo:hi], CANCELLED, LIVE))
@@ -179,13 +188,14 @@ def queue_items(admitted: list[tuple[PendingRequest, Any]], key: Callable[[Any],
     return queued
 
 
-def rows_request(answer: Answer, deadlines: list[float], now: float, level: int
+def rows_request(answer: Answer, deadlines: Sequence[float], now: float, level: int
                  ) -> PendingRequest:
     """One request standing for one-row requests, a row each, with their deadlines."""
     request = PendingRequest(answer, len(deadlines), max(deadlines), now, level)
     request.count = len(deadlines)
     request.deadlines = np.asarray(deadlines, dtype=np.float64)
     request.cancelled = np.zeros(len(deadlines), dtype=bool)
+    request.earliest = min(deadlines)
     return request
 
 
@@ -194,8 +204,10 @@ def rows_in(items: list[PendingItem]) -> int:
     return sum(item.rows for item in items)
 
 
-def per_item(items: list[PendingItem], results: list[Any]) -> list[tuple[PendingItem, Any]]:
-    """Each item with its result, from one result a row: a chunk's is the list of its rows'."""
+def per_item(items: list[PendingItem], results: Sequence[Any]
+             ) -> list[tuple[PendingItem, Any]]:
+    """Each item with its result, from one result a row: a chunk's is its rows' (a block of
+    a tensor's rows, or a list)."""
     if len(results) == len(items):  # every item a single row
         return list(zip(items, results, strict=True))
     paired = []
@@ -241,6 +253,13 @@ class BatchReport:
                 continue
             # Rows of one-row requests fail or are dropped each on its own.
             wait = self.started_at - request.enqueued_at
+            if (1 < item.rows == request.remaining == request.count
+                    and type(value) is np.ndarray):  # all of a chunk's rows, as one block
+                assert isinstance(future, RowsAnswer)
+                waits.extend([wait] * item.rows)
+                request.remaining = 0
+                future.set_result(value)
+                continue
             if item.rows == 1:
                 request.results[item.index] = value
                 if not failed:

@@ -18,6 +18,7 @@ completed; the host outputs stay alive as long as the per-item results that view
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +48,7 @@ class Launch:
         """True while the device may still be working on it (never on the CPU)."""
         return self.done is not None
 
-    def wait(self) -> tuple[list[Any], float]:
+    def wait(self) -> tuple[Sequence[Any], float]:
         seconds = self.cpu_seconds
         if self.done is not None:
             self.done.synchronize()

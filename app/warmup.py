@@ -92,7 +92,7 @@ def warm_replica(handler: ModelHandler, device: torch.device, limit: int,
         items = handler.decode(examples)
         results: list[Any] = []
         for group in group_by(items, handler.key):
-            results += executor.launch(handler, replica, group).wait()[0]
+            results.extend(executor.launch(handler, replica, group).wait()[0])
         lengths = [handler.length(i) for i in items]
         padded = None not in lengths
         per_item = sum(lengths) / len(lengths) if padded else 1.0  # type: ignore[arg-type]

@@ -6,12 +6,17 @@ On the wire: total length, header length and frame count, then each frame's leng
 the frames. Frames are read into a writable buffer, so arrays arrive writable.
 
 The items (or results) of all the requests in one message travel together (``pack``): arrays
-of one dtype and shape as one stacked array, 1-D arrays of one dtype (token ids) as one
-concatenated array and their lengths. Pickling an array costs about as much as pickling a
-hundred of them stacked, so a message of 64 small requests costs a fifth of what it would.
-The packed array of a message's top-level entry travels as its bytes in a frame and its dtype
-and shape in the pickle, not as a pickled ndarray: that costs a few microseconds where
-ndarray's own pickling costs ten, which is most of a one-request message's encoding.
+of one dtype and shape as one stacked array, arrays of one dtype whose rows are alike (token
+ids, blocks of rows) as one concatenated array and their lengths. Pickling an array costs about
+as much as pickling a hundred of them stacked, so a message of 64 small requests costs a fifth
+of what it would. A packed array travels as its bytes in a frame and its dtype and shape in the
+pickle, not as a pickled ndarray: that costs a few microseconds where ndarray's own pickling
+costs ten, which is most of a one-request message's encoding.
+
+Entries may also travel grouped (``Outbox.group``): one entry per key and message, holding the
+entries added under that key in their order, with their values packed per group. A front end's
+requests travel so, one group per model version and priority level: the device process admits
+each group as it comes, without sorting requests one by one (app/bridge.py).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ STREAM_LIMIT = 16 * 2**20
 _PREFIX = struct.Struct("!III")  # bytes after the prefix, pickle length, frame count
 _STACKED, _JOINED = "stacked", "joined"  # how ``pack`` holds a list of arrays
 _RAW = "raw"  # a packed entry whose array travels as (frame, dtype, shape): ``encode``, ``read``
+_GROUPED = "_grouped_values"  # a grouped kind's values: one packed entry per group
 
 
 def pack(values: list[Any]) -> tuple[Any, ...]:
@@ -42,7 +48,9 @@ def pack(values: list[Any]) -> tuple[Any, ...]:
         # One pass over the values each way: a chunk's rows make this per-row work.
         if all(type(v) is np.ndarray and v.shape == shape and v.dtype == dtype for v in values):
             return (_STACKED, first[None] if len(values) == 1 else stack_alike(values))
-        if all(type(v) is np.ndarray and v.ndim == 1 and v.dtype == dtype for v in values):
+        rest = shape[1:]  # joined along the first axis: token ids, blocks of rows
+        if all(type(v) is np.ndarray and v.shape[1:] == rest and v.dtype == dtype
+               for v in values):
             return (_JOINED, np.concatenate(values), [len(v) for v in values])
     return ("list", values)
 
@@ -63,7 +71,8 @@ def encode(message: Any) -> bytes:
     """``message`` as one write's bytes."""
     frames: list[Any] = []
     if isinstance(message, dict):
-        message = {key: _raw(value, frames) for key, value in message.items()}
+        message = {key: [_raw(v, frames) for v in value] if key.endswith(_GROUPED)
+                   else _raw(value, frames) for key, value in message.items()}
     head = pickle.dumps(message, protocol=5,
                         buffer_callback=lambda b: frames.append(b.raw()))
     sizes = struct.pack(f"!{len(frames)}I", *(f.nbytes for f in frames))
@@ -95,11 +104,19 @@ async def read(reader: asyncio.StreamReader) -> Any:
     message = pickle.loads(head, buffers=frames)
     if isinstance(message, dict):
         for key, value in message.items():
-            if type(value) is tuple and value and value[0] == _RAW:
-                _, kind, index, dtype, shape, *rest = value
-                array = np.frombuffer(frames[index], dtype).reshape(shape)
-                message[key] = (kind, array, *rest)
+            if key.endswith(_GROUPED):
+                message[key] = [_cooked(v, frames) for v in value]
+            else:
+                message[key] = _cooked(value, frames)
     return message
+
+
+def _cooked(value: Any, frames: list[memoryview]) -> Any:
+    """``_raw``'s reference to a frame as the packed entry it was; anything else as it is."""
+    if type(value) is tuple and value and value[0] == _RAW:
+        _, kind, index, dtype, shape, *rest = value
+        return (kind, np.frombuffer(frames[index], dtype).reshape(shape), *rest)
+    return value
 
 
 class Outbox:
@@ -112,7 +129,7 @@ class Outbox:
         self._writer = writer
         self._parts: dict[str, list[Any]] = {}
         self._values: dict[str, list[Any]] = {}
-        self._tallies: dict[str, dict[tuple[Any, ...], list[Any]]] = {}
+        self._groups: dict[str, dict[tuple[Any, ...], tuple[list[Any], list[Any]]]] = {}
         self._due = False
 
     def add(self, kind: str, entry: Any, values: list[Any] | None = None) -> None:
@@ -133,26 +150,36 @@ class Outbox:
             self._due = True
             asyncio.get_running_loop().call_soon(self.flush)
 
-    def tally(self, kind: str, key: tuple[Any, ...], value: Any) -> None:
-        """Add ``value`` to this message's one entry of ``kind`` for ``key``, ``(*key,
-        [values])``: a front end's request durations travel one list per model and status, not
-        one entry per request."""
-        tallies = self._tallies.setdefault(kind, {})
-        values = tallies.get(key)
-        if values is None:
-            values = tallies[key] = []
-            self.add(kind, (*key, values))  # the list fills until the message goes
-        values.append(value)
+    def group(self, kind: str, key: tuple[Any, ...], entry: Any,
+              values: list[Any] | None = None) -> None:
+        """Add ``entry`` to this message's one entry of ``kind`` for ``key``, ``(*key,
+        [entries])``, and its ``values`` to that group's (``grouped_values``): a front end's
+        requests travel one group per model version and level, its request durations one list
+        per model and status. A kind is either grouped or not."""
+        groups = self._groups.setdefault(kind, {})
+        held = groups.get(key)
+        if held is None:
+            held = groups[key] = ([], [])
+            if not self._due:
+                self._due = True
+                asyncio.get_running_loop().call_soon(self.flush)
+        held[0].append(entry)
+        if values:
+            held[1].extend(values)
 
     def flush(self) -> None:
         self._due = False
-        parts, values = self._parts, self._values
-        self._parts, self._values, self._tallies = {}, {}, {}
-        if not parts or self._writer.is_closing():
+        parts, values, groups = self._parts, self._values, self._groups
+        self._parts, self._values, self._groups = {}, {}, {}
+        if not (parts or groups) or self._writer.is_closing():
             return
         message: dict[str, Any] = dict(parts)
         for kind, flat in values.items():
             message[kind + "_values"] = pack(flat)
+        for kind, held in groups.items():
+            message[kind] = [(*key, entries) for key, (entries, _) in held.items()]
+            if any(group_values for _, group_values in held.values()):
+                message[kind + _GROUPED] = [pack(v) for _, v in held.values()]
         self._writer.write(encode(message))
 
 
@@ -160,3 +187,11 @@ def values_of(message: dict[str, Any], kind: str, stacked: bool = False) -> Any:
     """The values the entries of ``kind`` carry, in their order (``stacked``: see ``unpack``)."""
     packed = message.get(kind + "_values")
     return unpack(packed, stacked) if packed is not None else []
+
+
+def grouped_values(message: dict[str, Any], kind: str, stacked: bool = False) -> list[Any]:
+    """Each group of ``kind``'s values (``Outbox.group``), in the groups' order; none: []."""
+    packed = message.get(kind + _GROUPED)
+    if packed is None:
+        return [[] for _ in message.get(kind, ())]
+    return [unpack(p, stacked) for p in packed]

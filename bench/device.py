@@ -127,7 +127,7 @@ async def client(args: argparse.Namespace) -> None:
     async def loop() -> None:
         while True:
             start = time.monotonic()
-            request = link.submit((args.workload, version, 1, start + 30.0, None), items)
+            request = link.submit((args.workload, version, 1), start + 30.0, None, items)
             try:
                 await request.future
             except ServeError as exc:  # counted by its status; the loop goes on

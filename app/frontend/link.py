@@ -59,20 +59,22 @@ class DeviceLink:
 
     def tally(self, kind: str, key: tuple[Any, ...], value: Any) -> None:
         """Send ``value`` in this message's one entry of ``kind`` for ``key``
-        (``Outbox.tally``)."""
+        (``Outbox.group``)."""
         if self._outbox is not None and not self.gone:
-            self._outbox.tally(kind, key, value)
+            self._outbox.group(kind, key, value)
 
-    def submit(self, entry: tuple[Any, ...], items: list[Any]) -> RemoteRequest:
-        """Send one request, ``entry`` (model, version, level, deadline, log id), and return
-        what will hold its answer. The deadline is kept here: past it, the answer is
-        DeadlineExceeded and the device process is told to drop the request."""
+    def submit(self, key: tuple[str, str, int], deadline: float, log_id: str | None,
+               items: list[Any]) -> RemoteRequest:
+        """Send one request for ``key`` (model, version, level) and return what will hold its
+        answer. The deadline is kept here: past it, the answer is DeadlineExceeded and the
+        device process is told to drop the request. A message's requests travel one group per
+        key (``Outbox.group``)."""
         rid = next(self._ids)
         loop = asyncio.get_running_loop()
-        timer = loop.call_later(entry[3] - time.monotonic(), self._expire, rid)
+        timer = loop.call_later(deadline - time.monotonic(), self._expire, rid)
         request = self.waiting[rid] = RemoteRequest(rid, loop.create_future(), timer)
         if self._outbox is not None and not self.gone:
-            self._outbox.add("requests", (rid, *entry, len(items)), items)
+            self._outbox.group("requests", key, (rid, deadline, log_id, len(items)), items)
         return request
 
     def drop(self, request: RemoteRequest) -> None:
@@ -126,6 +128,14 @@ class DeviceLink:
                 else:
                     request.future.set_exception(Relayed(*error))
             at += n
+        # One-row requests answered together: their ids, and their rows as one block.
+        for rids, block in zip(message.get("rows", ()), wire.values_of(message, "rows"),
+                               strict=True):
+            for rid, row in zip(rids, block, strict=True):
+                request = self.waiting.pop(rid, None)
+                if request is not None and not request.future.done():
+                    request.timer.cancel()
+                    request.future.set_result([row])
         snapshots = message.get("models")
         if snapshots:
             self.snapshot = snapshots[-1]

@@ -64,8 +64,8 @@ class RemoteModel(ModelFacade):
                 trace: Any = None, admitted: int | None = None) -> RemoteRequest:
         self._service.check_open()
         level = level or self.settings.default_level
-        return self._service.link.submit(
-            (self.name, self.version, level, deadline, request_id.get()), items)
+        return self._service.link.submit((self.name, self.version, level), deadline,
+                                         request_id.get(), items)
 
     async def result(self, request: RemoteRequest) -> list[Any]:
         try:

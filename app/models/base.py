@@ -10,8 +10,8 @@ Thread contract:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, cast
 
 import torch
 
@@ -80,7 +80,7 @@ class ModelHandler(ABC):
         """Stack decoded items (and chunks, where ``stacks``) into a host-side batch (tensors on
         the CPU)."""
 
-    def split(self, outputs: Tensors, n: int) -> list[Any]:
+    def split(self, outputs: Tensors, n: int) -> Sequence[Any]:
         """Cut host-side outputs into ``n`` per-item results (numpy arrays serialise fastest)."""
         return split_rows(outputs, n)
 
@@ -89,13 +89,15 @@ class OutputCountMismatch(RuntimeError):
     """The model returned a different number of results than it was given items."""
 
 
-def split_rows(outputs: Tensors, n: int) -> list[Any]:
-    """Per-item rows of a tensor, or of each tensor in a tuple/list/dict, as numpy views."""
+def split_rows(outputs: Tensors, n: int) -> Sequence[Any]:
+    """Per-item rows of a tensor, or of each tensor in a tuple/list/dict, as numpy views. A
+    tensor's rows come as its numpy array: indexing it gives a row, slicing it a block of rows
+    (a chunk's results, app/pending.py), with no view made per row until one is asked for."""
     if isinstance(outputs, torch.Tensor):
         if outputs.dim() == 0 or outputs.shape[0] != n:
             got = "a scalar" if outputs.dim() == 0 else f"{outputs.shape[0]} rows"
             raise OutputCountMismatch(f"model returned {got} for a batch of {n}")
-        return list(outputs.numpy())
+        return cast(Sequence[Any], outputs.numpy())  # an ndarray: len, index, slice, iterate
     if isinstance(outputs, dict):
         columns = {k: split_rows(v, n) for k, v in outputs.items()}
         return [{k: col[i] for k, col in columns.items()} for i in range(n)]

@@ -66,6 +66,21 @@ class Gate:
         self.depth += n
         self.through += n
 
+    def admit_all(self, n: int, earliest: float, now: float) -> bool:
+        """Count ``n`` one-item requests as queued if each would pass ``admit`` one after
+        another (``earliest``: the soonest of their deadlines); False, counting none, where one
+        might not (then ``admit`` them one by one)."""
+        if self.depth + n > self.limit:
+            return False
+        # The last one's predicted wait bounds every one's; a lone first one is never refused.
+        if (self.full_batch_s is not None and (self.through or n > 1)
+                and earliest - now < self.longest_s
+                and self.wait_s(self.through + n) > earliest - now):
+            return False
+        self.depth += n
+        self.through += n
+        return True
+
     def refusal(self, n: int, deadline: float | None, now: float) -> ServeError | None:
         """``admit``, with its refusal returned rather than raised (None: admitted)."""
         try:

@@ -43,8 +43,15 @@ class Outbox:
 
     def results(self) -> dict[int, Any]:
         """Each request's answer: its results, or its error's (status, type)."""
-        return {entry[0]: values if entry[1] is None else entry[1][:2]
-                for kind, entry, values in self.sent if kind == "results"}
+        answers = {}
+        for kind, entry, values in self.sent:
+            if kind == "results":
+                answers[entry[0]] = values if entry[1] is None else entry[1][:2]
+            elif kind == "rows":  # one-row requests' rows, one block
+                assert values is not None
+                block, = values
+                answers.update((rid, [row]) for rid, row in zip(entry, block, strict=True))
+        return answers
 
 
 def link() -> tuple[_Link, Outbox]:
@@ -56,15 +63,21 @@ def message(service: InferenceService, *requests: tuple[int, list[Any]],
             name: str | None = None, stacked: bool = False) -> dict[str, Any]:
     """``requests`` (id, items) as a front end sends them, at the default level: one entry
     each, their items in one list."""
-    model = service.repository.get()
     deadline = time.monotonic() + 30.0
-    level = model.settings.default_level
-    entries = [(rid, name or model.name, model.version, level, deadline, f"log-{rid}",
-                len(items)) for rid, items in requests]
+    entries = [(rid, deadline, f"log-{rid}", len(items)) for rid, items in requests]
     values = [x for _, items in requests for x in items]
-    if stacked:  # as a front end packs rows of one shape (app/wire.py)
-        return {"requests": entries, "requests_values": ("stacked", np.stack(values))}
-    return {"requests": entries, "requests_values": ("list", values)}
+    # As a front end packs rows of one shape (app/wire.py), or not.
+    packed = ("stacked", np.stack(values)) if stacked else ("list", values)
+    return grouped(service, entries, packed, name)
+
+
+def grouped(service: InferenceService, entries: list[tuple[Any, ...]], packed: tuple[Any, ...],
+            name: str | None = None) -> dict[str, Any]:
+    """A message of one group of requests, (id, deadline, log id, items) each, for the default
+    model's version at its default level (``Outbox.group``)."""
+    model = service.repository.get()
+    group = (name or model.name, model.version, model.settings.default_level, entries)
+    return {"requests": [group], "requests_grouped_values": [packed]}
 
 
 class GatedRows(TensorHandler):
@@ -234,10 +247,8 @@ async def test_a_chunks_row_cancelled_or_past_its_deadline_is_dropped_uncomputed
     async with busy_rows(8, (9, rows[4])) as (handler, service, bridge, front, outbox):
         model = service.repository.get()
         soon, later = time.monotonic() + 0.2, time.monotonic() + 30.0
-        entries = [(i, model.name, model.version, model.settings.default_level,
-                    soon if i == 2 else later, None, 1) for i in range(4)]
-        bridge._handle(front, {"requests": entries,
-                               "requests_values": ("stacked", rows[:4])})
+        entries = [(i, soon if i == 2 else later, None, 1) for i in range(4)]
+        bridge._handle(front, grouped(service, entries, ("stacked", rows[:4])))
         bridge._handle(front, {"cancel": [1]})
         assert model.in_flight == 5
         await asyncio.sleep(0.3)  # request 2's deadline passes while it is queued

@@ -27,17 +27,42 @@ async def test_rows_admitted_around_a_refusal_queue_as_one_chunk_of_theirs() -> 
         model = service.repository.get()
         rows = np.arange(6, dtype=np.float32).reshape(3, 2)
         answered: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        places: list[list[int]] = []
+        places: list[list[int] | None] = []
 
-        def answer_for(kept: list[int]) -> RowsAnswer:
+        def answer_for(kept: list[int] | None) -> RowsAnswer:
             places.append(kept)
-            return RowsAnswer(lambda a: answered.set_result(a.result()), [(i, None) for i in kept])
+            assert kept is not None
+            return RowsAnswer(lambda a: answered.set_result(a.result()), kept, [None] * len(kept))
 
         now = time.monotonic()
-        outcomes = admit_rows(model, model.settings.default_level, rows,
-                              [now + 30.0, now - 1.0, now + 30.0], answer_for)
-        assert isinstance(outcomes[1], ServeError) and outcomes[1].status == 503
-        assert outcomes[0] is outcomes[2] and places == [[0, 2]]
+        request, refused = admit_rows(model, model.settings.default_level, rows,
+                                      [now + 30.0, now - 1.0, now + 30.0], answer_for)
+        (place, refusal), = refused
+        assert place == 1 and isinstance(refusal, ServeError) and refusal.status == 503
+        assert request is not None and request.count == 2 and places == [[0, 2]]
         assert model.in_flight == 2
         results = await asyncio.wait_for(answered, 30)
         np.testing.assert_array_equal(np.stack(results), 2 * rows[[0, 2]])
+
+
+async def test_rows_all_admitted_are_answered_as_one_block() -> None:
+    """One-row requests that all pass the gate queue as one chunk (``answer_for(None)``), and
+    rows computed in one model call come back as one array of their results."""
+    async with running(GatedRows(), max_batch_size=8, queue_capacity=16,
+                       max_instances=8) as service:
+        model = service.repository.get()
+        rows = np.arange(8, dtype=np.float32).reshape(4, 2)
+        answered: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        places: list[list[int] | None] = []
+
+        def answer_for(kept: list[int] | None) -> RowsAnswer:
+            places.append(kept)
+            return RowsAnswer(lambda a: answered.set_result(a.result()), range(4), [None] * 4)
+
+        now = time.monotonic()
+        request, refused = admit_rows(model, model.settings.default_level, rows,
+                                      [now + 30.0] * 4, answer_for)
+        assert request is not None and request.count == 4 and not refused and places == [None]
+        results = await asyncio.wait_for(answered, 30)
+        assert type(results) is np.ndarray
+        np.testing.assert_array_equal(results, 2 * rows)

@@ -44,7 +44,7 @@ def test_packing_joins_arrays_and_they_arrive_writable() -> None:
     assert got[5].flags.writeable and got[5].tolist() == [5.0] * 3
 
 
-def test_an_outbox_sends_one_message_per_pass_with_its_values_packed_and_tallied() -> None:
+def test_an_outbox_sends_one_message_per_pass_with_its_values_packed_and_grouped() -> None:
     class Writer:
         def __init__(self) -> None:
             self.chunks: list[bytes] = []
@@ -58,25 +58,40 @@ def test_an_outbox_sends_one_message_per_pass_with_its_values_packed_and_tallied
     async def run() -> list[bytes]:
         writer = Writer()
         outbox = wire.Outbox(writer)  # type: ignore[arg-type]
-        outbox.add("requests", ("r1", 2), [np.zeros(2), np.ones(2)])
-        outbox.add_all("requests", [("r2", 1), ("r3", 1)], [np.full(2, 2.0), np.full(2, 3.0)])
-        outbox.add_all("requests", [], [])  # nothing: no entry
+        outbox.add("results", ("r1", 2), [np.zeros(2), np.ones(2)])
+        outbox.add_all("results", [("r2", 1), ("r3", 1)], [np.full(2, 2.0), np.full(2, 3.0)])
+        outbox.add_all("results", [], [])  # nothing: no entry
         outbox.add("cancel", 7)
+        outbox.group("requests", ("a", 1), 1, [np.full(3, 1.0)])
+        outbox.group("requests", ("b", 1), 2, [np.full(3, 2.0), np.full(3, 3.0)])
+        outbox.group("requests", ("a", 1), 3, [np.full(3, 4.0)])
         for key, seconds in ((("m", 200), 0.1), (("m", 504), 0.2), (("m", 200), 0.3)):
-            outbox.tally("answered", key, seconds)
+            outbox.group("answered", key, seconds)
         await asyncio.sleep(0)
-        outbox.tally("answered", ("m", 200), 0.4)  # the next message's
+        outbox.group("answered", ("m", 200), 0.4)  # the next message's
         await asyncio.sleep(0)
         return writer.chunks
 
     chunk, after = asyncio.run(run())
     message = roundtrip_bytes(chunk)
-    assert message["requests"] == [("r1", 2), ("r2", 1), ("r3", 1)] and message["cancel"] == [7]
-    assert message["answered"] == [("m", 200, [0.1, 0.3]), ("m", 504, [0.2])]
-    assert roundtrip_bytes(after) == {"answered": [("m", 200, [0.4])]}
-    assert [v.tolist() for v in wire.values_of(message, "requests")] == [
+    assert message["results"] == [("r1", 2), ("r2", 1), ("r3", 1)] and message["cancel"] == [7]
+    assert [v.tolist() for v in wire.values_of(message, "results")] == [
         [0.0, 0.0], [1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+    assert message["requests"] == [("a", 1, [1, 3]), ("b", 1, [2])]
+    groups = wire.grouped_values(message, "requests", stacked=True)
+    assert [g.tolist() for g in groups] == [[[1.0] * 3, [4.0] * 3], [[2.0] * 3, [3.0] * 3]]
+    assert message["answered"] == [("m", 200, [0.1, 0.3]), ("m", 504, [0.2])]
+    assert wire.grouped_values(message, "answered") == [[], []]  # groups without values
+    assert roundtrip_bytes(after) == {"answered": [("m", 200, [0.4])]}
     assert wire.values_of(message, "cancel") == []
+
+
+def test_blocks_of_rows_travel_joined_and_come_back_as_blocks() -> None:
+    blocks = [np.arange(6, dtype=np.float32).reshape(3, 2), np.full((1, 2), 9.0, np.float32)]
+    packed = wire.pack(blocks)
+    assert packed[0] == "joined"
+    got = wire.unpack(roundtrip({"v": packed})["v"])
+    assert [b.tolist() for b in got] == [b.tolist() for b in blocks]
 
 
 def roundtrip_bytes(data: bytes) -> dict:

@@ -49,14 +49,20 @@ async def received(reader: asyncio.StreamReader, kind: str) -> list[Any]:
             return list(message[kind])
 
 
-def entry(timeout_s: float) -> tuple[Any, ...]:
-    return ("m", "1", 1, time.monotonic() + timeout_s, "log-1")
+def submit(link: DeviceLink, timeout_s: float) -> Any:
+    """One request of one row for model m version 1, at level 1."""
+    return link.submit(("m", "1", 1), time.monotonic() + timeout_s, "log-1", [np.ones(2)])
+
+
+async def sent_ids(reader: asyncio.StreamReader) -> list[int]:
+    """The ids of the requests in the next message that has any, in their order."""
+    return [e[0] for *_, entries in await received(reader, "requests") for e in entries]
 
 
 async def test_results_answer_a_request_and_its_deadline_is_then_off() -> None:
     async with linked() as (link, device, to_front):
-        request = link.submit(entry(0.2), [np.ones(2)])
-        (rid, *_), = await received(device, "requests")
+        request = submit(link, 0.2)
+        rid, = await sent_ids(device)
         to_front.write(wire.encode({"results": [(rid, None, 1)],
                                     "results_values": wire.pack([np.full(3, 7.0)])}))
         assert (await request.future)[0].tolist() == [7.0] * 3
@@ -67,8 +73,8 @@ async def test_results_answer_a_request_and_its_deadline_is_then_off() -> None:
 
 async def test_past_its_deadline_a_request_is_answered_504_and_dropped_there() -> None:
     async with linked() as (link, device, to_front):
-        request = link.submit(entry(0.05), [np.ones(2)])
-        (rid, *_), = await received(device, "requests")
+        request = submit(link, 0.05)
+        rid, = await sent_ids(device)
         with pytest.raises(DeadlineExceeded):
             await request.future
         assert await received(device, "cancel") == [rid] and not link.waiting
@@ -80,10 +86,10 @@ async def test_past_its_deadline_a_request_is_answered_504_and_dropped_there() -
 
 async def test_a_refusal_is_relayed_and_a_lost_device_answers_the_rest_503() -> None:
     async with linked() as (link, device, to_front):
-        refused = link.submit(entry(30), [np.ones(2)])
-        waiting = link.submit(entry(30), [np.ones(2)])
-        first, _ = await received(device, "requests")
-        to_front.write(wire.encode({"results": [(first[0], (503, "busy", "full", 2), 0)]}))
+        refused = submit(link, 30)
+        waiting = submit(link, 30)
+        first, _ = await sent_ids(device)
+        to_front.write(wire.encode({"results": [(first, (503, "busy", "full", 2), 0)]}))
         with pytest.raises(Relayed) as busy:
             await refused.future
         assert (busy.value.status, busy.value.retry_after_s) == (503, 2)
@@ -91,3 +97,16 @@ async def test_a_refusal_is_relayed_and_a_lost_device_answers_the_rest_503() -> 
         with pytest.raises(Unavailable) as gone:
             await waiting.future
         assert gone.value.type == "unhealthy" and link.gone
+
+
+async def test_one_row_requests_answered_as_one_block_each_get_their_row() -> None:
+    async with linked() as (link, device, to_front):
+        requests = [submit(link, 30) for _ in range(3)]
+        rids = await sent_ids(device)
+        assert len(rids) == 3  # one group: one model version and level
+        block = np.arange(6, dtype=np.float32).reshape(3, 2)
+        to_front.write(wire.encode({"rows": [rids[::-1]], "rows_values": wire.pack([block])}))
+        answers = [await r.future for r in requests]
+        assert [[row.tolist() for row in a] for a in answers] == [[[4.0, 5.0]], [[2.0, 3.0]],
+                                                                   [[0.0, 1.0]]]
+        assert not link.waiting and all(r.timer.cancelled() for r in requests)

@@ -3,6 +3,8 @@ gate that applies it to a run of requests."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from app.errors import Unavailable, WouldMissDeadline
@@ -87,3 +89,27 @@ def test_a_deadline_past_the_longest_wait_is_admitted_as_the_prediction_would() 
             assert admitted == fits, (left, n)
             seen.add(admitted)
     assert seen == {True, False}
+
+
+def test_admitting_one_item_requests_all_at_once_agrees_with_one_by_one() -> None:
+    """``admit_all`` counts them only where ``admit`` one after another would admit every one
+    (whatever their deadlines, room and cost); where it declines, it has counted nothing."""
+    rng = random.Random(7)
+    declined = 0
+    for _ in range(3000):
+        depth = rng.randint(0, 8)
+        through = rng.randint(0, depth)
+        cost = rng.choice([None, 0.001, 0.010, 0.050])
+        n = rng.randint(1, 6)
+        deadlines = [rng.choice([0.005, 0.02, 0.04, 0.08, 1.0]) for _ in range(n)]
+        one_by_one = gate(depth=depth, through=through, full_batch_s=cost)
+        passed = [one_by_one.refusal(1, d, 0.0) is None for d in deadlines]
+        g = gate(depth=depth, through=through, full_batch_s=cost)
+        if g.admit_all(n, min(deadlines), 0.0):
+            assert all(passed) and (g.depth, g.through) == (depth + n, through + n)
+        else:
+            declined += 1
+            assert (g.depth, g.through) == (depth, through)
+            if cost is None or not through and n == 1:  # only room can refuse: no false decline
+                assert not all(passed)
+    assert 0 < declined < 3000
