@@ -29,63 +29,19 @@ from typing import Any
 import numpy as np
 
 import app.wire as wire
-from app.config import BatchSettings
 from app.errors import ServeError
 from app.intake import admit_all, admit_rows
 from app.metrics import ModelMetrics
-from app.models.signature import TensorSpec
 from app.pending import DROPPED, Answer, PendingRequest, RowsAnswer
 from app.runtime import InferenceService
 from app.served import ServedModel
+from app.snapshot import Snapshot, snapshot
 
 log = logging.getLogger("batchserve.bridge")
 
 SNAPSHOT_CHECK_S = 0.1  # how often the model set is compared with what the front ends were sent
 SYNC_LIMIT_S = 5.0  # the longest a load's answer waits for every front end to hold its model
-
-
-@dataclass(frozen=True)
-class ModelEntry:
-    """One model version as a front end needs it: ``spec`` builds its handler there."""
-
-    name: str
-    version: str
-    spec: str
-    settings: BatchSettings
-    state: str
-    outputs: list[TensorSpec] | None
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """The repository as ``ModelRepository.get`` resolves names: served versions (or those
-    still loading, where none is served), the default traffic's version, failed names."""
-
-    served: dict[str, dict[str, ModelEntry]] = field(default_factory=dict)
-    current: dict[str, str] = field(default_factory=dict)
-    failed: dict[str, str] = field(default_factory=dict)
-    names: list[str] = field(default_factory=list)
-    default: str | None = None  # the name /predict serves; None: see default_error
-    default_error: str = ""
-
-
-def snapshot(service: InferenceService) -> Snapshot:
-    repo = service.repository
-
-    def entry(model: ServedModel) -> ModelEntry:
-        return ModelEntry(model.name, model.version, model.spec, model.settings,
-                          model.state.value, model.outputs)
-
-    served = {name: {v: entry(m) for v, m in versions.items()}
-              for name, versions in repo.served.items() if versions}
-    for name, models in repo.loading.items():
-        if models and name not in served:
-            served[name] = {m.version: entry(m) for m in models}
-    try:
-        default, error = repo.default_name(), ""
-    except ServeError as exc:
-        default, error = None, exc.message
-    return Snapshot(served, dict(repo.current), dict(repo.failed), repo.names(), default, error)
+GATHER_LIMIT_S = 1.0  # the longest a scrape waits for the front ends' request counts
 
 
 def error_fields(exc: ServeError) -> tuple[int, str, str, int | None]:
@@ -102,6 +58,7 @@ class Bridge:
         self._tasks: set[asyncio.Task[None]] = set()
         self._watch: asyncio.Task[None] | None = None
         service.metrics.frontends.set_function(lambda: len(self._links))
+        service.before_scrape.append(self.gather_counts)
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One front end's link, until it closes (its waiting requests are then dropped)."""
@@ -136,6 +93,13 @@ class Bridge:
             for link in self._links:
                 if link.sent != now:
                     link.send_models(now)
+
+    async def gather_counts(self) -> None:
+        """Before a scrape of /metrics: every front end sends the request counts it holds
+        (app/frontend/link.py), with its answer to an ``ack``; a second at most."""
+        acks = [link.ask() for link in list(self._links)]
+        if acks:
+            await asyncio.wait(acks, timeout=GATHER_LIMIT_S)
 
     async def _sync_all(self, origin: _Link, tokens: list[int]) -> None:
         """Every front end holds the current snapshot (each has acknowledged it); then tell
@@ -238,8 +202,11 @@ class _Link:
         """Send ``snap``; with ``ack``, ask the front end to say when it holds it."""
         self.sent = snap
         self.outbox.add("models", snap)
-        if not ack:
-            return None
+        return self.ask() if ack else None
+
+    def ask(self) -> asyncio.Future[None]:
+        """Ask the front end to answer (``acked``) once it has read what was sent before; its
+        answer brings what it held back (its request counts)."""
         key = next(self._keys)
         future = self.acks[key] = asyncio.get_running_loop().create_future()
         self.outbox.add("ack", key)

@@ -13,7 +13,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -67,6 +67,7 @@ class InferenceService:
         self.workers: list[DeviceWorker] = []
         self.unknown = metrics.for_model("", "")  # requests for no model the server knows
         self.state = ServerState()  # written here only (app/state.py)
+        self.before_scrape: list[Callable[[], Awaitable[None]]] = []  # awaited by GET /metrics
         self._started = False
         self._pool: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

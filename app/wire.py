@@ -38,6 +38,9 @@ _PREFIX = struct.Struct("!III")  # bytes after the prefix, pickle length, frame 
 _STACKED, _JOINED = "stacked", "joined"  # how ``pack`` holds a list of arrays
 _RAW = "raw"  # a packed entry whose array travels as (frame, dtype, shape): ``encode``, ``read``
 _GROUPED = "_grouped_values"  # a grouped kind's values: one packed entry per group
+# The longest an entry added with ``hold`` waits for a message to go with (a front end's
+# request counts: a scrape of /metrics asks for them at once, app/bridge.py).
+HOLD_S = 0.25
 
 
 def pack(values: list[Any]) -> tuple[Any, ...]:
@@ -131,6 +134,7 @@ class Outbox:
         self._values: dict[str, list[Any]] = {}
         self._groups: dict[str, dict[tuple[Any, ...], tuple[list[Any], list[Any]]]] = {}
         self._due = False
+        self._held: asyncio.TimerHandle | None = None  # ``group(hold=True)``'s timer
 
     def add(self, kind: str, entry: Any, values: list[Any] | None = None) -> None:
         self._parts.setdefault(kind, []).append(entry)
@@ -151,16 +155,20 @@ class Outbox:
             asyncio.get_running_loop().call_soon(self.flush)
 
     def group(self, kind: str, key: tuple[Any, ...], entry: Any,
-              values: list[Any] | None = None) -> None:
+              values: list[Any] | None = None, hold: bool = False) -> None:
         """Add ``entry`` to this message's one entry of ``kind`` for ``key``, ``(*key,
         [entries])``, and its ``values`` to that group's (``grouped_values``): a front end's
         requests travel one group per model version and level, its request durations one list
-        per model and status. A kind is either grouped or not."""
+        per model and status. A kind is either grouped or not. With ``hold``, the entry sends
+        no message of its own: it goes with the next one, or after ``HOLD_S``."""
         groups = self._groups.setdefault(kind, {})
         held = groups.get(key)
         if held is None:
             held = groups[key] = ([], [])
-            if not self._due:
+            if hold:
+                if self._held is None and not self._due:
+                    self._held = asyncio.get_running_loop().call_later(HOLD_S, self.flush)
+            elif not self._due:
                 self._due = True
                 asyncio.get_running_loop().call_soon(self.flush)
         held[0].append(entry)
@@ -169,6 +177,9 @@ class Outbox:
 
     def flush(self) -> None:
         self._due = False
+        if self._held is not None:
+            self._held.cancel()
+            self._held = None
         parts, values, groups = self._parts, self._values, self._groups
         self._parts, self._values, self._groups = {}, {}, {}
         if not (parts or groups) or self._writer.is_closing():

@@ -48,4 +48,6 @@ async def health_check(service: ServiceDep, model: str | None = None) -> Respons
 @router.get("/metrics", summary="Prometheus metrics (text exposition format)",
             response_model=None, response_class=PlainTextResponse)
 async def metrics(service: ServiceDep) -> Response:
+    for gather in service.before_scrape:  # the front ends' counts (app/bridge.py)
+        await gather()
     return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import app.wire as wire
-from app.bridge import Snapshot
 from app.errors import Relayed, Unavailable
 from app.pending import expire
+from app.snapshot import Snapshot
 
 log = logging.getLogger("batchserve.frontend")
 
@@ -58,10 +58,10 @@ class DeviceLink:
             self._outbox.add(kind, entry)
 
     def tally(self, kind: str, key: tuple[Any, ...], value: Any) -> None:
-        """Send ``value`` in this message's one entry of ``kind`` for ``key``
-        (``Outbox.group``)."""
+        """Send ``value`` in a message's one entry of ``kind`` for ``key`` (``Outbox.group``),
+        held for the next message that goes (counts for the metrics: a scrape asks for them)."""
         if self._outbox is not None and not self.gone:
-            self._outbox.group(kind, key, value)
+            self._outbox.group(kind, key, value, hold=True)
 
     def submit(self, key: tuple[str, str, int], deadline: float, log_id: str | None,
                items: list[Any]) -> RemoteRequest:
@@ -162,5 +162,8 @@ class DeviceLink:
         self.waiting.clear()
 
     def close(self) -> None:
+        """Send what is held (``tally``) and stop reading."""
+        if self._outbox is not None and not self.gone:
+            self._outbox.flush()
         if self._task is not None:
             self._task.cancel()

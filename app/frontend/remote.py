@@ -15,7 +15,6 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from app.bridge import ModelEntry, Snapshot
 from app.config import Settings
 from app.errors import BatchServeError, NotFound, Unavailable
 from app.facade import ModelFacade
@@ -24,6 +23,7 @@ from app.logs import request_id
 from app.models.base import ModelHandler
 from app.models.registry import load_handler
 from app.repository import pick
+from app.snapshot import ModelEntry, Snapshot
 from app.tracing import Tracing
 
 log = logging.getLogger("batchserve.frontend")

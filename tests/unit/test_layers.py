@@ -23,7 +23,7 @@ LAYERS = [
     ["app.slot", "app.worker", "app.intake"],
     ["app.catalog", "app.repository", "app.learning"],
     ["app.runtime"],
-    ["app.api", "app.grpc", "app.jobs"],
+    ["app.api", "app.grpc", "app.jobs", "app.snapshot"],
     ["app.main", "app.check", "app.bridge", "app.frontend"],
     ["app.server", "app.supervisor", "app.frontend.entry", "app.connection", "app.cli",
      "app.__main__", "app"],

@@ -101,3 +101,36 @@ def roundtrip_bytes(data: bytes) -> dict:
         return await wire.read(reader)  # type: ignore[no-any-return]
 
     return asyncio.run(run())
+
+
+def test_held_entries_go_with_the_next_message_or_after_the_hold() -> None:
+    class Writer:
+        def __init__(self) -> None:
+            self.chunks: list[bytes] = []
+
+        def write(self, data: bytes) -> None:
+            self.chunks.append(data)
+
+        def is_closing(self) -> bool:
+            return False
+
+    async def run() -> list[list[bytes]]:
+        writer = Writer()
+        outbox = wire.Outbox(writer)  # type: ignore[arg-type]
+        outbox.group("answered", ("m", 200), 0.1, hold=True)
+        await asyncio.sleep(0)
+        alone = list(writer.chunks)  # nothing sent for a held entry alone
+        outbox.add("cancel", 3)
+        await asyncio.sleep(0)
+        along = list(writer.chunks)  # it goes with the next message
+        outbox.group("answered", ("m", 200), 0.2, hold=True)
+        await asyncio.sleep(wire.HOLD_S / 2)
+        held = list(writer.chunks)
+        await asyncio.sleep(wire.HOLD_S)
+        return [alone, along, held, list(writer.chunks)]
+
+    alone, along, held, late = asyncio.run(run())
+    assert alone == [] and len(along) == 1
+    assert roundtrip_bytes(along[0]) == {"cancel": [3], "answered": [("m", 200, [0.1])]}
+    assert held == along and len(late) == 2
+    assert roundtrip_bytes(late[1]) == {"answered": [("m", 200, [0.2])]}

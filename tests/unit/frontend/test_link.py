@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from app import wire
-from app.bridge import Snapshot
 from app.errors import DeadlineExceeded, Relayed, Unavailable
 from app.frontend.link import DeviceLink
+from app.snapshot import Snapshot
 
 pytestmark = pytest.mark.asyncio
 
