@@ -178,7 +178,7 @@ class Settings(BaseSettings, BatchSettings):
     )
     frontends: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field(
         "auto", description="front-end processes feeding one device process (1: one process; "
-        "auto: 1 on 4 cores or fewer, else cores - 2)",
+        "auto: 1 on 4 cores or fewer, else cores - 2, at most 8)",
     )
     host: str = Field("127.0.0.1", description="address to bind")
     port: int = Field(8000, ge=0, le=65535, description="port to bind (0: any free port)")

@@ -27,14 +27,19 @@ log = logging.getLogger("batchserve.frontends")
 RESTART_DELAY_S = 1.0
 
 
+# The most front ends ``auto`` starts: past about 8 each sends smaller messages, which cost the
+# one device process more a request than the extra front ends save (docs/benchmarks.md).
+AUTO_LIMIT = 8
+
+
 def frontend_count(setting: int | str, cores: int | None = None) -> int:
     """How many front ends ``frontends`` means on a machine of ``cores`` (this one's): ``auto``
     is 1 up to 4 cores (the model, not the event loop, is the limit there), else cores - 2, two
-    cores left to the device process (docs/frontends.md)."""
+    cores left to the device process, and at most ``AUTO_LIMIT`` (docs/frontends.md)."""
     if setting != "auto":
         return int(setting)
     cores = cores if cores is not None else os.cpu_count() or 1
-    return 1 if cores <= 4 else cores - 2
+    return 1 if cores <= 4 else min(cores - 2, AUTO_LIMIT)
 
 
 class Frontends:

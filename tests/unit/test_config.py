@@ -169,7 +169,8 @@ def test_frontends_is_a_number_or_auto_and_auto_follows_the_cores() -> None:
     with pytest.raises(ConfigError, match="frontends"):
         load_settings(None, {"frontends": "many"})
     assert load_settings(None, {"frontends": "4"}).frontends == 4
-    assert [frontend_count("auto", cores) for cores in (1, 2, 4, 6, 16, 64)] == [1, 1, 1, 4, 14, 62]
+    assert [frontend_count("auto", cores) for cores in (1, 2, 4, 6, 10, 16, 64)] == [
+        1, 1, 1, 4, 8, 8, 8]
     assert frontend_count(3, 64) == 3
 
 
