@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,7 @@ from app.process import freeze_startup_objects, tune_for_serving
 from app.runtime import build_service
 from app.state import ModelState
 from app.wire import STREAM_LIMIT
+from bench.frontends import profiled
 from bench.run import cpu_seconds, instance_for
 
 
@@ -75,10 +77,13 @@ async def device(args: argparse.Namespace) -> list[tuple[float, float, float, fl
             assert child.stdout is not None
             await asyncio.to_thread(child.stdout.readline)
         await asyncio.sleep(args.warmup_s)
-        for _ in range(args.rounds):
+        for i in range(args.rounds):
             n0, t0, b0 = _count(answered), time.monotonic(), _batches(registry, args.workload)
             loop0, all0 = cpu_seconds(os.getpid(), os.getpid()), cpu_seconds(os.getpid())
-            await asyncio.sleep(args.seconds)
+            into = args.profile if i == 0 else None  # py-spy on this process, the first round
+            with profiled(into, os.getpid(), args.seconds, f"device-{args.workload}-"
+                          f"x{args.instances}-k{args.clients}"):
+                await asyncio.sleep(args.seconds)
             n1, t1, b1 = _count(answered), time.monotonic(), _batches(registry, args.workload)
             loop1, all1 = cpu_seconds(os.getpid(), os.getpid()), cpu_seconds(os.getpid())
             n = max(1.0, n1 - n0)
@@ -154,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch-size", type=int, default=256)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--torch-threads", type=int, default=1)
+    p.add_argument("--profile", type=Path, default=None,
+                   help="py-spy's GIL samples of this process in the first round, into this "
+                        "folder (python -m bench.gil_share reads them)")
     p.add_argument("--client-fd", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     tune_for_serving()  # as the device process and each front end do

@@ -24,6 +24,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -104,16 +105,18 @@ def body(workload: str, instances: int, binary: bool) -> Iterator[tuple[str, str
 
 @contextmanager
 def profiled(into: Path | None, pid: int, seconds: float, name: str) -> Iterator[None]:
-    """py-spy's samples of process ``pid`` (each thread's, while not idle) while
-    the block runs, as ``into/name.txt`` (py-spy's raw format, one stack a line); nothing
-    without ``into`` or py-spy."""
-    spy = shutil.which("py-spy") if into is not None else None
+    """py-spy's samples of process ``pid`` while the block runs, each thread's while it holds
+    the GIL (how the device process's event loop and device threads share it), as
+    ``into/name.txt`` (py-spy's raw format, one stack a line); nothing without ``into`` or
+    py-spy."""
+    beside = Path(sys.executable).parent / "py-spy"  # a virtual environment's, not on PATH
+    spy = shutil.which("py-spy") or (str(beside) if beside.exists() else None)
     if spy is None or into is None:
         yield
         return
     into.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--duration",
-                             str(max(1, int(seconds) - 1)), "--rate", "250", "--threads",
+                             str(max(1, int(seconds) - 1)), "--rate", "250", "--threads", "--gil",
                              "--format", "raw", "--nonblocking",
                              "--output", str(into / f"{name}.txt")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

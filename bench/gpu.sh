@@ -5,9 +5,10 @@
 # binary tensors) and minilm, with the GPU's busy share; and the device process alone on mlp
 # (bench.device: its ceiling and CPU a request without HTTP); at c=1, this build against the
 # first GPU run's (bench/ab.sh, both up at once), with one process and with its default front
-# ends. With PROFILE=1, py-spy records the device process at each point of the first curve,
-# into $OUT/profiles.tgz (it slows what it records: one process at c=256 read 3.8 k req/s
-# profiled). Needs .carry/ from `python -m bench.carry` (made here, named in the device call's
+# ends. py-spy records the device process alone in its first round (which thread holds the
+# GIL: bench.gil_share prints it); with PROFILE=1 it also records the device process at each
+# point of the first curve. Profiles go to $OUT/profiles.tgz (py-spy slows what it records:
+# one process at c=256 read 3.8 k req/s profiled). Needs .carry/ from `python -m bench.carry` (made here, named in the device call's
 # carry). On the H100 box each minilm point takes ~30 s (start-up and warm-up), the others
 # ~12-24 s, the c=1 comparison ~90 s: about 8-9 minutes in all (estimated; not yet timed at
 # these defaults), so TESTS= where a call must leave time for another.
@@ -97,8 +98,10 @@ print(json.dumps({"instances": [instance_for("mlp", 0)]}))')
     for n in $DEVICE_INSTANCES; do
       echo "== the device process alone: mlp, $n items a request, 8 synthetic front ends"
       timeout 60 "$PY" -m bench.device --workload mlp --devices "$DEVICES" --clients 8 \
-        --instances "$n" --concurrency 256 --seconds 3 --rounds 1 --warmup-s 2
+        --instances "$n" --concurrency 256 --seconds 3 --rounds 2 --warmup-s 2 \
+        --profile "$OUT/profiles"  # the second round without py-spy
       echo "== device exit $?"
+      "$PY" -m bench.gil_share "$OUT/profiles/device-mlp-x$n-k8.txt"  # loop / device thread
     done
   fi
 }
