@@ -23,7 +23,6 @@ import asyncio
 import itertools
 import logging
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -167,8 +166,8 @@ class Bridge:
             if request is not None:
                 answer = request.future
                 assert isinstance(answer, RowsAnswer)
-                held = zip(repeat(model), repeat(request), answer.log_ids, range(request.count),
-                           strict=False)  # each row: (model, chunk, log id, its row)
+                held = zip(itertools.repeat(model), itertools.repeat(request), answer.log_ids,
+                           range(request.count), strict=False)  # (model, chunk, log id, row)
                 link.waiting.update(zip(answer.rids, held, strict=True))
             for i, refusal in refused:
                 link.outbox.add("results", (rids[i], error_fields(refusal), 0))
