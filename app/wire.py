@@ -39,8 +39,10 @@ _STACKED, _JOINED = "stacked", "joined"  # how ``pack`` holds a list of arrays
 _RAW = "raw"  # a packed entry whose array travels as (frame, dtype, shape): ``encode``, ``read``
 _GROUPED = "_grouped_values"  # a grouped kind's values: one packed entry per group
 # The longest an entry added with ``hold`` waits for a message to go with (a front end's
-# request counts: a scrape of /metrics asks for them at once, app/bridge.py).
-HOLD_S = 0.25
+# request counts: a scrape of /metrics asks for them at once, app/bridge.py). Short, since a
+# front end killed with SIGKILL loses what it holds; a message of their own 20 times a second
+# costs the device process nothing that matters.
+HOLD_S = 0.05
 
 
 def pack(values: list[Any]) -> tuple[Any, ...]:

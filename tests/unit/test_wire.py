@@ -124,9 +124,9 @@ def test_held_entries_go_with_the_next_message_or_after_the_hold() -> None:
         await asyncio.sleep(0)
         along = list(writer.chunks)  # it goes with the next message
         outbox.group("answered", ("m", 200), 0.2, hold=True)
-        await asyncio.sleep(wire.HOLD_S / 2)
-        held = list(writer.chunks)
-        await asyncio.sleep(wire.HOLD_S)
+        await asyncio.sleep(0)
+        held = list(writer.chunks)  # alone again: held
+        await asyncio.sleep(4 * wire.HOLD_S)
         return [alone, along, held, list(writer.chunks)]
 
     alone, along, held, late = asyncio.run(run())
