@@ -65,6 +65,17 @@ def test_minilm_refuses_non_strings() -> None:
         MiniLMHandler().decode(["ok", 3])
 
 
+def test_one_sentence_decodes_as_it_does_among_others() -> None:
+    from app.models.minilm import MiniLMHandler
+
+    handler = MiniLMHandler()
+    sentences = ["Hello, world.", "x " * 400, "", "Batching turns requests into one call."]
+    together = handler.decode(sentences)
+    for sentence, ids in zip(sentences, together, strict=True):
+        alone, = handler.decode([sentence])
+        assert alone.dtype == ids.dtype and alone.tolist() == ids.tolist()
+
+
 @pytest.mark.slow
 def test_minilm_runs_traced_and_equals_eager(caplog: pytest.LogCaptureFixture) -> None:
     from app.models.minilm import MiniLMHandler, _MeanPooled
