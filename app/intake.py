@@ -53,13 +53,9 @@ def admit_rows(model: ServedModel, level: int, rows: Any, deadlines: Sequence[fl
     kept: list[int] | None = None
     refused: list[tuple[int, ServeError]] = []
     if not gate.admit_all(len(deadlines), min(deadlines), now):  # one by one, as admit_all
-        kept = []
-        for i, deadline in enumerate(deadlines):
-            refusal = gate.refusal(1, deadline, now)
-            if refusal is None:
-                kept.append(i)
-            else:
-                refused.append((i, refusal))
+        refusals = [gate.refusal(1, deadline, now) for deadline in deadlines]
+        kept = [i for i, refusal in enumerate(refusals) if refusal is None]
+        refused = [(i, refusal) for i, refusal in enumerate(refusals) if refusal is not None]
         if not kept:
             return None, refused
         rows, deadlines = rows[kept], [deadlines[i] for i in kept]

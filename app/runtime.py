@@ -285,12 +285,6 @@ class InferenceService:
             return "busy"
         return "ready"
 
-    def model_health(self) -> list[dict[str, Any]]:
-        """Every model version's state, for the health check's body."""
-        return [{"model": m.name, "version": m.version, "status": m.health,
-                 "queue_depth": m.queue.depth, "queue_capacity": m.settings.queue_capacity}
-                for m in self.repository.models()]
-
 
 def _settle(future: asyncio.Future[None]) -> Callable[[], None]:
     """A callback that resolves ``future`` (once)."""

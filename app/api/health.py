@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -9,6 +11,7 @@ from starlette.responses import PlainTextResponse, Response
 
 from app.api.deps import ServiceDep
 from app.schemas import ErrorResponse, HealthResponse
+from app.served import ServedModel
 
 router = APIRouter()
 
@@ -35,14 +38,18 @@ def _answer(body: dict[str, object]) -> Response:
 async def health_check(service: ServiceDep, model: str | None = None) -> Response:
     if model is not None:
         served = service.repository.get(model)
-        return _answer({"status": served.health, "model": served.name,
-                        "version": served.version, "queue_depth": served.queue.depth,
-                        "queue_capacity": served.settings.queue_capacity})
-    models = service.model_health()
+        return _answer({"status": served.health, **_model_state(served)})
+    models = [_model_state(m) for m in service.repository.models()]
     return _answer({"status": service.status,
-                    "queue_depth": sum(int(str(m["queue_depth"])) for m in models),
-                    "queue_capacity": sum(int(str(m["queue_capacity"])) for m in models),
+                    "queue_depth": sum(m["queue_depth"] for m in models),
+                    "queue_capacity": sum(m["queue_capacity"] for m in models),
                     "models": models})
+
+
+def _model_state(model: ServedModel) -> dict[str, Any]:
+    """One model version's state, as the health check's body gives it."""
+    return {"model": model.name, "version": model.version, "status": model.health,
+            "queue_depth": model.queue.depth, "queue_capacity": model.settings.queue_capacity}
 
 
 @router.get("/metrics", summary="Prometheus metrics (text exposition format)",

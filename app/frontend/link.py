@@ -120,22 +120,20 @@ class DeviceLink:
         values = wire.values_of(message, "results")
         at = 0
         for rid, error, n in message.get("results", ()):
-            request = self.waiting.pop(rid, None)
-            if request is not None and not request.future.done():
-                request.timer.cancel()
+            future = self._answered(rid)
+            if future is not None:
                 if error is None:
-                    request.future.set_result(values[at:at + n])
+                    future.set_result(values[at:at + n])
                 else:
-                    request.future.set_exception(Relayed(*error))
+                    future.set_exception(Relayed(*error))
             at += n
         # One-row requests answered together: their ids, and their rows as one block.
         for rids, block in zip(message.get("rows", ()), wire.values_of(message, "rows"),
                                strict=True):
             for rid, row in zip(rids, block, strict=True):
-                request = self.waiting.pop(rid, None)
-                if request is not None and not request.future.done():
-                    request.timer.cancel()
-                    request.future.set_result([row])
+                future = self._answered(rid)
+                if future is not None:
+                    future.set_result([row])
         snapshots = message.get("models")
         if snapshots:
             self.snapshot = snapshots[-1]
@@ -147,6 +145,15 @@ class DeviceLink:
             waiter = self._syncs.get(token)
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
+
+    def _answered(self, rid: int) -> asyncio.Future[list[Any]] | None:
+        """The future to resolve with ``rid``'s answer, its deadline off; None if nobody waits
+        for it any more (answered 504 by its deadline, or its client left)."""
+        request = self.waiting.pop(rid, None)
+        if request is None or request.future.done():
+            return None
+        request.timer.cancel()
+        return request.future
 
     def _lost(self) -> None:
         """The device process is gone: everything waiting is answered 503 unhealthy."""

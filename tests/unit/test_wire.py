@@ -44,17 +44,20 @@ def test_packing_joins_arrays_and_they_arrive_writable() -> None:
     assert got[5].flags.writeable and got[5].tolist() == [5.0] * 3
 
 
+class Writer:
+    """An outbox's stream writer: what it was asked to write, a write at a time."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+
 def test_an_outbox_sends_one_message_per_pass_with_its_values_packed_and_grouped() -> None:
-    class Writer:
-        def __init__(self) -> None:
-            self.chunks: list[bytes] = []
-
-        def write(self, data: bytes) -> None:
-            self.chunks.append(data)
-
-        def is_closing(self) -> bool:
-            return False
-
     async def run() -> list[bytes]:
         writer = Writer()
         outbox = wire.Outbox(writer)  # type: ignore[arg-type]
@@ -104,16 +107,6 @@ def roundtrip_bytes(data: bytes) -> dict:
 
 
 def test_held_entries_go_with_the_next_message_or_after_the_hold() -> None:
-    class Writer:
-        def __init__(self) -> None:
-            self.chunks: list[bytes] = []
-
-        def write(self, data: bytes) -> None:
-            self.chunks.append(data)
-
-        def is_closing(self) -> bool:
-            return False
-
     async def run() -> list[list[bytes]]:
         writer = Writer()
         outbox = wire.Outbox(writer)  # type: ignore[arg-type]
