@@ -72,17 +72,14 @@ class Catalog:
     def sources(self) -> dict[str, ModelSource]:
         if self.root is None:
             assert self._handler is not None
-            values = {k: getattr(self.settings, k) for k in BatchSettings.model_fields}
-            source = ModelSource(self._handler.name, ModelSettings(**values),
-                                 {"1": self.settings.model}, handler=self._handler)
-            return {source.name: source}
+            return {self._handler.name: self._single(self._handler.name, None)}
         return {p.name: self.read(p.name) for p in sorted(self.root.iterdir())
                 if p.is_dir() and not p.name.startswith(".")}
 
     def read(self, name: str, override: dict[str, Any] | None = None) -> ModelSource:
         """One model's source; ``override`` (a load request's config) wins over its file."""
         if self.root is None:
-            return self.sources()[name]
+            return self._single(name, override)
         folder = self.root / name
         if not folder.is_dir() or name.startswith("."):
             return ModelSource(name, None, reason="no such model in the repository", missing=True)
@@ -109,6 +106,25 @@ class Catalog:
             return ModelSource(name, settings, versions,
                                reason=f"versions {', '.join(missing)} are not in the repository")
         return source
+
+    def _single(self, name: str, override: dict[str, Any] | None) -> ModelSource:
+        """The ``--model`` setting as a repository of one model. A load's ``config`` goes over
+        what the user set for the server, as a repository model's file does."""
+        assert self._handler is not None
+        if name != self._handler.name:
+            return ModelSource(name, None, missing=True,
+                               reason=f"no such model; this server serves '{self._handler.name}'")
+        if override is None:
+            values = {k: getattr(self.settings, k) for k in BatchSettings.model_fields}
+            return ModelSource(name, ModelSettings(**values), {"1": self.settings.model},
+                               handler=self._handler)
+        try:
+            settings = model_settings(self.settings, {"model": self.settings.model, **override})
+        except ValueError as exc:
+            return ModelSource(name, None, reason=str(exc))
+        same = settings.model == self.settings.model
+        return ModelSource(name, settings, {"1": settings.model},
+                           handler=self._handler if same else None)
 
 
 def _config_values(folder: Path) -> dict[str, Any]:

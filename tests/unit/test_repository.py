@@ -184,6 +184,30 @@ async def test_a_load_with_config_reloads_with_those_settings(tmp_path: Path) ->
         assert repo.names() == ["echo"]  # a name that is not there is not remembered
 
 
+async def test_the_single_model_setting_is_a_repository_of_one() -> None:
+    settings = make_settings(model="linear", model_control_mode="explicit",
+                             load_model=["linear"], queue_capacity=64)
+    service = build_service(settings)
+    await service.start()
+    try:
+        repo = service.repository
+        await wait_until(lambda: not repo.starting, "start-up loads done")
+        with pytest.raises(InvalidInput, match="no such model; this server serves 'linear'"):
+            await repo.load("0")
+        assert repo.names() == ["linear"]
+        await repo.load("linear", {"max_batch_size": 3})
+        reloaded = repo.get("linear")
+        assert reloaded.batch_limit == 3 and reloaded.settings.queue_capacity == 64
+        with pytest.raises(InvalidInput, match="max_batch_sise: Extra inputs"):
+            await repo.load("linear", {"max_batch_sise": 3})
+        assert repo.get("linear") is reloaded  # the failed reload left it serving
+        assert len(await call(service, "linear", [[1.0, 2.0, 3.0, 4.0]])) == 1
+        await repo.unload("0")  # not loaded: nothing to do, as for any name
+        assert repo.names() == ["linear"]
+    finally:
+        await service.stop(timeout_s=30)
+
+
 async def test_per_model_metrics_carry_the_model(tmp_path: Path) -> None:
     write_config(tmp_path, "a", 'model = "tests.fakes:EchoHandler"\n')
     write_config(tmp_path, "b", 'model = "tests.fakes:EchoHandler"\n')

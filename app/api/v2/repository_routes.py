@@ -66,7 +66,8 @@ async def index(request: Request, service: ServiceDep) -> Response:
 
 
 @router.post("/models/{name}/load", summary="Load or reload a model; answers once it is ready",
-             responses=_ERRORS)
+             response_class=Response,
+             responses={200: {"description": "ready (no body, as in Triton)"}, **_ERRORS})
 async def load(request: Request, service: ServiceDep, name: str) -> Response:
     check_auth(request.headers.get("authorization"), service.settings.api_key)
     config = _config(_parameters(await _body(request)))
@@ -76,7 +77,8 @@ async def load(request: Request, service: ServiceDep, name: str) -> Response:
 
 @router.post("/models/{name}/unload",
              summary="Unload a model: answers once its admitted requests are answered",
-             responses=_ERRORS)
+             response_class=Response,
+             responses={200: {"description": "unloaded, or not loaded (no body)"}, **_ERRORS})
 async def unload(request: Request, service: ServiceDep, name: str) -> Response:
     check_auth(request.headers.get("authorization"), service.settings.api_key)
     params = _parameters(await _body(request))

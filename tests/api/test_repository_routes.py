@@ -1,0 +1,33 @@
+"""Triton's repository extension over HTTP, as a client that reads the OpenAPI document sees it
+(schemathesis ST101, ST104, ST109 against a single-model server in explicit mode)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import app_client, make_settings
+
+pytestmark = pytest.mark.asyncio
+
+EXPLICIT = {"model_control_mode": "explicit", "load_model": ["linear"]}
+
+
+async def test_a_name_the_server_does_not_serve_is_a_400_naming_it() -> None:
+    async with app_client(make_settings(**EXPLICIT)) as client:
+        answer = await client.post("/v2/repository/models/0/load")
+        index = (await client.post("/v2/repository/index")).json()
+    assert answer.status_code == 400
+    assert answer.json() == {
+        "error": "failed to load '0': no such model; this server serves 'linear'"}
+    assert [e["name"] for e in index] == ["linear"]
+
+
+@pytest.mark.parametrize("action", ["load", "unload"])
+async def test_load_and_unload_answer_as_documented(action: str) -> None:
+    async with app_client(make_settings(**EXPLICIT)) as client:
+        answer = await client.post(f"/v2/repository/models/linear/{action}")
+        schema = (await client.get("/openapi.json")).json()
+    documented = schema["paths"][f"/v2/repository/models/{{name}}/{action}"]["post"]["responses"]
+    assert answer.status_code == 200 and answer.content == b""
+    assert "content" not in documented["200"]  # no body, as in Triton
+    assert "application/json" in documented["400"]["content"]
