@@ -11,6 +11,10 @@ the device process answered, and its CPU per request, the event loop's and the w
 process's (loop, device threads, decode pool).
 
     python -m bench.device --workload linear --concurrency 256 --seconds 5 --rounds 3
+
+``--workload minilm`` serves ``minilm_stand_in``: MiniLM's handler (token ids of each length as
+items, padded into a batch) with a forward that only averages the ids, so that on the CPU what
+is measured is the device process, not the encoder.
 """
 
 from __future__ import annotations
@@ -27,12 +31,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import uvloop
 
 from app.bridge import Bridge
 from app.config import Settings
 from app.errors import ServeError
 from app.frontend.link import DeviceLink
+from app.models.base import Replica
+from app.models.minilm import MiniLMHandler
 from app.process import freeze_startup_objects, tune_for_serving
 from app.runtime import build_service
 from app.state import ModelState
@@ -41,8 +48,24 @@ from bench.frontends import profiled
 from bench.run import cpu_seconds, instance_for
 
 
+class _StandIn(MiniLMHandler):
+    """MiniLM's items, collate and output shape; a forward that costs next to nothing."""
+
+    def load(self, device: torch.device) -> Replica:
+        def replica(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+            ids = batch["input_ids"].to(device, dtype=torch.float32)
+            return ids.mean(dim=1, keepdim=True).expand(-1, 384)
+
+        return replica
+
+
+def minilm_stand_in() -> MiniLMHandler:
+    return _StandIn()
+
+
 def settings_for(args: argparse.Namespace) -> Settings:
-    return Settings(model=args.workload, devices=args.devices, max_batch_size=args.max_batch_size,
+    model = "bench.device:minilm_stand_in" if args.workload == "minilm" else args.workload
+    return Settings(model=model, devices=args.devices, max_batch_size=args.max_batch_size,
                     max_wait_ms=args.max_wait_ms, torch_threads=args.torch_threads,
                     queue_capacity=max(4096, args.concurrency * args.instances),
                     max_instances=max(256, args.instances), grpc_port=0)
@@ -125,11 +148,15 @@ async def client(args: argparse.Namespace) -> None:
     print("linked", flush=True)
     versions = link.snapshot.served[args.workload]
     version = next(iter(versions))
-    rows = np.asarray([instance_for(args.workload, i) for i in range(args.instances)],
-                      dtype=np.float32)
-    items = list(rows)
 
-    async def loop() -> None:
+    def items(first: int) -> list[Any]:
+        """A request's items, from instance ``first`` on (sentences differ in length)."""
+        values = [instance_for(args.workload, first + i) for i in range(args.instances)]
+        if args.workload == "minilm":
+            return MiniLMHandler().decode(values)
+        return list(np.asarray(values, dtype=np.float32))
+
+    async def loop(items: list[Any]) -> None:
         while True:
             start = time.monotonic()
             request = link.submit((args.workload, version, 1), start + 30.0, None, items)
@@ -142,12 +169,12 @@ async def client(args: argparse.Namespace) -> None:
             link.tally("answered", (args.workload, version, 200, "http"),
                        time.monotonic() - start)
 
-    await asyncio.gather(*(loop() for _ in range(args.concurrency)))
+    await asyncio.gather(*(loop(items(j)) for j in range(args.concurrency)))
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workload", choices=["linear", "mlp"], default="linear")
+    p.add_argument("--workload", choices=["linear", "mlp", "minilm"], default="linear")
     p.add_argument("--concurrency", type=int, default=256, help="requests in flight (256)")
     p.add_argument("--clients", type=int, default=1,
                    help="synthetic front ends, the concurrency shared between them (1)")

@@ -103,6 +103,11 @@ print(json.dumps({"instances": [instance_for("mlp", 0)]}))')
       echo "== device exit $?"
       "$PY" -m bench.gil_share "$OUT/profiles/device-mlp-x$n-k8.txt"  # loop / device thread
     done
+    echo "== the device process alone: minilm's items, a stand-in forward, 8 front ends"
+    timeout 60 "$PY" -m bench.device --workload minilm --devices "$DEVICES" --clients 8 \
+      --concurrency 256 --seconds 3 --rounds 2 --warmup-s 2 --profile "$OUT/profiles"
+    echo "== device exit $?"
+    "$PY" -m bench.gil_share "$OUT/profiles/device-minilm-x1-k8.txt"
   fi
 }
 

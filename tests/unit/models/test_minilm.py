@@ -7,6 +7,7 @@ import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -74,6 +75,18 @@ def test_one_sentence_decodes_as_it_does_among_others() -> None:
     for sentence, ids in zip(sentences, together, strict=True):
         alone, = handler.decode([sentence])
         assert alone.dtype == ids.dtype and alone.tolist() == ids.tolist()
+
+
+def test_a_batch_is_padded_to_its_longest_item_and_masked() -> None:
+    from app.models.minilm import MiniLMHandler
+
+    items = [np.array([101, 7, 102]), np.array([101, 102]), np.array([101, 5, 6, 7, 102])]
+    batch = MiniLMHandler().collate(items)
+    assert batch["input_ids"].tolist() == [[101, 7, 102, 0, 0], [101, 102, 0, 0, 0],
+                                           [101, 5, 6, 7, 102]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 0, 0], [1, 1, 0, 0, 0],
+                                                [1, 1, 1, 1, 1]]
+    assert batch["input_ids"].dtype == batch["attention_mask"].dtype == torch.int64
 
 
 @pytest.mark.slow
