@@ -17,11 +17,13 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 from urllib.parse import quote
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError, Message
 
 from app.api.access import RequestIds
 from app.api.auth import check_auth
@@ -81,6 +83,8 @@ class Calls:
             code = grpc.StatusCode.OK
             trailers: list[tuple[str, str]] = [("x-request-id", rid)]
             try:
+                if type(request) is Malformed:
+                    raise InvalidInput(request.message)
                 return await method(servicer, request, context, metadata)
             except ServeError as exc:
                 code = code_of(exc.status)
@@ -112,13 +116,32 @@ class Calls:
 calls = Calls()
 
 
+@dataclass(frozen=True)
+class Malformed:
+    """A request whose bytes do not parse as its message: ``Calls.rpc`` answers it
+    INVALID_ARGUMENT. (A deserializer that raises makes gRPC answer UNKNOWN with the Python
+    exception's name, and log a traceback.)"""
+
+    message: str
+
+
+def _parser(message: type[Message]) -> Callable[[bytes], Message | Malformed]:
+    def parse(data: bytes) -> Message | Malformed:
+        try:
+            return message.FromString(data)
+        except DecodeError:
+            return Malformed(f"the request is not a valid {message.DESCRIPTOR.full_name} message")
+
+    return parse
+
+
 def method_table(servicer: Any) -> grpc.GenericRpcHandler:
     """The service as gRPC serves it: each method ``inference.proto`` declares, answered by the
     servicer's method of that name, its messages (de)serialized by their generated classes."""
     handlers = {
         method.name: grpc.unary_unary_rpc_method_handler(
             getattr(servicer, method.name),
-            request_deserializer=getattr(pb, method.input_type.name).FromString,
+            request_deserializer=_parser(getattr(pb, method.input_type.name)),
             response_serializer=getattr(pb, method.output_type.name).SerializeToString)
         for method in SERVICE.methods
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import signal
 from collections.abc import Iterator
@@ -190,6 +191,21 @@ def test_client_mistakes_are_invalid_argument(server: LiveServer, build: object,
     assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
     assert re.search(message, failed.value.details())  # type: ignore[attr-defined]
     assert refused() - before == 1
+
+
+@pytest.mark.parametrize("method", ["ModelInfer", "ServerLive", "RepositoryModelLoad"])
+def test_bytes_that_are_not_the_message_are_invalid_argument(
+        server: LiveServer, method: str, caplog: pytest.LogCaptureFixture) -> None:
+    assert server.grpc_url is not None
+    call = grpc.insecure_channel(server.grpc_url).unary_unary(
+        f"/inference.GRPCInferenceService/{method}",
+        request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    with pytest.raises(grpc.RpcError) as failed:
+        call(b"\x12\xe9li/ear", timeout=10)  # a length past the end of the bytes
+    assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert failed.value.details() == (  # type: ignore[attr-defined]
+        f"the request is not a valid inference.{method}Request message")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # no traceback
 
 
 def test_priority_and_timeout_parameters(server: LiveServer) -> None:
