@@ -11,9 +11,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from app.errors import ServeError
 from app.grpc.control import Control
-from app.grpc.service import SERVICE, Metadata, calls, metadata_of
+from app.grpc.service import SERVICE, Malformed, Metadata, calls, metadata_of
 
 WATCH_EVERY_S = 1.0  # how often a Watch reads the status it streams
+HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"]
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
@@ -43,6 +44,8 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
                     context: grpc.aio.ServicerContext
                     ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
         """The status now, then each change, until the client leaves."""
+        if type(request) is Malformed:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         last = None
         metadata = metadata_of(context)
         while True:

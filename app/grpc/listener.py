@@ -17,13 +17,13 @@ from contextlib import contextmanager
 
 import grpc
 import httpx
-from grpc_health.v1 import health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from app.api.inference import Serving
 from app.config import Settings
 from app.errors import ConfigError
 from app.grpc.control import Control
-from app.grpc.healthcheck import HealthServicer
+from app.grpc.healthcheck import HEALTH, HealthServicer
 from app.grpc.service import InferenceServicer, method_table
 
 
@@ -88,9 +88,9 @@ class GrpcListener:
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             ("grpc.max_send_message_length", -1),
         ])
-        server.add_generic_rpc_handlers((method_table(InferenceServicer(self.service,
-                                                                          control)),))
-        health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(control), server)
+        server.add_generic_rpc_handlers((
+            method_table(InferenceServicer(self.service, control)),
+            method_table(HealthServicer(control), HEALTH, health_pb2)))
         where = address(settings.host, settings.grpc_port)
         try:
             server.add_insecure_port(where)

@@ -18,11 +18,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, TypeAlias, TypeVar
 from urllib.parse import quote
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from app.api.access import RequestIds
@@ -135,17 +137,20 @@ def _parser(message: type[Message]) -> Callable[[bytes], Message | Malformed]:
     return parse
 
 
-def method_table(servicer: Any) -> grpc.GenericRpcHandler:
-    """The service as gRPC serves it: each method ``inference.proto`` declares, answered by the
-    servicer's method of that name, its messages (de)serialized by their generated classes."""
-    handlers = {
-        method.name: grpc.unary_unary_rpc_method_handler(
+def method_table(servicer: Any, service: ServiceDescriptor = SERVICE,
+                 messages: ModuleType = pb) -> grpc.GenericRpcHandler:
+    """``service`` as gRPC serves it: each method it declares, answered by the servicer's method
+    of that name, its messages (de)serialized by their generated classes in ``messages``; a
+    request that does not parse reaches the method as ``Malformed``."""
+    handlers = {}
+    for method in service.methods:
+        kind = (grpc.unary_stream_rpc_method_handler if method.server_streaming
+                else grpc.unary_unary_rpc_method_handler)
+        handlers[method.name] = kind(
             getattr(servicer, method.name),
-            request_deserializer=_parser(getattr(pb, method.input_type.name)),
-            response_serializer=getattr(pb, method.output_type.name).SerializeToString)
-        for method in SERVICE.methods
-    }
-    return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
+            request_deserializer=_parser(getattr(messages, method.input_type.name)),
+            response_serializer=getattr(messages, method.output_type.name).SerializeToString)
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
 
 class InferenceServicer:

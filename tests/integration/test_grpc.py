@@ -193,18 +193,26 @@ def test_client_mistakes_are_invalid_argument(server: LiveServer, build: object,
     assert refused() - before == 1
 
 
-@pytest.mark.parametrize("method", ["ModelInfer", "ServerLive", "RepositoryModelLoad"])
+@pytest.mark.parametrize(("path", "message"), [
+    ("inference.GRPCInferenceService/ModelInfer", "inference.ModelInferRequest"),
+    ("inference.GRPCInferenceService/ServerLive", "inference.ServerLiveRequest"),
+    ("inference.GRPCInferenceService/RepositoryModelLoad", "inference.RepositoryModelLoadRequest"),
+    ("grpc.health.v1.Health/Check", "grpc.health.v1.HealthCheckRequest"),
+    ("grpc.health.v1.Health/Watch", "grpc.health.v1.HealthCheckRequest"),
+])
 def test_bytes_that_are_not_the_message_are_invalid_argument(
-        server: LiveServer, method: str, caplog: pytest.LogCaptureFixture) -> None:
+        server: LiveServer, path: str, message: str, caplog: pytest.LogCaptureFixture) -> None:
     assert server.grpc_url is not None
-    call = grpc.insecure_channel(server.grpc_url).unary_unary(
-        f"/inference.GRPCInferenceService/{method}",
-        request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    channel = grpc.insecure_channel(server.grpc_url)
+    kind = channel.unary_stream if path.endswith("Watch") else channel.unary_unary
+    call = kind(f"/{path}", request_serializer=lambda b: b, response_deserializer=lambda b: b)
     with pytest.raises(grpc.RpcError) as failed:
-        call(b"\x12\xe9li/ear", timeout=10)  # a length past the end of the bytes
+        answer = call(b"\x12\xe9li/ear", timeout=10)  # a length past the end of the bytes
+        if path.endswith("Watch"):  # a stream: the status comes with its first read
+            next(iter(answer))
     assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
     assert failed.value.details() == (  # type: ignore[attr-defined]
-        f"the request is not a valid inference.{method}Request message")
+        f"the request is not a valid {message} message")
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # no traceback
 
 
