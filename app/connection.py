@@ -82,18 +82,38 @@ class OneWriteCycle(RequestResponseCycle):
             held.flush()
 
 
+# The most bytes a request line and its headers may take (uvicorn's httptools protocol sets no
+# bound: a client could make the server hold gigabytes of one header). Node allows 16 KiB,
+# nginx 32 KiB; this is past both, for large tokens and cookies.
+MAX_HEAD_BYTES = 64 * 1024
+
+
 class OneWriteProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with ``OneWriteCycle`` for every request, and a bound on how
-    long a request may take to arrive: a client that stalls in its headers or body is answered
-    408 and its connection closed, so slow clients cannot hold the server's connections
-    (``protocol_for`` sets the bound)."""
+    """uvicorn's httptools protocol with ``OneWriteCycle`` for every request, a bound on how
+    long a request may take to arrive, and one on the size of its head: a client that stalls in
+    its headers or body is answered 408, one whose headers pass ``MAX_HEAD_BYTES`` 431, and its
+    connection closed, so slow or hostile clients cannot hold the server's connections or memory
+    (``protocol_for`` sets the time bound)."""
 
     read_timeout_s: float | None = None
     _read_timer: asyncio.TimerHandle | None = None
+    _in_head = True  # what arrives now is a request's line and headers
+    _head_bytes = 0  # received since the last request's headers were whole
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         self._start_read_timer({})  # a connection that never sends a request is cut off too
+
+    def data_received(self, data: bytes) -> None:
+        counted = self._in_head
+        if counted:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if counted and self._in_head and self._head_bytes > MAX_HEAD_BYTES:
+            self._cancel_read_timer()
+            self._refuse(431, "Request Header Fields Too Large", "headers_too_large",
+                         f"the request's line and headers are over {MAX_HEAD_BYTES} bytes",
+                         getattr(self, "url", b"").decode("latin-1"))  # the path as it came
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -106,12 +126,14 @@ class OneWriteProtocol(HttpToolsProtocol):
                                                     scope)
 
     def on_headers_complete(self) -> None:
+        self._in_head, self._head_bytes = False, 0
         super().on_headers_complete()
         if type(self.cycle) is RequestResponseCycle:
             self.cycle.__class__ = OneWriteCycle
 
     def on_message_complete(self) -> None:
         self._cancel_read_timer()
+        self._in_head = True  # a next request's head may follow
         super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -132,12 +154,19 @@ class OneWriteProtocol(HttpToolsProtocol):
         scope[READ_TIMED_OUT] = True
         cycle = self.cycle
         if cycle is None or cycle.scope is not scope or not cycle.response_started:
-            fmt = V2 if str(scope.get("path", "")).startswith("/v2/") else BATCHSERVE
-            body = fmt.render(408, "request_timeout",
-                              f"the request did not arrive within {self.read_timeout_s:g} s").body
-            self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json"
-                                 b"\r\nconnection: close\r\ncontent-length: "
-                                 + str(len(body)).encode() + b"\r\n\r\n" + bytes(body))
+            self._refuse(408, "Request Timeout", "request_timeout",
+                         f"the request did not arrive within {self.read_timeout_s:g} s",
+                         str(scope.get("path", "")))
+        else:
+            self.transport.close()
+
+    def _refuse(self, status: int, reason: str, kind: str, message: str, path: str) -> None:
+        """Answer ``status`` in the error format of the route ``path`` names, and close."""
+        fmt = V2 if path.startswith("/v2/") else BATCHSERVE
+        body = bytes(fmt.render(status, kind, message).body)
+        self.transport.write(f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+                             f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
+                             .encode() + body)
         self.transport.close()
 
 

@@ -11,7 +11,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from app.api.inference import READ_TIMED_OUT
-from app.connection import OneWriteProtocol, protocol_for
+from app.connection import MAX_HEAD_BYTES, OneWriteProtocol, protocol_for
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.asyncio
@@ -190,3 +190,45 @@ async def test_a_request_that_arrives_in_time_is_not_cut_off_while_the_app_works
     protocol, transport = connect(protocol_for(0.05), slow)
     await wait_until(lambda: protocol.cycle.response_complete, "the response")
     assert transport.writes[0].startswith(b"HTTP/1.1 200 OK") and "close" not in transport.events
+
+
+@pytest.mark.parametrize(("path", "error"), [
+    (b"/predict", b'{"error":{"type":"headers_too_large","message":"the request\'s line and '
+                  b'headers are over 65536 bytes"}}'),
+    (b"/v2/models/linear/infer", b'{"error":"the request\'s line and headers are over 65536 '
+                                 b'bytes"}'),
+])
+async def test_headers_past_the_bound_get_431_and_the_connection_is_closed(
+        path: bytes, error: bytes) -> None:
+    head = b"POST " + path + b" HTTP/1.1\r\nx-big: "
+    protocol, transport = connect(OneWriteProtocol, answer, head)
+    value = b"a" * (MAX_HEAD_BYTES - len(head))
+    for at in range(0, len(value), 4096):  # the head grows to the bound, in pieces
+        protocol.data_received(value[at:at + 4096])
+    assert transport.events == [] and protocol.cycle is None  # at the bound: still reading
+    protocol.data_received(b"a")
+    (written,) = transport.writes
+    assert written.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
+    assert written.endswith(b"\r\n\r\n" + error) and transport.events[-1] == "close"
+
+
+async def test_bodies_and_many_requests_on_a_connection_are_not_counted_as_headers() -> None:
+    body = b"[" + b"1," * MAX_HEAD_BYTES + b"1]"  # past the bound, as a body
+    request = b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (
+        len(body), body)
+    transport = await exchange(OneWriteProtocol, answer, request)
+    assert transport.writes[0].startswith(b"HTTP/1.1 200 OK")
+    protocol, transport = connect(OneWriteProtocol, answer)
+    head = b"POST /predict HTTP/1.1\r\nhost: x\r\nx-pad: " + b"a" * 40000 + b"\r\n"
+    for _ in range(3):  # each head under the bound, together past it
+        await wait_until(lambda: protocol.cycle.response_complete, "the response")
+        protocol.data_received(head + b"content-length: 2\r\n\r\n{}")
+    await wait_until(lambda: protocol.cycle.response_complete, "the response")
+    assert [w[:15] for w in transport.writes] == [b"HTTP/1.1 200 OK"] * 4
+
+
+async def test_the_bound_holds_for_each_request_of_a_connection() -> None:
+    protocol, transport = connect(OneWriteProtocol, answer)
+    await wait_until(lambda: protocol.cycle.response_complete, "the first response")
+    protocol.data_received(b"POST /predict HTTP/1.1\r\nx-big: " + b"a" * MAX_HEAD_BYTES)
+    assert transport.writes[-1].startswith(b"HTTP/1.1 431 ") and transport.events[-1] == "close"
