@@ -143,9 +143,10 @@ class ModelQueue:
             target = anchor if anchor is not None else lengths[0]
             urgent = [item.request.deadline <= due for _, _, item in seen]
             chosen = similar(seen, lengths, target, urgent, limit, max_tokens, held)
-            picked = {id(entry[2]) for entry in chosen}
+            everything = len(chosen) == sum(map(len, self._staged))  # then no search to do
+            picked = set() if everything else {id(entry[2]) for entry in chosen}
             for level, staged in enumerate(self._staged):
-                kept = [i for i in staged if id(i) not in picked]
+                kept = [] if everything else [i for i in staged if id(i) not in picked]
                 self._taken[level] += len(staged) - len(kept)
                 staged.clear()
                 staged.extend(kept)

@@ -16,6 +16,17 @@ def similar(seen: list[Waiting], lengths: list[int], target: int, urgent: list[b
     lengths closest to the target, then age, while the batch stays within ``limit`` items and
     ``max_tokens`` padded tokens (a lone item is taken whatever its length). ``held``: (items,
     longest) already in the batch this adds to. Returned in queue order."""
+    count, longest = held
+    n = count + len(seen)
+    if seen and len(seen) <= limit and (max_tokens is None or n <= 1
+                               or max(longest, *lengths) * n <= max_tokens):
+        return list(seen)  # all of them fit: no order to choose by (the usual case)
+    return _closest(seen, lengths, target, urgent, limit, max_tokens, held)
+
+
+def _closest(seen: list[Waiting], lengths: list[int], target: int, urgent: list[bool],
+             limit: int, max_tokens: int | None, held: tuple[int, int]) -> list[Waiting]:
+    """``similar``'s choice, item by item in the order it prefers."""
     order = sorted(range(len(seen)), key=lambda i: (seen[i][0], not urgent[i],
                                                     abs(lengths[i] - target), seen[i][1]))
     chosen: list[int] = []

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from app.scheduler.lengths import similar
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.scheduler.lengths import _closest, similar
 
 
 def waiting(*lengths: int, level: int = 0) -> list[tuple[int, int, str]]:
@@ -34,3 +37,19 @@ def test_a_batch_being_filled_counts_what_it_holds() -> None:
     chosen = similar(waiting(*lengths), lengths, 30, [False] * 2, limit=4, max_tokens=100,
                      held=(2, 30))
     assert len(chosen) == 1  # 4 x 30 > 100: only a third fits beside the two held
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(1, 300), st.booleans()), max_size=12),
+       st.integers(0, 14), st.none() | st.integers(1, 2000), st.integers(0, 4),
+       st.integers(0, 300), st.integers(1, 300))
+def test_taking_all_at_once_is_what_the_item_by_item_choice_takes(
+        entries: list[tuple[int, int, bool]], limit: int, max_tokens: int | None,
+        held_items: int, held_longest: int, target: int) -> None:
+    entries.sort(key=lambda e: e[0])  # queue order: by level, then age
+    seen = [(level, age, f"item{age}") for age, (level, _, _) in enumerate(entries)]
+    lengths = [length for _, length, _ in entries]
+    urgent = [due for _, _, due in entries]
+    held = (held_items, held_longest if held_items else 0)
+    assert similar(seen, lengths, target, urgent, limit, max_tokens, held) == _closest(
+        seen, lengths, target, urgent, limit, max_tokens, held)
