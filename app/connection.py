@@ -109,7 +109,8 @@ class OneWriteProtocol(HttpToolsProtocol):
         if counted:
             self._head_bytes += len(data)
         super().data_received(data)
-        if counted and self._in_head and self._head_bytes > MAX_HEAD_BYTES:
+        if (counted and self._in_head and self._head_bytes > MAX_HEAD_BYTES
+                and not self.transport.is_closing()):  # not after uvicorn's own 400
             self._cancel_read_timer()
             self._refuse(431, "Request Header Fields Too Large", "headers_too_large",
                          f"the request's line and headers are over {MAX_HEAD_BYTES} bytes",

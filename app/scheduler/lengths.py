@@ -18,8 +18,8 @@ def similar(seen: list[Waiting], lengths: list[int], target: int, urgent: list[b
     longest) already in the batch this adds to. Returned in queue order."""
     count, longest = held
     n = count + len(seen)
-    if seen and len(seen) <= limit and (max_tokens is None or n <= 1
-                               or max(longest, *lengths) * n <= max_tokens):
+    if seen and len(seen) <= limit and (
+            max_tokens is None or n <= 1 or max(longest, *lengths) * n <= max_tokens):
         return list(seen)  # all of them fit: no order to choose by (the usual case)
     return _closest(seen, lengths, target, urgent, limit, max_tokens, held)
 

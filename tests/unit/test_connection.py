@@ -232,3 +232,9 @@ async def test_the_bound_holds_for_each_request_of_a_connection() -> None:
     await wait_until(lambda: protocol.cycle.response_complete, "the first response")
     protocol.data_received(b"POST /predict HTTP/1.1\r\nx-big: " + b"a" * MAX_HEAD_BYTES)
     assert transport.writes[-1].startswith(b"HTTP/1.1 431 ") and transport.events[-1] == "close"
+
+
+async def test_bytes_that_are_no_request_get_uvicorns_400_alone() -> None:
+    _, transport = connect(OneWriteProtocol, answer, b"\x16\x03\x01" * MAX_HEAD_BYTES)
+    (written,) = transport.writes  # no 431 after it
+    assert written.startswith(b"HTTP/1.1 400 ") and transport.events[-1] == "close"
