@@ -2,16 +2,18 @@
 # The GPU run, in one command on a lent GPU machine (docs/benchmarks.md, "GPU"): the tests with
 # CUDA present, the model alone at GPU batch sizes, then the front-end curve (docs/frontends.md):
 # N = 1, 2, 4, 8, 14 front ends at c=256 on mlp (1 JSON instance a request; 32 instances as v2
-# binary tensors) and minilm, with the GPU's busy share; and the device process alone on mlp
-# (bench.device: its ceiling and CPU a request without HTTP); at c=1, this build against the
-# first GPU run's (bench/ab.sh, both up at once), with one process and with its default front
-# ends. py-spy records the device process alone in its first round (which thread holds the
-# GIL: bench.gil_share prints it); with PROFILE=1 it also records the device process at each
-# point of the first curve. Profiles go to $OUT/profiles.tgz (py-spy slows what it records:
-# one process at c=256 read 3.8 k req/s profiled). Needs .carry/ from `python -m bench.carry` (made here, named in the device call's
+# binary tensors) and minilm, with the GPU's busy share; right after the first curve, the
+# device process alone (bench.device on mlp and on minilm's items: its ceiling and CPU a
+# request without HTTP, and which thread holds the GIL, printed by bench.gil_share: what the
+# next change depends on); last, at c=1, this build against the first GPU run's (bench/ab.sh,
+# both up at once), with one process and with its default front ends. With PROFILE=1 py-spy
+# also records the device process at each point of the first curve. Profiles go to
+# $OUT/profiles.tgz (py-spy slows what it records: one process at c=256 read 3.8 k req/s
+# profiled). Needs .carry/ from `python -m bench.carry` (made here, named in the device call's
 # carry). On the H100 box each minilm point takes ~30 s (start-up and warm-up), the others
-# ~12-24 s, the c=1 comparison ~90 s: about 8-9 minutes in all (estimated; not yet timed at
-# these defaults), so TESTS= where a call must leave time for another.
+# ~12-24 s, the c=1 comparison ~90 s, the device process ~20 s a run: about 8-9 minutes with
+# the tests (estimated; not yet timed at these defaults), so TESTS= where a call must leave
+# time for another.
 #
 #   on the device:  bash bench/gpu.sh            (logs and result JSON go to $OUT)
 #   dry run here:   INSTALL=0 PY=.venv/bin/python DEVICES=cpu FRONTENDS=1,2 OUT=/tmp/gpu \
@@ -58,6 +60,39 @@ curve() {  # name, seconds it may take, then bench.frontends flags
   echo "== curve exit $?"
 }
 
+device_alone() {  # bench.device on mlp (x1, x32) and on minilm's items, with GIL shares
+  if [[ " $CURVES " == *" device "* ]]; then
+    for n in $DEVICE_INSTANCES; do
+      echo "== the device process alone: mlp, $n items a request, 8 synthetic front ends"
+      timeout 60 "$PY" -m bench.device --workload mlp --devices "$DEVICES" --clients 8 \
+        --instances "$n" --concurrency 256 --seconds 3 --rounds 2 --warmup-s 2 \
+        --profile "$OUT/profiles"  # the second round without py-spy
+      echo "== device exit $?"
+      "$PY" -m bench.gil_share "$OUT/profiles/device-mlp-x$n-k8.txt"  # loop / device thread
+    done
+    echo "== the device process alone: minilm's items, a stand-in forward, 8 front ends"
+    timeout 60 "$PY" -m bench.device --workload minilm --devices "$DEVICES" --clients 8 \
+      --concurrency 256 --seconds 3 --rounds 2 --warmup-s 2 --profile "$OUT/profiles"
+    echo "== device exit $?"
+    "$PY" -m bench.gil_share "$OUT/profiles/device-minilm-x1-k8.txt"
+  fi
+}
+
+c1_compare() {  # c=1: the first GPU run's build against this one
+  if [[ " $CURVES " == *" c1 "* ]] && [ -f .carry/first-gpu-build.tar.gz ]; then
+    rm -rf /tmp/first-gpu-build && mkdir /tmp/first-gpu-build
+    tar -xzf .carry/first-gpu-build.tar.gz -C /tmp/first-gpu-build
+    body=$("$PY" -c 'import json; from bench.run import instance_for
+print(json.dumps({"instances": [instance_for("mlp", 0)]}))')
+    for f in 1 auto; do
+      echo "== c=1, mlp: the first GPU run's build (one process) against this one (--frontends $f)"
+      N=3 C=1 W=mlp D="$DEVICES" PIN=0 PY="$PY" OLD_F= NEW_F=$f BODY=$body timeout 100 \
+        bash bench/ab.sh /tmp/first-gpu-build .
+      echo "== c1 exit $?"
+    done
+  fi
+}
+
 main() {
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total \
     --format=csv
@@ -78,37 +113,12 @@ main() {
   local profile=()
   [ "$PROFILE" = 1 ] && profile=(--profile "$OUT/profiles")
   curve mlp-json 130 --workload mlp --max-batch-size 256 --concurrency 1,256 "${profile[@]}"
+  device_alone  # early: which thread holds the GIL decides the next change
   curve mlp-binary32 130 --workload mlp --max-batch-size 256 --instances 32 --binary \
     --queue-capacity 16384 \
     --concurrency 256
   curve minilm 170 --workload minilm --max-batch-size 128 --concurrency 256
-  if [[ " $CURVES " == *" c1 "* ]] && [ -f .carry/first-gpu-build.tar.gz ]; then
-    rm -rf /tmp/first-gpu-build && mkdir /tmp/first-gpu-build
-    tar -xzf .carry/first-gpu-build.tar.gz -C /tmp/first-gpu-build
-    body=$("$PY" -c 'import json; from bench.run import instance_for
-print(json.dumps({"instances": [instance_for("mlp", 0)]}))')
-    for f in 1 auto; do
-      echo "== c=1, mlp: the first GPU run's build (one process) against this one (--frontends $f)"
-      N=3 C=1 W=mlp D="$DEVICES" PIN=0 PY="$PY" OLD_F= NEW_F=$f BODY=$body timeout 100 \
-        bash bench/ab.sh /tmp/first-gpu-build .
-      echo "== c1 exit $?"
-    done
-  fi
-  if [[ " $CURVES " == *" device "* ]]; then
-    for n in $DEVICE_INSTANCES; do
-      echo "== the device process alone: mlp, $n items a request, 8 synthetic front ends"
-      timeout 60 "$PY" -m bench.device --workload mlp --devices "$DEVICES" --clients 8 \
-        --instances "$n" --concurrency 256 --seconds 3 --rounds 2 --warmup-s 2 \
-        --profile "$OUT/profiles"  # the second round without py-spy
-      echo "== device exit $?"
-      "$PY" -m bench.gil_share "$OUT/profiles/device-mlp-x$n-k8.txt"  # loop / device thread
-    done
-    echo "== the device process alone: minilm's items, a stand-in forward, 8 front ends"
-    timeout 60 "$PY" -m bench.device --workload minilm --devices "$DEVICES" --clients 8 \
-      --concurrency 256 --seconds 3 --rounds 2 --warmup-s 2 --profile "$OUT/profiles"
-    echo "== device exit $?"
-    "$PY" -m bench.gil_share "$OUT/profiles/device-minilm-x1-k8.txt"
-  fi
+  c1_compare
 }
 
 main 2>&1 | tee -a "$OUT/gpu.log"
