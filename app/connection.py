@@ -16,12 +16,17 @@ implementation; ``uvicorn --factory app.main:create_app`` runs with uvicorn's ow
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from app.api.error_responses import BATCHSERVE, V2
 from app.api.inference import READ_TIMED_OUT
+from app.framing import Body, FramingError, body_of
+
+log = logging.getLogger("batchserve")
 
 
 class _Held:
@@ -93,28 +98,70 @@ class OneWriteProtocol(HttpToolsProtocol):
     long a request may take to arrive, and one on the size of its head: a client that stalls in
     its headers or body is answered 408, one whose headers pass ``MAX_HEAD_BYTES`` 431, and its
     connection closed, so slow or hostile clients cannot hold the server's connections or memory
-    (``protocol_for`` sets the time bound)."""
+    (``protocol_for`` sets the time bound). A request that asks to upgrade (h2c) is answered in
+    HTTP/1.1 with its body, as RFC 9110 lets a server do."""
 
     read_timeout_s: float | None = None
     _read_timer: asyncio.TimerHandle | None = None
     _in_head = True  # what arrives now is a request's line and headers
     _head_bytes = 0  # received since the last request's headers were whole
+    # The body of a request whose Upgrade (h2c) is declined, read here (app/framing.py):
+    # llhttp ended that request at its headers.
+    _declined: Body | None = None
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         self._start_read_timer({})  # a connection that never sends a request is cut off too
 
     def data_received(self, data: bytes) -> None:
+        if self._declined is not None:  # a declined upgrade's body, after its headers
+            self._read_declined(data)
+            return
         counted = self._in_head
         if counted:
             self._head_bytes += len(data)
-        super().data_received(data)
+        self._feed(data)
         if (counted and self._in_head and self._head_bytes > MAX_HEAD_BYTES
                 and not self.transport.is_closing()):  # not after uvicorn's own 400
             self._cancel_read_timer()
             self._refuse(431, "Request Header Fields Too Large", "headers_too_large",
                          f"the request's line and headers are over {MAX_HEAD_BYTES} bytes",
                          getattr(self, "url", b"").decode("latin-1"))  # the path as it came
+
+    def _feed(self, data: bytes) -> None:
+        """uvicorn's ``data_received``, reading the body of a request whose Upgrade it declines
+        (it dropped it: an h2c POST reached the app with an empty body)."""
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+        except httptools.HttpParserUpgrade as upgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            elif self._declined is not None:  # the body starts where llhttp stopped
+                self._read_declined(data[upgrade.args[0]:])
+            else:  # RFC 9110, 7.8: a server may ignore an Upgrade; this one answers in HTTP/1.1
+                log.debug("upgrade to %s declined", self._get_upgrade())
+
+    def _read_declined(self, data: bytes) -> None:
+        body = self._declined
+        assert body is not None
+        try:
+            pieces, rest = body.feed(data)
+        except FramingError as exc:
+            self.logger.warning("Invalid HTTP request received: %s", exc)
+            self.send_400_response("Invalid HTTP request received.")
+            return
+        for piece in pieces:
+            self.on_body(piece)
+        if body.done:
+            self._declined = None
+            self.on_message_complete()
+            if rest:  # a next request on the connection
+                self.data_received(rest)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -131,8 +178,15 @@ class OneWriteProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if type(self.cycle) is RequestResponseCycle:
             self.cycle.__class__ = OneWriteCycle
+        if self.parser.should_upgrade() and not self._should_upgrade():
+            try:
+                self._declined = body_of(self.headers)
+            except FramingError:
+                self._declined = None  # llhttp refuses the length itself
 
     def on_message_complete(self) -> None:
+        if self._declined is not None:  # llhttp ends a request that asks to upgrade here: its
+            return  # body, read by _read_declined, is still to come
         self._cancel_read_timer()
         self._in_head = True  # a next request's head may follow
         super().on_message_complete()

@@ -238,3 +238,45 @@ async def test_bytes_that_are_no_request_get_uvicorns_400_alone() -> None:
     _, transport = connect(OneWriteProtocol, answer, b"\x16\x03\x01" * MAX_HEAD_BYTES)
     (written,) = transport.writes  # no 431 after it
     assert written.startswith(b"HTTP/1.1 400 ") and transport.events[-1] == "close"
+
+
+async def echo(scope: Any, receive: Any, send: Any) -> None:
+    """Answers the request's body."""
+    body = b""
+    while (message := await receive())["type"] == "http.request":
+        body += message["body"]
+        if not message["more_body"]:
+            break
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+H2C = (b"POST /predict HTTP/1.1\r\nhost: x\r\nconnection: Upgrade, HTTP2-Settings\r\n"
+       b"upgrade: h2c\r\nhttp2-settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n")
+
+
+@pytest.mark.parametrize("framing", [
+    b"content-length: 7\r\n\r\n{\"a\":1}",
+    b"transfer-encoding: chunked\r\n\r\n3\r\n{\"a\r\n4\r\n\":1}\r\n0\r\n\r\n",
+])
+async def test_a_declined_upgrade_keeps_its_body_and_the_connection(framing: bytes) -> None:
+    """curl --http2 and Spring's RestClient ask for h2c: llhttp ends such a request at its
+    headers, and uvicorn gave the app an empty body."""
+    request = H2C + framing
+    protocol, transport = connect(OneWriteProtocol, echo, request[:70])
+    for at in range(70, len(request), 9):  # the rest in small pieces
+        protocol.data_received(request[at:at + 9])
+    await wait_until(lambda: protocol.cycle.response_complete, "the response")
+    protocol.data_received(POST)  # a next request on the connection
+    await wait_until(lambda: len(transport.writes) == 2 and protocol.cycle.response_complete,
+                     "the second response")
+    first, second = transport.writes
+    assert first.startswith(b"HTTP/1.1 200 OK") and first.endswith(b'\r\n\r\n{"a":1}')
+    assert second.endswith(b"\r\n\r\n{}") and "close" not in transport.events
+
+
+async def test_a_declined_upgrade_with_a_broken_chunk_gets_400() -> None:
+    _, transport = connect(OneWriteProtocol, echo,
+                           H2C + b"transfer-encoding: chunked\r\n\r\nzz\r\n")
+    assert transport.writes[-1].startswith(b"HTTP/1.1 400 ") and transport.events[-1] == "close"
