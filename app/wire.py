@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -133,8 +134,13 @@ class Outbox:
     may carry values (a request's items, its results): those of every entry of a kind travel
     packed together, under ``KIND_values``, in the entries' order."""
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, writer: asyncio.StreamWriter,
+                 busy: Callable[[], bool] | None = None) -> None:
         self._writer = writer
+        # While ``busy()`` says so, a message waits one more pass of the event loop: the
+        # requests that pass reads go with it, in one message for the device process.
+        self._busy = busy
+        self._waited = False
         self._parts: dict[str, list[Any]] = {}
         self._values: dict[str, list[Any]] = {}
         self._groups: dict[str, dict[tuple[Any, ...], tuple[list[Any], list[Any]]]] = {}
@@ -157,7 +163,7 @@ class Outbox:
             self._values.setdefault(kind, []).extend(values)
         if not self._due:
             self._due = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            asyncio.get_running_loop().call_soon(self._pass_done)
 
     def group(self, kind: str, key: tuple[Any, ...], entry: Any,
               values: list[Any] | None = None, hold: bool = False) -> None:
@@ -175,10 +181,20 @@ class Outbox:
                     self._held = asyncio.get_running_loop().call_later(HOLD_S, self.flush)
             elif not self._due:
                 self._due = True
-                asyncio.get_running_loop().call_soon(self.flush)
+                asyncio.get_running_loop().call_soon(self._pass_done)
         held[0].append(entry)
         if values:
             held[1].extend(values)
+
+    def _pass_done(self) -> None:
+        """The end of the pass that added to this message: send it, or, while ``busy()``,
+        once the next pass has read what came meanwhile."""
+        if self._busy is not None and not self._waited and self._busy():
+            self._waited = True
+            asyncio.get_running_loop().call_soon(self._pass_done)
+            return
+        self._waited = False
+        self.flush()
 
     def flush(self) -> None:
         self._due = False

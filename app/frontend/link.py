@@ -24,6 +24,7 @@ from app.snapshot import Snapshot
 log = logging.getLogger("batchserve.frontend")
 
 GONE = "the device process has stopped"
+BUSY_AT = 16  # requests waiting here from which a message waits a pass for more (wire.Outbox)
 
 
 @dataclass(eq=False, slots=True)
@@ -49,7 +50,7 @@ class DeviceLink:
 
     async def open(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Start on a connected socket; returns once the first snapshot is in."""
-        self._outbox = wire.Outbox(writer)
+        self._outbox = wire.Outbox(writer, busy=lambda: len(self.waiting) >= BUSY_AT)
         self._apply(await wire.read(reader))
         self._task = asyncio.get_running_loop().create_task(self._run(reader))
 

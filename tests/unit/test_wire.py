@@ -127,3 +127,19 @@ def test_held_entries_go_with_the_next_message_or_after_the_hold() -> None:
     assert roundtrip_bytes(along[0]) == {"cancel": [3], "answered": [("m", 200, [0.1])]}
     assert held == along and len(late) == 2
     assert roundtrip_bytes(late[1]) == {"answered": [("m", 200, [0.2])]}
+
+
+def test_while_busy_a_message_waits_one_pass_for_the_next_passs_entries() -> None:
+    async def run(busy: bool) -> list[bytes]:
+        writer = Writer()
+        outbox = wire.Outbox(writer, busy=lambda: busy)  # type: ignore[arg-type]
+        outbox.add("cancel", 1)
+        await asyncio.sleep(0)  # the next pass: what it adds goes with what waits
+        outbox.add("cancel", 2)
+        for _ in range(4):
+            await asyncio.sleep(0)
+        return writer.chunks
+
+    assert [roundtrip_bytes(c) for c in asyncio.run(run(True))] == [{"cancel": [1, 2]}]
+    assert [roundtrip_bytes(c) for c in asyncio.run(run(False))] == [
+        {"cancel": [1]}, {"cancel": [2]}]
