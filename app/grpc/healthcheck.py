@@ -10,8 +10,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from app.errors import ServeError
+from app.grpc.calls import SERVICE, Malformed, Metadata, calls, metadata_of
 from app.grpc.control import Control
-from app.grpc.service import SERVICE, Malformed, Metadata, calls, metadata_of
 
 WATCH_EVERY_S = 1.0  # how often a Watch reads the status it streams
 HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"]

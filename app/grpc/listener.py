@@ -22,9 +22,10 @@ from grpc_health.v1 import health_pb2
 from app.api.inference import Serving
 from app.config import Settings
 from app.errors import ConfigError
+from app.grpc.calls import method_table
 from app.grpc.control import Control
 from app.grpc.healthcheck import HEALTH, HealthServicer
-from app.grpc.service import InferenceServicer, method_table
+from app.grpc.service import InferenceServicer
 
 
 def address(host: str, port: int) -> str:

@@ -3,154 +3,30 @@ as the v2 HTTP routes.
 
 ModelInfer runs in this process like an HTTP infer (app/api/inference.py: auth, deadline, parse,
 admit whole or refuse at once, decode, queue, await); the other calls are the v2 HTTP requests
-they stand for (app/grpc/control.py). Every call is logged with its request id (the
-``x-request-id`` metadata, else a new one, sent back in the trailing metadata). A client mistake
-is ``INVALID_ARGUMENT`` with the HTTP route's message, a refusal ``UNAVAILABLE`` at once with
-its reason (``retry-after`` in the trailing metadata), and a call the client cancels drops its
-queued items as a closed HTTP connection does.
+they stand for (app/grpc/control.py). Every call goes through app/grpc/calls.py (request id,
+access log, errors as statuses, the method table). A client mistake is ``INVALID_ARGUMENT``
+with the HTTP route's message, a refusal ``UNAVAILABLE`` at once with its reason
+(``retry-after`` in the trailing metadata), and a call the client cancels drops its queued
+items as a closed HTTP connection does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from types import ModuleType
-from typing import Any, TypeAlias, TypeVar
 from urllib.parse import quote
 
-import grpc
 from google.protobuf import json_format
-from google.protobuf.descriptor import ServiceDescriptor
-from google.protobuf.message import DecodeError, Message
 
-from app.api.access import RequestIds
 from app.api.auth import check_auth
 from app.api.error_responses import V2
 from app.api.inference import CLIENT_CLOSED, Serving, submit
 from app.api.v2.codec import output_tensors
 from app.errors import DeadlineExceeded, InvalidInput, NotFound, ServeError
 from app.grpc import inference_pb2 as pb
+from app.grpc.calls import SERVICE, Context, Metadata, calls
 from app.grpc.control import Control
 from app.grpc.tensors import encode_infer, parameter_value, parse_infer
-from app.logs import request_id
-
-log = logging.getLogger("batchserve.access")
-errors_log = logging.getLogger("batchserve")
-
-SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]  # as inference.proto declares it
-
-_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
-          404: grpc.StatusCode.NOT_FOUND, 408: grpc.StatusCode.DEADLINE_EXCEEDED,
-          413: grpc.StatusCode.INVALID_ARGUMENT, 422: grpc.StatusCode.INVALID_ARGUMENT,
-          499: grpc.StatusCode.CANCELLED, 503: grpc.StatusCode.UNAVAILABLE,
-          504: grpc.StatusCode.DEADLINE_EXCEEDED}
-
-Reply = TypeVar("Reply")
-Metadata: TypeAlias = dict[str, str]
-Context: TypeAlias = grpc.aio.ServicerContext
-# A servicer method as written here (it gets the call's metadata, read once) and as gRPC calls it.
-Method = Callable[[Any, Any, Context, Metadata], Awaitable[Reply]]
-Handler = Callable[[Any, Any, Context], Awaitable[Reply]]
-
-
-def code_of(status: int) -> grpc.StatusCode:
-    """The gRPC status of an error the HTTP routes answer with ``status``."""
-    return _CODES.get(status, grpc.StatusCode.INTERNAL)
-
-
-def metadata_of(context: Context) -> Metadata:
-    return {key: value for key, value in context.invocation_metadata() or ()
-            if isinstance(value, str)}
-
-
-class Calls:
-    """What every call shares: its request id, the access log line, and errors as statuses."""
-
-    def __init__(self) -> None:
-        self.ids = RequestIds()
-
-    def rpc(self, method: Method[Reply]) -> Handler[Reply]:
-        name = method.__name__
-
-        @functools.wraps(method)
-        async def call(servicer: Any, request: Any, context: Context) -> Reply:
-            metadata = metadata_of(context)
-            rid = self.ids.take(metadata.get("x-request-id"))
-            token = request_id.set(rid)
-            started = time.perf_counter()
-            code = grpc.StatusCode.OK
-            trailers: list[tuple[str, str]] = [("x-request-id", rid)]
-            try:
-                if type(request) is Malformed:
-                    raise InvalidInput(request.message)
-                return await method(servicer, request, context, metadata)
-            except ServeError as exc:
-                code = code_of(exc.status)
-                if exc.retry_after_s is not None:
-                    trailers.append(("retry-after", str(exc.retry_after_s)))
-                context.set_trailing_metadata(trailers)
-                await context.abort(code, exc.message)
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED
-                raise
-            except Exception:  # the traceback to the log, nothing of it to the client
-                errors_log.exception("gRPC %s failed", name)
-                code = grpc.StatusCode.INTERNAL
-                context.set_trailing_metadata(trailers)
-                await context.abort(code, "internal server error")
-            finally:
-                if code is grpc.StatusCode.OK:
-                    context.set_trailing_metadata(trailers)
-                elapsed_ms = (time.perf_counter() - started) * 1000
-                log.info('%s "gRPC %s" %s %.1fms', context.peer(), name, code.name, elapsed_ms,
-                         extra={"method": "gRPC", "path": name, "status": code.name,
-                                "duration_ms": round(elapsed_ms, 3), "client": context.peer()})
-                request_id.reset(token)
-            raise AssertionError("unreachable: abort raises")
-
-        return call
-
-
-calls = Calls()
-
-
-@dataclass(frozen=True)
-class Malformed:
-    """A request whose bytes do not parse as its message: ``Calls.rpc`` answers it
-    INVALID_ARGUMENT. (A deserializer that raises makes gRPC answer UNKNOWN with the Python
-    exception's name, and log a traceback.)"""
-
-    message: str
-
-
-def _parser(message: type[Message]) -> Callable[[bytes], Message | Malformed]:
-    def parse(data: bytes) -> Message | Malformed:
-        try:
-            return message.FromString(data)
-        except DecodeError:
-            return Malformed(f"the request is not a valid {message.DESCRIPTOR.full_name} message")
-
-    return parse
-
-
-def method_table(servicer: Any, service: ServiceDescriptor = SERVICE,
-                 messages: ModuleType = pb) -> grpc.GenericRpcHandler:
-    """``service`` as gRPC serves it: each method it declares, answered by the servicer's method
-    of that name, its messages (de)serialized by their generated classes in ``messages``; a
-    request that does not parse reaches the method as ``Malformed``."""
-    handlers = {}
-    for method in service.methods:
-        kind = (grpc.unary_stream_rpc_method_handler if method.server_streaming
-                else grpc.unary_unary_rpc_method_handler)
-        handlers[method.name] = kind(
-            getattr(servicer, method.name),
-            request_deserializer=_parser(getattr(messages, method.input_type.name)),
-            response_serializer=getattr(messages, method.output_type.name).SerializeToString)
-    return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
 
 class InferenceServicer:
