@@ -140,7 +140,6 @@ class Outbox:
         # While ``busy()`` says so, a message waits one more pass of the event loop: the
         # requests that pass reads go with it, in one message for the device process.
         self._busy = busy
-        self._waited = False
         self._parts: dict[str, list[Any]] = {}
         self._values: dict[str, list[Any]] = {}
         self._groups: dict[str, dict[tuple[Any, ...], tuple[list[Any], list[Any]]]] = {}
@@ -161,6 +160,10 @@ class Outbox:
         """The values of the entries just added, and the message sent when this pass ends."""
         if values:
             self._values.setdefault(kind, []).extend(values)
+        self._send_soon()
+
+    def _send_soon(self) -> None:
+        """This message goes at the end of this pass (``_pass_done``)."""
         if not self._due:
             self._due = True
             asyncio.get_running_loop().call_soon(self._pass_done)
@@ -176,24 +179,20 @@ class Outbox:
         held = groups.get(key)
         if held is None:
             held = groups[key] = ([], [])
-            if hold:
-                if self._held is None and not self._due:
-                    self._held = asyncio.get_running_loop().call_later(HOLD_S, self.flush)
-            elif not self._due:
-                self._due = True
-                asyncio.get_running_loop().call_soon(self._pass_done)
+            if not hold:
+                self._send_soon()
+            elif self._held is None and not self._due:
+                self._held = asyncio.get_running_loop().call_later(HOLD_S, self.flush)
         held[0].append(entry)
         if values:
             held[1].extend(values)
 
-    def _pass_done(self) -> None:
+    def _pass_done(self, waited: bool = False) -> None:
         """The end of the pass that added to this message: send it, or, while ``busy()``,
         once the next pass has read what came meanwhile."""
-        if self._busy is not None and not self._waited and self._busy():
-            self._waited = True
-            asyncio.get_running_loop().call_soon(self._pass_done)
+        if not waited and self._busy is not None and self._busy():
+            asyncio.get_running_loop().call_soon(self._pass_done, True)
             return
-        self._waited = False
         self.flush()
 
     def flush(self) -> None:

@@ -149,11 +149,13 @@ async def client(args: argparse.Namespace) -> None:
     versions = link.snapshot.served[args.workload]
     version = next(iter(versions))
 
+    tokenizer = MiniLMHandler() if args.workload == "minilm" else None
+
     def items(first: int) -> list[Any]:
         """A request's items, from instance ``first`` on (sentences differ in length)."""
         values = [instance_for(args.workload, first + i) for i in range(args.instances)]
-        if args.workload == "minilm":
-            return MiniLMHandler().decode(values)
+        if tokenizer is not None:
+            return tokenizer.decode(values)
         return list(np.asarray(values, dtype=np.float32))
 
     async def loop(items: list[Any]) -> None:

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from app.errors import ServeError
 from app.grpc.calls import SERVICE, Malformed, Metadata, calls, metadata_of
@@ -17,7 +17,7 @@ WATCH_EVERY_S = 1.0  # how often a Watch reads the status it streams
 HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"]
 
 
-class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
+class HealthServicer:
     """``grpc.health.v1``: the server (service ``""`` or the inference service's name) or one
     model (its name) is SERVING when ``/health_check`` (``?model=``) says ready, NOT_SERVING
     when busy, loading, draining or unhealthy; an unknown model is NOT_FOUND."""
