@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
-from app.metrics import Metrics, observe_all
+from app.metrics import LATENCY_BUCKETS, Metrics, observe_all
 
 DURATIONS = [0.0001, 0.0005, 0.0007, 0.003, 0.003, 0.2, 31.0, 0.0]  # bounds, between, above
 
@@ -24,6 +26,19 @@ def test_observe_all_is_observe_one_by_one() -> None:
     assert exposition(bulk.registry) == exposition(single.registry)
     assert 'batchserve_queue_wait_seconds_bucket{le="0.0005",model="m"} 3.0' in \
         exposition(bulk.registry)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(LATENCY_BUCKETS),
+                          st.floats(min_value=0.0, max_value=60.0)), max_size=64))
+def test_observe_all_is_observe_one_by_one_for_any_values(values: list[float]) -> None:
+    """Values on the bounds, between them, repeated and past the last one."""
+    bulk, single = Metrics.create(), Metrics.create()
+    observe_all(bulk.queue_wait.labels(model="m"), values)
+    child = single.queue_wait.labels(model="m")
+    for value in values:
+        child.observe(value)
+    assert exposition(bulk.registry) == exposition(single.registry)
 
 
 def test_answered_all_is_answered_one_by_one() -> None:
