@@ -23,7 +23,13 @@ from app.api.inference import (
 from app.api.routing import RawRoute
 from app.errors import InvalidInput
 from app.facade import ModelFacade
-from app.payload import dense_instances, first_boolean, instances_of, parse_json
+from app.payload import (
+    dense_instances,
+    first_boolean,
+    instances_of,
+    may_hold_booleans,
+    parse_json,
+)
 from app.schemas import ErrorResponse, PredictRequest, PredictResponse
 
 _ERRORS = {
@@ -44,7 +50,7 @@ def _parse(model: ModelFacade, body: bytes) -> tuple[list[Any], None, Asked]:
     if width is not None and (dense := dense_instances(body, width, limit)) is not None:
         return dense, None, NOTHING_ASKED
     instances = instances_of(parse_json(body), limit)
-    if model.handler.input_datatype != "BYTES" and (b"true" in body or b"false" in body):
+    if model.handler.input_datatype != "BYTES" and may_hold_booleans(body):
         index = first_boolean(instances)
         if index is not None:
             raise InvalidInput(f"instances[{index}]: expected numbers, got true or false")

@@ -19,7 +19,7 @@ from app.errors import InvalidInput, PayloadTooLarge, ServeError
 from app.models.builtin import linear_handler
 from app.models.signature import DATATYPES, TensorSpec
 from app.models.tensor import TensorHandler
-from app.payload import dense_instances, instances_of, parse_json
+from app.payload import dense_instances, instances_of, may_hold_booleans, parse_json
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -136,6 +136,19 @@ def test_dense_instances_take_flat_numbers(instances: list[Any]) -> None:
 ])
 def test_dense_instances_leave_everything_else_to_the_json_path(body: bytes) -> None:
     assert dense_instances(body, 3, max_instances=4) is None
+
+
+@SETTINGS
+@given(value=json_values)
+def test_a_body_with_true_or_false_may_hold_booleans(value: Any) -> None:
+    """Never a false "no": the general path looks for booleans only where this says so."""
+    body = dumps(value)
+    if b"true" in body or b"false" in body:
+        assert may_hold_booleans(body)
+
+
+def test_numbers_hold_no_booleans() -> None:
+    assert not may_hold_booleans(dumps({"instances": [[1, -2.5e-3, 1e300, 0]]}))
 
 
 @SETTINGS
