@@ -10,9 +10,9 @@ GIL_SWITCH_INTERVAL_S = 0.0001
 
 def tune_for_serving() -> None:
     """Device threads release the GIL inside every torch op and must win it back from the event
-    loop afterwards, waiting up to one switch interval per op. Next to a busy Python thread an
-    eager 5-op MLP ran 365 items/s at CPython's default 5 ms, 853 at 1 ms and 1043 at 0.1 ms
-    (1060 alone); the busy thread lost nothing (bench/gil_switch.py)."""
+    loop afterwards, waiting up to one switch interval per op. Next to a thread that holds the
+    GIL, a batch of 32 of the eager MLP took 103 ms at CPython's default 5 ms, 40 at 1 ms and 29
+    at 0.1 ms (24.7 alone; ``python -m bench.gil_switch``)."""
     sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
 
 

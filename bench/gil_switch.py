@@ -1,66 +1,86 @@
-"""How the GIL switch interval slows a model's thread next to a busy Python thread.
+"""``python -m bench.gil_switch``: a device thread's batches next to a thread that holds the GIL.
 
 The device thread releases the GIL inside each torch op and must win it back afterwards; while
 another thread holds it (the event loop, in the server) it waits up to one switch interval per
-op. This runs a builtin model at batch 32 alone, then next to a thread that only spins, at
-several intervals, and prints the model's items/s and the spinner's rate (its cost).
+op. On the CPU an op computes for long enough that this costs little at the server's 0.1 ms; on
+CUDA an op only enqueues a kernel (microseconds), so a batch of many ops next to a busy event
+loop may spend most of its time waiting for the GIL. This runs the server's own path for one
+batch (``DeviceExecutor.launch`` and ``Launch.wait``: collate, pinning, copies, events, the
+forward, the split) alone, then next to a thread that only spins, at several switch intervals,
+and prints the batch's time and the spinner's rate (what the waiting costs it).
 
-    python bench/gil_switch.py mlp
+    python -m bench.gil_switch --workload mlp
+    python -m bench.gil_switch --workload mlp --devices cuda --batch 256 --seconds 2
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
+from app.devices import resolve_devices
 from app.models.registry import load_handler
+from app.transfer import DeviceExecutor
 
-INTERVALS_S = (0.005, 0.001, 0.0002, 0.0001, 0.00005)
+INTERVALS_S = (0.005, 0.001, 0.0001, 0.00002)
 
 
-def items_per_s(replica: Callable[[Any], Any], batch: Any, seconds: float = 4.0) -> float:
+def batch_us(run: Callable[[], None], seconds: float) -> float:
+    """The mean time of ``run()`` over ``seconds``, in microseconds."""
     n, start = 0, time.perf_counter()
-    with torch.inference_mode():
-        while time.perf_counter() - start < seconds:
-            replica(batch)
-            n += 32
-    return n / (time.perf_counter() - start)
+    while time.perf_counter() - start < seconds:
+        run()
+        n += 1
+    return (time.perf_counter() - start) / n * 1e6
 
 
 def spin(stop: threading.Event, count: list[int]) -> None:
-    """Hold the GIL as a busy event loop would, counting iterations."""
+    """Hold the GIL as a saturated event loop would, counting iterations."""
     x = 0
     while not stop.is_set():
         x += 1
     count[0] = x
 
 
-def main(name: str) -> None:
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workload", default="mlp", help="a builtin model (mlp)")
+    p.add_argument("--devices", default="cpu", help="one device (cpu)")
+    p.add_argument("--batch", type=int, default=32, help="items a batch (32)")
+    p.add_argument("--seconds", type=float, default=4.0, help="a point (4)")
+    args = p.parse_args(argv)
     torch.set_num_threads(1)
-    handler = load_handler(name, None)
-    replica = handler.load(torch.device("cpu"))
-    batch = handler.collate(handler.decode(handler.examples()[:1] * 32))
-    items_per_s(replica, batch, 1.0)  # warm up
-    print(f"{name} alone: {items_per_s(replica, batch):.0f} items/s")
+    device = resolve_devices(args.devices)[0]
+    handler = load_handler(args.workload, None)
+    replica = handler.load(device)
+    items = handler.decode(handler.examples()[:1] * args.batch)
+    executor = DeviceExecutor(device)
+
+    def run() -> None:
+        executor.launch(handler, replica, items).wait()
+
+    batch_us(run, 1.0)  # warm up
+    print(f"{args.workload} on {device}, batch {args.batch}, the server's launch and wait")
+    print(f"  alone: {batch_us(run, args.seconds):.0f} us a batch")
     for interval in INTERVALS_S:
         sys.setswitchinterval(interval)
-        stop = threading.Event()
-        spins = [0]
+        stop, spins = threading.Event(), [0]
         spinner = threading.Thread(target=spin, args=(stop, spins))
         spinner.start()
         start = time.perf_counter()
-        rate = items_per_s(replica, batch)
+        took = batch_us(run, args.seconds)
         stop.set()
         spinner.join()
         spin_rate = spins[0] / (time.perf_counter() - start) / 1e6
-        print(f"switch interval {interval * 1e3:.2f} ms: model {rate:.0f} items/s, "
+        print(f"  switch interval {interval * 1e3:.2f} ms: {took:.0f} us a batch, "
               f"spinner {spin_rate:.1f} M/s")
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "mlp")
+    sys.exit(main())

@@ -5,15 +5,16 @@
 # binary tensors) and minilm, with the GPU's busy share; right after the first curve, the
 # device process alone (bench.device on mlp and on minilm's items: its ceiling and CPU a
 # request without HTTP, and which thread holds the GIL, printed by bench.gil_share: what the
-# next change depends on); last, at c=1, this build against the first GPU run's (bench/ab.sh,
+# next change depends on; and bench.gil_switch: a batch's time next to a thread that holds the
+# GIL, by switch interval); last, at c=1, this build against the first GPU run's (bench/ab.sh,
 # both up at once), with one process and with its default front ends. With PROFILE=1 py-spy
 # also records the device process at each point of the first curve. Profiles go to
 # $OUT/profiles.tgz (py-spy slows what it records: one process at c=256 read 3.8 k req/s
 # profiled). Needs .carry/ from `python -m bench.carry` (made here, named in the device call's
 # carry). On the H100 box each minilm point takes ~30 s (start-up and warm-up), the others
-# ~12-24 s, the c=1 comparison ~90 s, the device process ~20 s a run: about 8-9 minutes with
-# the tests (estimated; not yet timed at these defaults), so TESTS= where a call must leave
-# time for another.
+# ~12-24 s, the c=1 comparison ~90 s, the device process ~20 s a run, bench.gil_switch ~15 s:
+# about 8-9 minutes with the tests (estimated; not yet timed at these defaults), so TESTS=
+# where a call must leave time for another.
 #
 #   on the device:  bash bench/gpu.sh            (logs and result JSON go to $OUT)
 #   dry run here:   INSTALL=0 PY=.venv/bin/python DEVICES=cpu FRONTENDS=1,2 OUT=/tmp/gpu \
@@ -75,6 +76,10 @@ device_alone() {  # bench.device on mlp (x1, x32) and on minilm's items, with GI
       --concurrency 256 --seconds 3 --rounds 2 --warmup-s 2 --profile "$OUT/profiles"
     echo "== device exit $?"
     "$PY" -m bench.gil_share "$OUT/profiles/device-minilm-x1-k8.txt"
+    echo "== a batch of mlp next to a thread that holds the GIL, by switch interval"
+    timeout 40 "$PY" -m bench.gil_switch --workload mlp --devices "$DEVICES" --batch 256 \
+      --seconds 2
+    echo "== gil_switch exit $?"
   fi
 }
 
