@@ -7,10 +7,12 @@ CUDA an op only enqueues a kernel (microseconds), so a batch of many ops next to
 loop may spend most of its time waiting for the GIL. This runs the server's own path for one
 batch (``DeviceExecutor.launch`` and ``Launch.wait``: collate, pinning, copies, events, the
 forward, the split) alone, then next to a thread that only spins, at several switch intervals,
-and prints the batch's time and the spinner's rate (what the waiting costs it).
+and prints the batch's time and the spinner's rate (what the waiting costs it). On CUDA,
+``--graph`` also runs the forward captured as a CUDA graph (a copy in, one replay, a copy out:
+three ops a batch, whatever the model), to show what fewer ops a batch would take back.
 
     python -m bench.gil_switch --workload mlp
-    python -m bench.gil_switch --workload mlp --devices cuda --batch 256 --seconds 2
+    python -m bench.gil_switch --workload mlp --devices cuda --batch 256 --seconds 2 --graph
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices", default="cpu", help="one device (cpu)")
     p.add_argument("--batch", type=int, default=32, help="items a batch (32)")
     p.add_argument("--seconds", type=float, default=4.0, help="a point (4)")
+    p.add_argument("--graph", action="store_true", help="CUDA: also the forward as a CUDA graph")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     device = resolve_devices(args.devices)[0]
@@ -64,22 +67,56 @@ def main(argv: list[str] | None = None) -> int:
     def run() -> None:
         executor.launch(handler, replica, items).wait()
 
+    curve(f"{args.workload} on {device}, batch {args.batch}, the server's launch and wait", run,
+          args.seconds)
+    if args.graph and device.type == "cuda":
+        host = handler.collate(items).pin_memory()
+        curve("the same forward as a CUDA graph (copy in, replay, copy out)",
+              graphed(replica, host, device), args.seconds)
+    return 0
+
+
+def graphed(replica: Callable[[torch.Tensor], torch.Tensor], host: torch.Tensor,
+            device: torch.device) -> Callable[[], None]:
+    """One batch through ``replica`` captured as a CUDA graph, as PyTorch's docs capture one:
+    warm-up on a side stream, then capture with static input and output tensors."""
+    static_in = host.to(device)
+    side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.inference_mode(), torch.cuda.stream(side):
+        for _ in range(3):
+            replica(static_in)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.inference_mode(), torch.cuda.graph(graph):
+        static_out = replica(static_in)
+
+    def run() -> None:
+        static_in.copy_(host, non_blocking=True)
+        graph.replay()
+        static_out.cpu()
+
+    return run
+
+
+def curve(title: str, run: Callable[[], None], seconds: float) -> None:
+    """``run``'s time alone, then next to a spinning thread at each switch interval."""
     batch_us(run, 1.0)  # warm up
-    print(f"{args.workload} on {device}, batch {args.batch}, the server's launch and wait")
-    print(f"  alone: {batch_us(run, args.seconds):.0f} us a batch")
+    print(title)
+    print(f"  alone: {batch_us(run, seconds):.0f} us a batch")
     for interval in INTERVALS_S:
         sys.setswitchinterval(interval)
         stop, spins = threading.Event(), [0]
         spinner = threading.Thread(target=spin, args=(stop, spins))
         spinner.start()
         start = time.perf_counter()
-        took = batch_us(run, args.seconds)
+        took = batch_us(run, seconds)
         stop.set()
         spinner.join()
         spin_rate = spins[0] / (time.perf_counter() - start) / 1e6
         print(f"  switch interval {interval * 1e3:.2f} ms: {took:.0f} us a batch, "
               f"spinner {spin_rate:.1f} M/s")
-    return 0
+    sys.setswitchinterval(INTERVALS_S[0])
 
 
 if __name__ == "__main__":

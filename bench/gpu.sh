@@ -12,7 +12,7 @@
 # $OUT/profiles.tgz (py-spy slows what it records: one process at c=256 read 3.8 k req/s
 # profiled). Needs .carry/ from `python -m bench.carry` (made here, named in the device call's
 # carry). On the H100 box each minilm point takes ~30 s (start-up and warm-up), the others
-# ~12-24 s, the c=1 comparison ~90 s, the device process ~20 s a run, bench.gil_switch ~15 s:
+# ~12-24 s, the c=1 comparison ~90 s, the device process ~20 s a run, bench.gil_switch ~25 s:
 # about 8-9 minutes with the tests (estimated; not yet timed at these defaults), so TESTS=
 # where a call must leave time for another.
 #
@@ -77,7 +77,7 @@ device_alone() {  # bench.device on mlp (x1, x32) and on minilm's items, with GI
     echo "== device exit $?"
     "$PY" -m bench.gil_share "$OUT/profiles/device-minilm-x1-k8.txt"
     echo "== a batch of mlp next to a thread that holds the GIL, by switch interval"
-    timeout 40 "$PY" -m bench.gil_switch --workload mlp --devices "$DEVICES" --batch 256 \
+    timeout 60 "$PY" -m bench.gil_switch --workload mlp --devices "$DEVICES" --batch 256 --graph \
       --seconds 2
     echo "== gil_switch exit $?"
   fi
