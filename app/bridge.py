@@ -30,6 +30,7 @@ import numpy as np
 import app.wire as wire
 from app.errors import ServeError
 from app.intake import admit_all, admit_rows
+from app.links import Inbox, Outbox
 from app.metrics import ModelMetrics
 from app.pending import DROPPED, Answer, PendingRequest, RowsAnswer
 from app.runtime import InferenceService
@@ -59,17 +60,17 @@ class Bridge:
         service.metrics.frontends.set_function(lambda: len(self._links))
         service.before_scrape.append(self.gather_counts)
 
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def serve(self, inbox: Inbox, transport: asyncio.Transport) -> None:
         """One front end's link, until it closes (its waiting requests are then dropped)."""
-        link = _Link(wire.Outbox(writer))
+        link = _Link(Outbox(transport))
         self._links.add(link)
         if self._watch is None:
             self._watch = asyncio.get_running_loop().create_task(self._watch_models())
         link.send_models(snapshot(self.service))
         try:
             while True:
-                self._handle(link, await wire.read(reader))
-        except (asyncio.IncompleteReadError, ConnectionError):
+                self._handle(link, await inbox.read())
+        except ConnectionError:
             pass
         finally:
             self._links.discard(link)
@@ -78,7 +79,7 @@ class Bridge:
             for ack in link.acks.values():
                 if not ack.done():
                     ack.set_result(None)
-            writer.close()
+            transport.close()
 
     def close(self) -> None:
         if self._watch is not None:
@@ -188,7 +189,7 @@ class Bridge:
 
 @dataclass(eq=False)
 class _Link:
-    outbox: wire.Outbox
+    outbox: Outbox
     # Each admitted request's model, its place in the queue, its log id and, for a row of a
     # chunk of one-row requests, its row.
     waiting: dict[int, tuple[ServedModel, PendingRequest, str | None, int | None]] = field(

@@ -20,7 +20,7 @@ from typing import Any
 
 from app.bridge import Bridge
 from app.config import Settings
-from app.wire import STREAM_LIMIT
+from app.links import connect
 
 log = logging.getLogger("batchserve.frontends")
 
@@ -101,8 +101,7 @@ class Frontends:
         task.add_done_callback(self._tasks.discard)
 
     async def _link(self, sock: socket.socket) -> None:
-        reader, writer = await asyncio.open_connection(sock=sock, limit=STREAM_LIMIT)
-        await self.bridge.serve(reader, writer)
+        await self.bridge.serve(*await connect(sock))
 
     async def _watch(self, index: int, process: subprocess.Popen[bytes]) -> None:
         code = await asyncio.to_thread(process.wait)

@@ -17,33 +17,24 @@ Entries may also travel grouped (``Outbox.group``): one entry per key and messag
 entries added under that key in their order, with their values packed per group. A front end's
 requests travel so, one group per model version and priority level: the device process admits
 each group as it comes, without sorting requests one by one (app/bridge.py).
+
+Each end of a link reads and writes its socket with app/links.py's ``Inbox`` and ``Outbox``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import pickle
 import struct
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from app.arrays import stack_alike
 
-# A link's stream buffer (``asyncio.open_connection(limit=...)``). asyncio's 64 KiB default
-# pauses and resumes the socket every 128 KiB, which for messages of large tensors (32 rows of
-# 512 floats are 64 KiB a request) doubled the device process's CPU a request (bench.ipc).
-STREAM_LIMIT = 16 * 2**20
-_PREFIX = struct.Struct("!III")  # bytes after the prefix, pickle length, frame count
+PREFIX = struct.Struct("!III")  # bytes after the prefix, pickle length, frame count
 _STACKED, _JOINED = "stacked", "joined"  # how ``pack`` holds a list of arrays
-_RAW = "raw"  # a packed entry whose array travels as (frame, dtype, shape): ``encode``, ``read``
-_GROUPED = "_grouped_values"  # a grouped kind's values: one packed entry per group
-# The longest an entry added with ``hold`` waits for a message to go with (a front end's
-# request counts: a scrape of /metrics asks for them at once, app/bridge.py). Short, since a
-# front end killed with SIGKILL loses what it holds; a message of their own 20 times a second
-# costs the device process nothing that matters.
-HOLD_S = 0.05
+_RAW = "raw"  # a packed entry whose array travels as (frame, dtype, shape): ``encode``, ``decode``
+GROUPED = "_grouped_values"  # a grouped kind's values: one packed entry per group
 
 
 def pack(values: list[Any]) -> tuple[Any, ...]:
@@ -76,17 +67,17 @@ def unpack(packed: tuple[Any, ...], stacked: bool = False) -> Any:
     return list(packed[1])
 
 
-def encode(message: Any) -> bytes:
-    """``message`` as one write's bytes."""
+def encode(message: Any) -> list[Any]:
+    """``message`` as the buffers of one ``writelines``: header, pickle, frames."""
     frames: list[Any] = []
     if isinstance(message, dict):
-        message = {key: [_raw(v, frames) for v in value] if key.endswith(_GROUPED)
+        message = {key: [_raw(v, frames) for v in value] if key.endswith(GROUPED)
                    else _raw(value, frames) for key, value in message.items()}
     head = pickle.dumps(message, protocol=5,
                         buffer_callback=lambda b: frames.append(b.raw()))
     sizes = struct.pack(f"!{len(frames)}I", *(f.nbytes for f in frames))
-    body = b"".join([sizes, head, *frames])
-    return _PREFIX.pack(len(body), len(head), len(frames)) + body
+    length = len(sizes) + len(head) + sum(f.nbytes for f in frames)
+    return [PREFIX.pack(length, len(head), len(frames)) + sizes, head, *frames]
 
 
 def _raw(value: Any, frames: list[Any]) -> Any:
@@ -98,10 +89,9 @@ def _raw(value: Any, frames: list[Any]) -> Any:
     return value
 
 
-async def read(reader: asyncio.StreamReader) -> Any:
-    """The next message; IncompleteReadError once the peer has gone."""
-    length, head_length, count = _PREFIX.unpack(await reader.readexactly(_PREFIX.size))
-    view = memoryview(bytearray(await reader.readexactly(length)))
+def decode(body: bytearray, head_length: int, count: int) -> Any:
+    """The message whose bytes after the prefix are ``body``; its arrays are views of it."""
+    view = memoryview(body)
     sizes = struct.unpack_from(f"!{count}I", view)
     at = 4 * count
     head = view[at:at + head_length]
@@ -113,7 +103,7 @@ async def read(reader: asyncio.StreamReader) -> Any:
     message = pickle.loads(head, buffers=frames)
     if isinstance(message, dict):
         for key, value in message.items():
-            if key.endswith(_GROUPED):
+            if key.endswith(GROUPED):
                 message[key] = [_cooked(v, frames) for v in value]
             else:
                 message[key] = _cooked(value, frames)
@@ -128,92 +118,6 @@ def _cooked(value: Any, frames: list[memoryview]) -> Any:
     return value
 
 
-class Outbox:
-    """Collects what one pass of the event loop has to say to the peer and sends it as one
-    message when the pass is done: many requests (or results) travel in one write. An entry
-    may carry values (a request's items, its results): those of every entry of a kind travel
-    packed together, under ``KIND_values``, in the entries' order."""
-
-    def __init__(self, writer: asyncio.StreamWriter,
-                 busy: Callable[[], bool] | None = None) -> None:
-        self._writer = writer
-        # While ``busy()`` says so, a message waits one more pass of the event loop: the
-        # requests that pass reads go with it, in one message for the device process.
-        self._busy = busy
-        self._parts: dict[str, list[Any]] = {}
-        self._values: dict[str, list[Any]] = {}
-        self._groups: dict[str, dict[tuple[Any, ...], tuple[list[Any], list[Any]]]] = {}
-        self._due = False
-        self._held: asyncio.TimerHandle | None = None  # ``group(hold=True)``'s timer
-
-    def add(self, kind: str, entry: Any, values: list[Any] | None = None) -> None:
-        self._parts.setdefault(kind, []).append(entry)
-        self._add_values(kind, values)
-
-    def add_all(self, kind: str, entries: list[Any], values: list[Any]) -> None:
-        """``add`` of several entries, ``values`` theirs in their order."""
-        if entries:
-            self._parts.setdefault(kind, []).extend(entries)
-            self._add_values(kind, values)
-
-    def _add_values(self, kind: str, values: list[Any] | None) -> None:
-        """The values of the entries just added, and the message sent when this pass ends."""
-        if values:
-            self._values.setdefault(kind, []).extend(values)
-        self._send_soon()
-
-    def _send_soon(self) -> None:
-        """This message goes at the end of this pass (``_pass_done``)."""
-        if not self._due:
-            self._due = True
-            asyncio.get_running_loop().call_soon(self._pass_done)
-
-    def group(self, kind: str, key: tuple[Any, ...], entry: Any,
-              values: list[Any] | None = None, hold: bool = False) -> None:
-        """Add ``entry`` to this message's one entry of ``kind`` for ``key``, ``(*key,
-        [entries])``, and its ``values`` to that group's (``grouped_values``): a front end's
-        requests travel one group per model version and level, its request durations one list
-        per model and status. A kind is either grouped or not. With ``hold``, the entry sends
-        no message of its own: it goes with the next one, or after ``HOLD_S``."""
-        groups = self._groups.setdefault(kind, {})
-        held = groups.get(key)
-        if held is None:
-            held = groups[key] = ([], [])
-            if not hold:
-                self._send_soon()
-            elif self._held is None and not self._due:
-                self._held = asyncio.get_running_loop().call_later(HOLD_S, self.flush)
-        held[0].append(entry)
-        if values:
-            held[1].extend(values)
-
-    def _pass_done(self, waited: bool = False) -> None:
-        """The end of the pass that added to this message: send it, or, while ``busy()``,
-        once the next pass has read what came meanwhile."""
-        if not waited and self._busy is not None and self._busy():
-            asyncio.get_running_loop().call_soon(self._pass_done, True)
-            return
-        self.flush()
-
-    def flush(self) -> None:
-        self._due = False
-        if self._held is not None:
-            self._held.cancel()
-            self._held = None
-        parts, values, groups = self._parts, self._values, self._groups
-        self._parts, self._values, self._groups = {}, {}, {}
-        if not (parts or groups) or self._writer.is_closing():
-            return
-        message: dict[str, Any] = dict(parts)
-        for kind, flat in values.items():
-            message[kind + "_values"] = pack(flat)
-        for kind, held in groups.items():
-            message[kind] = [(*key, entries) for key, (entries, _) in held.items()]
-            if any(group_values for _, group_values in held.values()):
-                message[kind + _GROUPED] = [pack(v) for _, v in held.values()]
-        self._writer.write(encode(message))
-
-
 def values_of(message: dict[str, Any], kind: str, stacked: bool = False) -> Any:
     """The values the entries of ``kind`` carry, in their order (``stacked``: see ``unpack``)."""
     packed = message.get(kind + "_values")
@@ -222,7 +126,7 @@ def values_of(message: dict[str, Any], kind: str, stacked: bool = False) -> Any:
 
 def grouped_values(message: dict[str, Any], kind: str, stacked: bool = False) -> list[Any]:
     """Each group of ``kind``'s values (``Outbox.group``), in the groups' order; none: []."""
-    packed = message.get(kind + _GROUPED)
+    packed = message.get(kind + GROUPED)
     if packed is None:
         return [[] for _ in message.get(kind, ())]
     return [unpack(p, stacked) for p in packed]

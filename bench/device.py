@@ -38,12 +38,12 @@ from app.bridge import Bridge
 from app.config import Settings
 from app.errors import ServeError
 from app.frontend.link import DeviceLink
+from app.links import connect
 from app.models.base import Replica
 from app.models.minilm import MiniLMHandler
 from app.process import freeze_startup_objects, tune_for_serving
 from app.runtime import build_service
 from app.state import ModelState
-from app.wire import STREAM_LIMIT
 from bench.frontends import profiled
 from bench.run import cpu_seconds, instance_for
 
@@ -91,8 +91,8 @@ async def device(args: argparse.Namespace) -> list[tuple[float, float, float, fl
              "--concurrency", str(args.concurrency // args.clients)],
             pass_fds=(theirs.fileno(),), stdout=subprocess.PIPE))
         theirs.close()
-        reader, writer = await asyncio.open_connection(sock=ours, limit=STREAM_LIMIT)
-        serving.append(asyncio.get_running_loop().create_task(bridge.serve(reader, writer)))
+        serving.append(asyncio.get_running_loop().create_task(
+            bridge.serve(*await connect(ours))))
     answered, registry = service.metrics.requests, service.metrics.registry
     rounds = []
     try:
@@ -141,9 +141,8 @@ def _count(counter: Any) -> float:
 async def client(args: argparse.Namespace) -> None:
     """The synthetic front end: ``concurrency`` closed loops of one request each."""
     sock = socket.socket(fileno=args.client_fd)
-    reader, writer = await asyncio.open_connection(sock=sock, limit=STREAM_LIMIT)
     link = DeviceLink()
-    await link.open(reader, writer)
+    await link.open(*await connect(sock))
     freeze_startup_objects()
     print("linked", flush=True)
     versions = link.snapshot.served[args.workload]

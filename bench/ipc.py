@@ -7,8 +7,9 @@ request with 16 float32 values. Printed: requests per second and each side's CPU
     python -m bench.ipc                    # every transport, default sizes
     python -m bench.ipc --transport unix --per-message 1
 
-Transports: ``unix`` (asyncio streams on a socketpair, one pickle per message with the arrays'
-bytes as protocol-5 out-of-band frames: app/wire.py, as the front ends use it) and ``zmq``
+Transports: ``unix`` (a socketpair read and written as the front ends and the device process do,
+app/links.py: one pickle per message with the arrays' bytes as protocol-5 out-of-band frames,
+app/wire.py) and ``zmq``
 (pyzmq's asyncio PAIR socket, the same pickle, the frames as zmq message parts), when pyzmq is
 installed.
 """
@@ -26,29 +27,27 @@ from typing import Any
 import numpy as np
 
 from app import wire
+from app.links import connect
 
 
-def write_message(writer: asyncio.StreamWriter, obj: Any) -> None:
-    writer.write(wire.encode(obj))
-
-
-read_message = wire.read
+def write_message(transport: asyncio.WriteTransport, obj: Any) -> None:
+    transport.writelines(wire.encode(obj))
 
 
 def _device_unix(sock: socket.socket, q: Any) -> None:
     import uvloop
 
     async def main() -> None:
-        reader, writer = await asyncio.open_connection(sock=sock, limit=wire.STREAM_LIMIT)
+        inbox, transport = await connect(sock)
         out = np.zeros(16, dtype=np.float32)
         start = time.process_time()
         try:
             while True:
-                msg = await read_message(reader)
+                msg = await inbox.read()
                 if msg is None:
                     break
-                write_message(writer, [(rid, out) for rid, _ in msg])
-        except asyncio.IncompleteReadError:
+                write_message(transport, [(rid, out) for rid, _ in msg])
+        except ConnectionError:
             pass
         q.put(time.process_time() - start)
 
@@ -117,18 +116,17 @@ def run(transport: str, messages: int, per: int, width: int, window: int) -> dic
         b.close()
 
         async def front() -> tuple[float, float]:
-            reader, writer = await asyncio.open_connection(sock=a, limit=wire.STREAM_LIMIT)
+            inbox, transport = await connect(a)
 
             async def send(obj: Any) -> None:
-                write_message(writer, obj)
+                write_message(transport, obj)
 
             async def recv() -> Any:
-                return await read_message(reader)
+                return await inbox.read()
 
             async def close() -> None:
-                write_message(writer, None)
-                await writer.drain()
-                writer.close()
+                write_message(transport, None)
+                transport.close()
 
             return await _front(send, recv, close, messages, per, width, window)
     else:

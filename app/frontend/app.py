@@ -8,7 +8,6 @@ own app on its private Unix socket, so each has one answer whichever front end a
 
 from __future__ import annotations
 
-import asyncio
 import re
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -31,9 +30,9 @@ from app.api.v2 import routes as v2
 from app.errors import ServeError, Unavailable
 from app.frontend.link import GONE
 from app.frontend.remote import RemoteService
+from app.links import connect
 from app.logs import request_id
 from app.version import __version__
-from app.wire import STREAM_LIMIT
 
 # Hop-by-hop headers and those the proxy's own answer sets.
 _DROPPED = {b"host", b"connection", b"content-length", b"transfer-encoding", b"keep-alive",
@@ -116,7 +115,7 @@ def create_frontend_app(service: RemoteService, link: socket.socket,
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await service.start(*await asyncio.open_connection(sock=link, limit=STREAM_LIMIT))
+        await service.start(*await connect(link))
         clients.append(httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=device_socket), base_url="http://device",
             timeout=None))

@@ -18,13 +18,14 @@ from typing import Any
 
 import app.wire as wire
 from app.errors import Relayed, Unavailable
+from app.links import Inbox, Outbox
 from app.pending import expire
 from app.snapshot import Snapshot
 
 log = logging.getLogger("batchserve.frontend")
 
 GONE = "the device process has stopped"
-BUSY_AT = 16  # requests waiting here from which a message waits a pass for more (wire.Outbox)
+BUSY_AT = 16  # requests waiting here from which a message waits a pass for more (app/links.py)
 
 
 @dataclass(eq=False, slots=True)
@@ -45,14 +46,14 @@ class DeviceLink:
         self.on_snapshot: list[Any] = []
         self._ids = itertools.count(1)
         self._syncs: dict[int, asyncio.Future[None]] = {}
-        self._outbox: wire.Outbox | None = None
+        self._outbox: Outbox | None = None
         self._task: asyncio.Task[None] | None = None
 
-    async def open(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def open(self, inbox: Inbox, transport: asyncio.Transport) -> None:
         """Start on a connected socket; returns once the first snapshot is in."""
-        self._outbox = wire.Outbox(writer, busy=lambda: len(self.waiting) >= BUSY_AT)
-        self._apply(await wire.read(reader))
-        self._task = asyncio.get_running_loop().create_task(self._run(reader))
+        self._outbox = Outbox(transport, busy=lambda: len(self.waiting) >= BUSY_AT)
+        self._apply(await inbox.read())
+        self._task = asyncio.get_running_loop().create_task(self._run(inbox))
 
     def send(self, kind: str, entry: Any) -> None:
         if self._outbox is not None and not self.gone:
@@ -109,11 +110,11 @@ class DeviceLink:
         finally:
             self._syncs.pop(token, None)
 
-    async def _run(self, reader: asyncio.StreamReader) -> None:
+    async def _run(self, inbox: Inbox) -> None:
         try:
             while True:
-                self._apply(await wire.read(reader))
-        except (asyncio.IncompleteReadError, ConnectionError):
+                self._apply(await inbox.read())
+        except ConnectionError:
             pass
         self._lost()
 

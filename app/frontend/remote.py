@@ -19,6 +19,7 @@ from app.config import Settings
 from app.errors import BatchServeError, NotFound, Unavailable
 from app.facade import ModelFacade
 from app.frontend.link import GONE, DeviceLink, RemoteRequest
+from app.links import Inbox
 from app.logs import request_id
 from app.models.base import ModelHandler
 from app.models.registry import load_handler
@@ -132,12 +133,12 @@ class RemoteService:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.pool: ThreadPoolExecutor | None = None
 
-    async def start(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def start(self, inbox: Inbox, transport: asyncio.Transport) -> None:
         self.loop = asyncio.get_running_loop()
         self.pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1),
                                        thread_name_prefix="decode")
         self.link.on_snapshot.append(self.repository.update)
-        await self.link.open(reader, writer)
+        await self.link.open(inbox, transport)
         self.repository.update(self.link.snapshot)
 
     async def stop(self) -> None:

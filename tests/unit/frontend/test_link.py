@@ -17,34 +17,33 @@ import pytest
 from app import wire
 from app.errors import DeadlineExceeded, Relayed, Unavailable
 from app.frontend.link import DeviceLink
+from app.links import Inbox, connect
 from app.snapshot import Snapshot
 
 pytestmark = pytest.mark.asyncio
 
 
 @asynccontextmanager
-async def linked() -> AsyncIterator[tuple[DeviceLink, asyncio.StreamReader,
-                                          asyncio.StreamWriter]]:
+async def linked() -> AsyncIterator[tuple[DeviceLink, Inbox, asyncio.Transport]]:
     """A link and the device's end of its socket, the first snapshot sent."""
     ours, theirs = socket.socketpair()
-    reader, writer = await asyncio.open_connection(sock=theirs)
-    writer.write(wire.encode({"models": [Snapshot()]}))
+    inbox, transport = await connect(theirs)
+    transport.writelines(wire.encode({"models": [Snapshot()]}))
     link = DeviceLink()
-    front_reader, front_writer = await asyncio.open_connection(sock=ours)
-    await link.open(front_reader, front_writer)
+    front_inbox, front_transport = await connect(ours)
+    await link.open(front_inbox, front_transport)
     try:
-        yield link, reader, writer
+        yield link, inbox, transport
     finally:
         link.close()
-        for end in (writer, front_writer):
+        for end in (transport, front_transport):
             end.close()
-            await end.wait_closed()
 
 
-async def received(reader: asyncio.StreamReader, kind: str) -> list[Any]:
+async def received(inbox: Inbox, kind: str) -> list[Any]:
     """The entries of ``kind`` in the next message that has any."""
     while True:
-        message = await asyncio.wait_for(wire.read(reader), 10)
+        message = await asyncio.wait_for(inbox.read(), 10)
         if kind in message:
             return list(message[kind])
 
@@ -54,16 +53,16 @@ def submit(link: DeviceLink, timeout_s: float) -> Any:
     return link.submit(("m", "1", 1), time.monotonic() + timeout_s, "log-1", [np.ones(2)])
 
 
-async def sent_ids(reader: asyncio.StreamReader) -> list[int]:
+async def sent_ids(inbox: Inbox) -> list[int]:
     """The ids of the requests in the next message that has any, in their order."""
-    return [e[0] for *_, entries in await received(reader, "requests") for e in entries]
+    return [e[0] for *_, entries in await received(inbox, "requests") for e in entries]
 
 
 async def test_results_answer_a_request_and_its_deadline_is_then_off() -> None:
     async with linked() as (link, device, to_front):
         request = submit(link, 0.2)
         rid, = await sent_ids(device)
-        to_front.write(wire.encode({"results": [(rid, None, 1)],
+        to_front.writelines(wire.encode({"results": [(rid, None, 1)],
                                     "results_values": wire.pack([np.full(3, 7.0)])}))
         assert (await request.future)[0].tolist() == [7.0] * 3
         await asyncio.sleep(0.3)  # past the deadline: nothing more is sent
@@ -79,7 +78,7 @@ async def test_past_its_deadline_a_request_is_answered_504_and_dropped_there() -
             await request.future
         assert await received(device, "cancel") == [rid] and not link.waiting
         # an answer the device sends meanwhile changes nothing
-        to_front.write(wire.encode({"results": [(rid, (503, "busy", "full", 1), 0)]}))
+        to_front.writelines(wire.encode({"results": [(rid, (503, "busy", "full", 1), 0)]}))
         await asyncio.sleep(0.05)
         assert isinstance(request.future.exception(), DeadlineExceeded)
 
@@ -89,7 +88,7 @@ async def test_a_refusal_is_relayed_and_a_lost_device_answers_the_rest_503() -> 
         refused = submit(link, 30)
         waiting = submit(link, 30)
         first, _ = await sent_ids(device)
-        to_front.write(wire.encode({"results": [(first, (503, "busy", "full", 2), 0)]}))
+        to_front.writelines(wire.encode({"results": [(first, (503, "busy", "full", 2), 0)]}))
         with pytest.raises(Relayed) as busy:
             await refused.future
         assert (busy.value.status, busy.value.retry_after_s) == (503, 2)
@@ -105,7 +104,7 @@ async def test_one_row_requests_answered_as_one_block_each_get_their_row() -> No
         rids = await sent_ids(device)
         assert len(rids) == 3  # one group: one model version and level
         block = np.arange(6, dtype=np.float32).reshape(3, 2)
-        to_front.write(wire.encode({"rows": [rids[::-1]], "rows_values": wire.pack([block])}))
+        to_front.writelines(wire.encode({"rows": [rids[::-1]], "rows_values": wire.pack([block])}))
         answers = [await r.future for r in requests]
         assert [[row.tolist() for row in a] for a in answers] == [[[4.0, 5.0]], [[2.0, 3.0]],
                                                                    [[0.0, 1.0]]]

@@ -1,0 +1,217 @@
+"""The ends of a link: an outbox sends a pass's entries as one message, an inbox reads every
+message whole, however its bytes arrive."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import numpy as np
+import pytest
+import uvloop
+
+from app import links, wire
+from tests.unit.test_wire import decoded
+
+
+class Writer:
+    """An outbox's transport: what it was asked to write, a message at a time."""
+
+    def __init__(self) -> None:
+        self.chunks: list[list[Any]] = []
+
+    def writelines(self, parts: list[Any]) -> None:
+        self.chunks.append(parts)
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def test_an_outbox_sends_one_message_per_pass_with_its_values_packed_and_grouped() -> None:
+    async def run() -> list[list[Any]]:
+        writer = Writer()
+        outbox = links.Outbox(writer)  # type: ignore[arg-type]
+        outbox.add("results", ("r1", 2), [np.zeros(2), np.ones(2)])
+        outbox.add_all("results", [("r2", 1), ("r3", 1)], [np.full(2, 2.0), np.full(2, 3.0)])
+        outbox.add_all("results", [], [])  # nothing: no entry
+        outbox.add("cancel", 7)
+        outbox.group("requests", ("a", 1), 1, [np.full(3, 1.0)])
+        outbox.group("requests", ("b", 1), 2, [np.full(3, 2.0), np.full(3, 3.0)])
+        outbox.group("requests", ("a", 1), 3, [np.full(3, 4.0)])
+        for key, seconds in ((("m", 200), 0.1), (("m", 504), 0.2), (("m", 200), 0.3)):
+            outbox.group("answered", key, seconds)
+        await asyncio.sleep(0)
+        outbox.group("answered", ("m", 200), 0.4)  # the next message's
+        await asyncio.sleep(0)
+        return writer.chunks
+
+    chunk, after = asyncio.run(run())
+    message = decoded(chunk)
+    assert message["results"] == [("r1", 2), ("r2", 1), ("r3", 1)] and message["cancel"] == [7]
+    assert [v.tolist() for v in wire.values_of(message, "results")] == [
+        [0.0, 0.0], [1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+    assert message["requests"] == [("a", 1, [1, 3]), ("b", 1, [2])]
+    groups = wire.grouped_values(message, "requests", stacked=True)
+    assert [g.tolist() for g in groups] == [[[1.0] * 3, [4.0] * 3], [[2.0] * 3, [3.0] * 3]]
+    assert message["answered"] == [("m", 200, [0.1, 0.3]), ("m", 504, [0.2])]
+    assert wire.grouped_values(message, "answered") == [[], []]  # groups without values
+    assert decoded(after) == {"answered": [("m", 200, [0.4])]}
+    assert wire.values_of(message, "cancel") == []
+
+
+def test_held_entries_go_with_the_next_message_or_after_the_hold() -> None:
+    async def run() -> list[list[list[Any]]]:
+        writer = Writer()
+        outbox = links.Outbox(writer)  # type: ignore[arg-type]
+        outbox.group("answered", ("m", 200), 0.1, hold=True)
+        await asyncio.sleep(0)
+        alone = list(writer.chunks)  # nothing sent for a held entry alone
+        outbox.add("cancel", 3)
+        await asyncio.sleep(0)
+        along = list(writer.chunks)  # it goes with the next message
+        outbox.group("answered", ("m", 200), 0.2, hold=True)
+        await asyncio.sleep(0)
+        held = list(writer.chunks)  # alone again: held
+        await asyncio.sleep(4 * links.HOLD_S)
+        return [alone, along, held, list(writer.chunks)]
+
+    alone, along, held, late = asyncio.run(run())
+    assert alone == [] and len(along) == 1
+    assert decoded(along[0]) == {"cancel": [3], "answered": [("m", 200, [0.1])]}
+    assert held == along and len(late) == 2
+    assert decoded(late[1]) == {"answered": [("m", 200, [0.2])]}
+
+
+def test_while_busy_a_message_waits_one_pass_for_the_next_passs_entries() -> None:
+    async def run(busy: bool) -> list[list[Any]]:
+        writer = Writer()
+        outbox = links.Outbox(writer, busy=lambda: busy)  # type: ignore[arg-type]
+        outbox.add("cancel", 1)
+        await asyncio.sleep(0)  # the next pass: what it adds goes with what waits
+        outbox.add("cancel", 2)
+        for _ in range(4):
+            await asyncio.sleep(0)
+        return writer.chunks
+
+    assert [decoded(c) for c in asyncio.run(run(True))] == [{"cancel": [1, 2]}]
+    assert [decoded(c) for c in asyncio.run(run(False))] == [
+        {"cancel": [1]}, {"cancel": [2]}]
+
+
+class Transport:
+    """An inbox's transport: whether it was asked to stop reading."""
+
+    def __init__(self) -> None:
+        self.paused = False
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+
+def inbox() -> links.Inbox:
+    box = links.Inbox()
+    box.connection_made(Transport())  # type: ignore[arg-type]
+    return box
+
+
+def feed(box: links.Inbox, data: bytes, step: int) -> None:
+    """``data`` into ``box`` as the loop would put it, at most ``step`` bytes a read."""
+    at = 0
+    while at < len(data):
+        buffer = box.get_buffer(-1)
+        assert len(buffer) > 0
+        n = min(len(buffer), step, len(data) - at)
+        buffer[:n] = data[at:at + n]
+        box.buffer_updated(n)
+        at += n
+
+
+async def read_all(box: links.Inbox, n: int) -> list[Any]:
+    return [await box.read() for _ in range(n)]
+
+
+# Short messages, one just under the scratch buffer, and a long one that is read into its own.
+LONG = np.arange(links.SCRATCH_BYTES // 2, dtype=np.float32)  # twice the scratch buffer
+MESSAGES = [
+    {"cancel": [1]},
+    {"results": [("r", None, 1)], "results_values": wire.pack([np.ones(3, dtype=np.float32)])},
+    {"v": wire.pack([np.zeros(links.SCRATCH_BYTES // 4 - 64, dtype=np.float32)])},
+    {"v": wire.pack([LONG])},
+    {"cancel": [2, 3]},
+]
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in b)
+    if isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(b, np.ndarray):
+        return a.flags.writeable and a.dtype == b.dtype and np.array_equal(a, b)
+    return bool(a == b)
+
+
+@pytest.mark.parametrize("step", [1, 7, 4096, 100_000, 10**9])
+def test_an_inbox_reads_each_message_whole_however_its_bytes_arrive(step: int) -> None:
+    data = b"".join(b"".join(wire.encode(m)) for m in MESSAGES)
+    count = len(MESSAGES)
+    if step == 1:  # a byte a read, over the first two messages (the rest would take long)
+        count = 2
+        data = data[:sum(len(b"".join(wire.encode(m))) for m in MESSAGES[:count])]
+    box = inbox()
+    feed(box, data, step)
+    got = asyncio.run(read_all(box, count))
+    assert all(same(a, b) for a, b in zip(got, MESSAGES[:count], strict=True))
+
+
+def test_an_inbox_stops_reading_while_it_holds_many_messages_and_reads_again_at_half() -> None:
+    box = inbox()
+    one = b"".join(wire.encode({"cancel": [1]}))
+    feed(box, one * (links.HELD_MESSAGES - 1), 10**9)
+    assert box.transport is not None and not box.transport.paused  # type: ignore[attr-defined]
+    feed(box, one, 10**9)
+    assert box.transport.paused  # type: ignore[attr-defined]
+    asyncio.run(read_all(box, links.HELD_MESSAGES // 2 - 1))
+    assert box.transport.paused  # type: ignore[attr-defined]
+    asyncio.run(read_all(box, 1))
+    assert not box.transport.paused  # type: ignore[attr-defined]
+
+
+def test_an_inbox_gives_what_it_holds_then_says_the_link_is_closed() -> None:
+    box = inbox()
+    feed(box, b"".join(wire.encode({"cancel": [1]})) + b"\x00\x00", 10**9)  # and a partial one
+    box.connection_lost(None)
+
+    async def run() -> Any:
+        first = await box.read()
+        with pytest.raises(ConnectionError):
+            await box.read()
+        return first
+
+    assert asyncio.run(run()) == {"cancel": [1]}
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_two_ends_of_a_socket_exchange_long_and_short_messages(loop: str) -> None:
+    async def run() -> list[Any]:
+        a, b = socket.socketpair()
+        (inbox_a, transport_a), (inbox_b, transport_b) = await links.connect(a), \
+            await links.connect(b)
+        waiting = asyncio.ensure_future(read_all(inbox_b, len(MESSAGES)))
+        for message in MESSAGES:
+            transport_a.writelines(wire.encode(message))
+        got = await asyncio.wait_for(waiting, 10)
+        transport_b.writelines(wire.encode({"cancel": [9]}))
+        got.append(await asyncio.wait_for(inbox_a.read(), 10))
+        transport_a.close()
+        with pytest.raises(ConnectionError):
+            await asyncio.wait_for(inbox_b.read(), 10)
+        transport_b.close()
+        return got
+
+    got = uvloop.run(run()) if loop == "uvloop" else asyncio.run(run())
+    assert all(same(a, b) for a, b in zip(got, [*MESSAGES, {"cancel": [9]}], strict=True))
