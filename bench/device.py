@@ -40,7 +40,9 @@ from app.errors import ServeError
 from app.frontend.link import DeviceLink
 from app.links import connect
 from app.models.base import Replica
+from app.models.builtin import mlp_module
 from app.models.minilm import MiniLMHandler
+from app.models.tensor import TensorHandler
 from app.process import freeze_startup_objects, tune_for_serving
 from app.runtime import build_service
 from app.state import ModelState
@@ -61,6 +63,14 @@ class _StandIn(MiniLMHandler):
 
 def minilm_stand_in() -> MiniLMHandler:
     return _StandIn()
+
+
+def mlp_stand_in() -> TensorHandler:
+    """The mlp's inputs and outputs (512 floats in, 16 out) through one 512-16 layer: for
+    ``bench.frontends --workload mlp --model bench.device:mlp_stand_in``, where on a CPU the mlp's
+    compute would hide what the server costs a request."""
+    return TensorHandler("mlp", lambda d: mlp_module((512, 16)).to(d).eval(), (512,),
+                         output_shape=(16,))
 
 
 def settings_for(args: argparse.Namespace) -> Settings:

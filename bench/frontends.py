@@ -149,7 +149,7 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
                                                      args.binary) as (path_file, path, env):
         wait_for_frontends(url, frontends)
         if check:
-            check_answers(url, args.workload)
+            check_answers(url, args.workload, args.model)
         for c in args.concurrency:
             run_wrk(url, path_file, c, args.warmup_s, path, threads=min(c, args.threads),
                     env=env)
@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--offline", action="store_true", help="the model alone at the max batch")
     p.add_argument("--model", default=None,
                    help="serve the workload's model given this way (app.models.builtin:"
-                        "mlp_module: the mlp as a bare module); requests are the workload's")
+                        "mlp_module: the mlp as a bare module; bench.device:mlp_stand_in: its "
+                        "inputs and outputs through one layer); requests are the workload's")
     p.add_argument("--out", type=Path, default=None, help="write the points here as JSON")
     p.add_argument("--profile", type=Path, default=None,
                    help="record the device process with py-spy at each point, into this folder")

@@ -148,10 +148,12 @@ class SmSampler:
         return statistics.fmean(self.samples) if self.samples else None
 
 
-def check_answers(url: str, workload: str) -> None:
+def check_answers(url: str, workload: str, model: str | None = None) -> None:
+    """The server's answers to ``workload``'s first instances against its model (or ``model``,
+    where the server was given another) called directly."""
     from app.models.registry import load_handler
 
-    handler = load_handler(workload)
+    handler = load_handler(model or workload)
     replica = handler.load(torch.device("cpu"))
     instances = [instance_for(workload, i) for i in range(4)]
     with torch.inference_mode():
