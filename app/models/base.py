@@ -92,12 +92,15 @@ class OutputCountMismatch(RuntimeError):
 def split_rows(outputs: Tensors, n: int) -> Sequence[Any]:
     """Per-item rows of a tensor, or of each tensor in a tuple/list/dict, as numpy views. A
     tensor's rows come as its numpy array: indexing it gives a row, slicing it a block of rows
-    (a chunk's results, app/pending.py), with no view made per row until one is asked for."""
+    (a chunk's results, app/pending.py), with no view made per row until one is asked for.
+    A tensor that is not contiguous (transposed, expanded) is copied once for the batch: rows
+    that are not contiguous cannot be rendered as JSON without a copy each."""
     if isinstance(outputs, torch.Tensor):
         if outputs.dim() == 0 or outputs.shape[0] != n:
             got = "a scalar" if outputs.dim() == 0 else f"{outputs.shape[0]} rows"
             raise OutputCountMismatch(f"model returned {got} for a batch of {n}")
-        return cast(Sequence[Any], outputs.numpy())  # an ndarray: len, index, slice, iterate
+        # An ndarray: len, index, slice, iterate.
+        return cast(Sequence[Any], outputs.contiguous().numpy())
     if isinstance(outputs, dict):
         columns = {k: split_rows(v, n) for k, v in outputs.items()}
         return [{k: col[i] for k, col in columns.items()} for i in range(n)]

@@ -68,6 +68,21 @@ async def test_wide_instances_are_parsed_straight_into_an_array(
         assert len(general) == 1  # the ragged body; 1e39 parses, and decode names it
 
 
+async def test_outputs_that_are_not_contiguous_are_answered() -> None:
+    """A model whose output is a transposed view: 200 with its numbers, not a 500."""
+    def build(d: torch.device) -> torch.nn.Module:
+        class Transposed(torch.nn.Module):
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return (x * 2).t().contiguous().t()  # the same values, column-major
+
+        return Transposed().to(d)
+
+    async with app_client(make_settings(), TensorHandler("t", build, (3,))) as client:
+        r = await client.post("/predict", json={"instances": [[1, 2, 3], [4, 5, 6]]})
+        assert r.status_code == 200, r.text
+        assert r.json()["predictions"] == [[2.0, 4.0, 6.0], [8.0, 10.0, 12.0]]
+
+
 @pytest.mark.parametrize(
     ("body", "contains"),
     [
