@@ -94,11 +94,14 @@ def split_rows(outputs: Tensors, n: int) -> Sequence[Any]:
     tensor's rows come as its numpy array: indexing it gives a row, slicing it a block of rows
     (a chunk's results, app/pending.py), with no view made per row until one is asked for.
     A tensor that is not contiguous (transposed, expanded) is copied once for the batch: rows
-    that are not contiguous cannot be rendered as JSON without a copy each."""
+    that are not contiguous cannot be rendered as JSON without a copy each. bfloat16, which
+    numpy lacks, comes as float32 (exactly: every bfloat16 is a float32)."""
     if isinstance(outputs, torch.Tensor):
         if outputs.dim() == 0 or outputs.shape[0] != n:
             got = "a scalar" if outputs.dim() == 0 else f"{outputs.shape[0]} rows"
             raise OutputCountMismatch(f"model returned {got} for a batch of {n}")
+        if outputs.dtype == torch.bfloat16:
+            outputs = outputs.float()
         # An ndarray: len, index, slice, iterate.
         return cast(Sequence[Any], outputs.contiguous().numpy())
     if isinstance(outputs, dict):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -68,19 +69,29 @@ async def test_wide_instances_are_parsed_straight_into_an_array(
         assert len(general) == 1  # the ragged body; 1e39 parses, and decode names it
 
 
-async def test_outputs_that_are_not_contiguous_are_answered() -> None:
-    """A model whose output is a transposed view: 200 with its numbers, not a 500."""
-    def build(d: torch.device) -> torch.nn.Module:
-        class Transposed(torch.nn.Module):
-            def forward(self, x: torch.Tensor) -> torch.Tensor:
-                return (x * 2).t().contiguous().t()  # the same values, column-major
+@pytest.mark.parametrize(("output", "datatype"), [
+    (lambda y: y.t().contiguous().t(), "FP32"),  # the same values, column-major
+    (lambda y: y.to(torch.bfloat16), "FP32"),  # numpy has no bfloat16
+    (lambda y: y.half(), "FP16"),
+])
+async def test_outputs_a_model_may_return_are_answered(
+    output: Callable[[torch.Tensor], torch.Tensor], datatype: str,
+) -> None:
+    """A transposed view, bfloat16, float16: 200 with their numbers on both APIs, not a 500
+    (or a model that fails its warm-up)."""
+    class Model(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return output(x * 2)
 
-        return Transposed().to(d)
-
-    async with app_client(make_settings(), TensorHandler("t", build, (3,))) as client:
+    async with app_client(make_settings(), TensorHandler("t", lambda d: Model(), (3,))) as client:
         r = await client.post("/predict", json={"instances": [[1, 2, 3], [4, 5, 6]]})
         assert r.status_code == 200, r.text
         assert r.json()["predictions"] == [[2.0, 4.0, 6.0], [8.0, 10.0, 12.0]]
+        r = await client.post("/v2/models/t/infer", json={"inputs": [
+            {"name": "INPUT0", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]})
+        assert r.status_code == 200, r.text
+        out, = r.json()["outputs"]
+        assert out["datatype"] == datatype and out["data"] == [2.0, 4.0, 6.0]
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,6 +16,12 @@ def test_rows_of_outputs_that_are_not_contiguous_are() -> None:
         rows = split_rows(outputs, 3)
         assert all(row.flags.c_contiguous for row in rows)
         assert [row.tolist() for row in rows] == outputs.tolist()
+
+
+def test_bfloat16_rows_come_as_float32() -> None:
+    outputs = torch.tensor([[1.5, -2.0], [3.0, 0.25]], dtype=torch.bfloat16)
+    rows = split_rows(outputs, 2)
+    assert rows[0].dtype == np.float32 and [r.tolist() for r in rows] == outputs.float().tolist()
 
 
 def test_split_rows_checks_the_count() -> None:
