@@ -89,13 +89,13 @@ class ModelFacade(ABC):
                                f"levels 1 (most urgent) to {self.settings.priority_levels}")
         return asked
 
-    def decodes_inline(self, n: int) -> bool:
-        """Whether ``decode`` of ``n`` instances runs on the event loop without awaiting."""
-        return not self.handler.heavy_decode and n <= INLINE_DECODE_MAX_ITEMS
+    def decodes_inline(self, instances: list[Any]) -> bool:
+        """Whether ``decode(instances)`` runs on the event loop without awaiting."""
+        return len(instances) <= INLINE_DECODE_MAX_ITEMS and self.handler.decodes_inline(instances)
 
     async def decode(self, instances: list[Any]) -> list[Any]:
         """Validate and pre-process; heavy or large decodes run in the bounded decode pool."""
-        if self.decodes_inline(len(instances)):
+        if self.decodes_inline(instances):
             return self.handler.decode(instances)
         assert self._loop is not None
         return await self._loop.run_in_executor(self._pool, self.handler.decode, instances)

@@ -154,7 +154,7 @@ async def submit(model: ModelFacade, instances: list[Any], level: int, deadline:
     its items: what every protocol does between parsing and awaiting the answer."""
     model.check_admissible(len(instances), level, deadline)
     # An inline decode lets nothing run before the put: the check above still holds then.
-    admitted = len(instances) if model.decodes_inline(len(instances)) else None
+    admitted = len(instances) if model.decodes_inline(instances) else None
     items = await model.decode(instances)
     return model.enqueue(items, deadline, level, span, admitted=admitted)
 

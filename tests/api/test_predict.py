@@ -247,6 +247,33 @@ async def test_admission_is_checked_again_after_a_decode_in_the_pool() -> None:
         assert queued(client) == 0
 
 
+class SmallInline(EchoHandler):
+    """A heavy decode whose one-instance requests are cheap: each decode's thread, recorded."""
+
+    heavy_decode = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+
+    def decodes_inline(self, instances: list[Any]) -> bool:
+        return len(instances) == 1
+
+    def decode(self, instances: list[Any]) -> list[Any]:
+        self.threads.append(threading.current_thread().name)
+        return super().decode(instances)
+
+
+async def test_a_heavy_decode_runs_on_the_loop_where_the_handler_says_it_is_cheap() -> None:
+    handler = SmallInline()
+    async with app_client(make_settings(), handler) as client:
+        for instances in ([1], [1, 2]):
+            r = await client.post("/predict", json={"instances": instances})
+            assert r.status_code == 200 and r.json()["predictions"] == [2 * x for x in instances]
+    loop_thread = threading.current_thread().name
+    assert handler.threads[-2] == loop_thread and handler.threads[-1].startswith("decode")
+
+
 class Tripling(EchoHandler):
     """Breaks the decode contract: three items for every instance."""
 

@@ -77,6 +77,18 @@ def test_one_sentence_decodes_as_it_does_among_others() -> None:
         assert alone.dtype == ids.dtype and alone.tolist() == ids.tolist()
 
 
+def test_only_one_short_sentence_is_tokenized_on_the_event_loop() -> None:
+    """It holds the GIL either way; anything longer, or several, goes to the decode pool."""
+    from app.models.minilm import INLINE_TEXT_CHARS, MiniLMHandler
+
+    handler = MiniLMHandler()
+    short, long = "x" * INLINE_TEXT_CHARS, "x" * (INLINE_TEXT_CHARS + 1)
+    assert handler.decodes_inline([short]) and handler.decodes_inline(["Hello, world."])
+    assert not handler.decodes_inline([long])
+    assert not handler.decodes_inline(["Hello.", "World."])
+    assert not handler.decodes_inline([3])  # decode names the fault, in the pool
+
+
 def test_a_batch_is_padded_to_its_longest_item_and_masked() -> None:
     from app.models.minilm import MiniLMHandler
 
