@@ -20,6 +20,8 @@ from app.sources import load_settings, unknown_variables
 
 def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if annotation is bool:  # the setting parses true/false, yes/no, on/off, 1/0
+        return str, None
     if typing.get_origin(annotation) is typing.Literal:
         return str, [str(a) for a in args]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):

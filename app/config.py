@@ -82,6 +82,10 @@ class BatchSettings(BaseModel):
         256, ge=1, description="text models: waiting items looked at to batch similar lengths "
         "together (1: arrival order)",
     )
+    cuda_graphs: bool = Field(
+        False, description="on CUDA, run a fixed-shape tensor model's batches as CUDA graphs "
+        "captured at warm-up (docs/cuda-graphs.md; not yet measured on a GPU)",
+    )
 
     _explicit: frozenset[str] = PrivateAttr(default=frozenset())
 

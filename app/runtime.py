@@ -206,7 +206,7 @@ class InferenceService:
         log.info("model %s version %s: loading and warming up on %s", model.name,
                  model.version, worker.label)
         started = time.monotonic()
-        warm = await loader.warm(model.handler, model.batch_limit)
+        warm = await loader.warm(model.handler, model.batch_limit, model.settings.cuda_graphs)
         log.info("model %s version %s: warm on %s in %.1f s", model.name, model.version,
                  worker.label, time.monotonic() - started)
         if warm.batch_limit < model.batch_limit:

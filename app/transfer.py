@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from app.graphs import GraphedReplica, HostBuffers, fill_rows
 from app.models.base import ModelHandler, OutputCountMismatch, Replica, Tensors, map_tensors
 
 
@@ -32,7 +33,8 @@ class Launch:
     """One model call in progress. ``wait`` gives (per-item results, device seconds).
 
     On CUDA ``done`` fires when the outputs are in host memory; ``started`` and ``computed`` time
-    the forward. On the CPU the call is finished and ``cpu_seconds`` holds its time.
+    the forward. On the CPU the call is finished and ``cpu_seconds`` holds its time. A batch
+    replayed as a graph (app/graphs.py) has its outputs in ``graph``'s buffers until ``wait``.
     """
 
     handler: ModelHandler
@@ -42,6 +44,7 @@ class Launch:
     started: torch.cuda.Event | None = None
     computed: torch.cuda.Event | None = None
     cpu_seconds: float = 0.0
+    graph: HostBuffers | None = None
 
     @property
     def pending(self) -> bool:
@@ -50,10 +53,14 @@ class Launch:
 
     def wait(self) -> tuple[Sequence[Any], float]:
         seconds = self.cpu_seconds
-        if self.done is not None:
-            self.done.synchronize()
-            if self.started is not None and self.computed is not None:
-                seconds = self.started.elapsed_time(self.computed) / 1000.0
+        try:
+            if self.done is not None:
+                self.done.synchronize()
+                if self.started is not None and self.computed is not None:
+                    seconds = self.started.elapsed_time(self.computed) / 1000.0
+        finally:
+            if self.graph is not None:  # the buffers are free again, whatever happened
+                self.outputs = GraphedReplica.release(self.graph, self.n)
         results = self.handler.split(self.outputs, self.n)
         if len(results) != self.n:
             raise OutputCountMismatch(f"handler returned {len(results)} results for {self.n} items")
@@ -72,10 +79,11 @@ class DeviceExecutor:
         # applies it now.
         torch.get_num_threads()
         self.pipelined = device.type == "cuda"
+        self.stream: torch.cuda.Stream | None = None  # the compute stream, on CUDA
         if self.pipelined:
             torch.cuda.set_device(device)
             self._copy_in = _stream(device)
-            self._compute = _stream(device)
+            self._compute = self.stream = _stream(device)
             self._copy_out = _stream(device)
 
     def launch(self, handler: ModelHandler, replica: Replica, data: list[Any],
@@ -85,12 +93,35 @@ class DeviceExecutor:
         instances ``data`` holds, where some are chunks (app/pending.py); one result each."""
         n = len(data) if rows is None else rows
         with torch.inference_mode():
+            if isinstance(replica, GraphedReplica) and (buffers := replica.take(n)) is not None:
+                return self._launch_graph(handler, replica, buffers, data, n)
             batch = handler.collate(data)
             if not self.pipelined:
                 t0 = time.perf_counter()
                 outputs = replica(batch)
                 return Launch(handler, n, outputs, cpu_seconds=time.perf_counter() - t0)
             return self._launch_cuda(handler, replica, batch, n)
+
+    def _launch_graph(self, handler: ModelHandler, replica: GraphedReplica,
+                      buffers: HostBuffers, data: list[Any], n: int) -> Launch:
+        """The rows written into pinned memory with numpy, then four torch calls: copy in,
+        replay, copy out, an event (docs/cuda-graphs.md)."""
+        try:
+            fill_rows(buffers.rows_in[:n], data)
+            if not self.pipelined:
+                t0 = time.perf_counter()
+                replica.run(buffers, n)
+                return Launch(handler, n, None, cpu_seconds=time.perf_counter() - t0,
+                              graph=buffers)
+            started, done = _event(timing=True), _event(timing=True)
+            with torch.cuda.stream(self._compute):
+                started.record(self._compute)
+                replica.run(buffers, n)
+                done.record(self._compute)
+        except BaseException:
+            buffers.busy = False
+            raise
+        return Launch(handler, n, None, done, started, done, graph=buffers)
 
     def _launch_cuda(self, handler: ModelHandler, replica: Replica, batch: Tensors,
                      n: int) -> Launch:

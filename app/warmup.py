@@ -9,6 +9,8 @@ docs/scheduler.md, section 1).
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -16,11 +18,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from app.graphs import NotGraphable, capture, record_cuda
 from app.models.base import ModelHandler, Replica
 from app.models.signature import TensorSpec, describe_outputs
 from app.scheduler.cost import CostModel, grid
 from app.scheduler.waiting import group_by
 from app.transfer import DeviceExecutor
+
+log = logging.getLogger("batchserve.warmup")
 
 TEXT_LENGTHS = (16, 128)  # tokens per item when measuring a text model's cost
 
@@ -49,14 +54,14 @@ class Loader:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"load-{device}")
         self._executor: DeviceExecutor | None = None
 
-    async def warm(self, handler: ModelHandler, limit: int) -> Warm:
+    async def warm(self, handler: ModelHandler, limit: int, graphs: bool = False) -> Warm:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._warm, handler, limit)
+        return await loop.run_in_executor(self._pool, self._warm, handler, limit, graphs)
 
-    def _warm(self, handler: ModelHandler, limit: int) -> Warm:
+    def _warm(self, handler: ModelHandler, limit: int, graphs: bool) -> Warm:
         if self._executor is None:
             self._executor = DeviceExecutor(self.device)
-        return warm_replica(handler, self.device, limit, self._executor)
+        return warm_replica(handler, self.device, limit, self._executor, graphs)
 
     async def measure(self, handler: ModelHandler, replica: Replica, items: list[Any],
                       limit: int) -> tuple[CostModel, int]:
@@ -78,26 +83,51 @@ class Loader:
 
 
 def warm_replica(handler: ModelHandler, device: torch.device, limit: int,
-                 executor: DeviceExecutor | None = None) -> Warm:
-    """Load ``handler``'s replica for ``device``, run its examples through it (warm-up), and
-    time a small grid of batch sizes up to ``limit`` (for a text model, of two item lengths).
-    Runs on a loader thread (``Loader``), so that a device thread keeps serving its other
-    models meanwhile."""
+                 executor: DeviceExecutor | None = None, graphs: bool = False) -> Warm:
+    """Load ``handler``'s replica for ``device``, run its examples through it (warm-up), with
+    ``graphs`` on CUDA capture its forward as CUDA graphs (app/graphs.py), and time a small
+    grid of batch sizes up to ``limit`` (for a text model, of two item lengths). Runs on a
+    loader thread (``Loader``), so that a device thread keeps serving its other models
+    meanwhile."""
     with torch.inference_mode():
         replica = handler.load(device)
         examples = handler.examples()
         if not examples:
+            if graphs:
+                log.warning("model %s on %s: served without CUDA graphs: it has no warm-up "
+                            "examples to capture and check them with", handler.name, device)
             return Warm(replica, None, CostModel(), limit)
         executor = executor or DeviceExecutor(device)
         items = handler.decode(examples)
         results: list[Any] = []
         for group in group_by(items, handler.key):
             results.extend(executor.launch(handler, replica, group).wait()[0])
+        if graphs:
+            replica = graphed(handler, replica, executor, limit, items)
         lengths = [handler.length(i) for i in items]
         padded = None not in lengths
         per_item = sum(lengths) / len(lengths) if padded else 1.0  # type: ignore[arg-type]
         cost, fits = measure(handler, replica, executor, items, limit, padded)
         return Warm(replica, describe_outputs(results), cost, fits, per_item, padded)
+
+
+def graphed(handler: ModelHandler, replica: Replica, executor: DeviceExecutor, limit: int,
+            items: list[Any]) -> Replica:
+    """``replica`` with its forward captured as CUDA graphs up to ``limit`` on the executor's
+    stream, or as it is where it cannot be (the log says why)."""
+    name, device = handler.name, executor.device
+    if executor.stream is None:
+        log.info("model %s on %s: cuda_graphs applies to CUDA devices only", name, device)
+        return replica
+    record = functools.partial(record_cuda, stream=executor.stream)
+    try:
+        result = capture(handler, replica, device, limit, items, record)
+    except NotGraphable as exc:
+        log.warning("model %s on %s: served without CUDA graphs: %s", name, device, exc)
+        return replica
+    log.info("model %s on %s: forward captured as CUDA graphs for batches of %s", name,
+             device, ", ".join(map(str, result.sizes)))
+    return result
 
 
 def measure(handler: ModelHandler, replica: Replica, executor: DeviceExecutor,

@@ -78,7 +78,8 @@ def settings_for(args: argparse.Namespace) -> Settings:
     return Settings(model=model, devices=args.devices, max_batch_size=args.max_batch_size,
                     max_wait_ms=args.max_wait_ms, torch_threads=args.torch_threads,
                     queue_capacity=max(4096, args.concurrency * args.instances),
-                    max_instances=max(256, args.instances), grpc_port=0)
+                    max_instances=max(256, args.instances), grpc_port=0,
+                    cuda_graphs=args.cuda_graphs)
 
 
 async def device(args: argparse.Namespace) -> list[tuple[float, float, float, float]]:
@@ -115,7 +116,8 @@ async def device(args: argparse.Namespace) -> list[tuple[float, float, float, fl
             loop0, all0 = cpu_seconds(os.getpid(), os.getpid()), cpu_seconds(os.getpid())
             into = args.profile if i == 0 else None  # py-spy on this process, the first round
             with profiled(into, os.getpid(), args.seconds, f"device-{args.workload}-"
-                          f"x{args.instances}-k{args.clients}"):
+                          f"x{args.instances}-k{args.clients}"
+                          f"{'-graphs' if args.cuda_graphs else ''}"):
                 await asyncio.sleep(args.seconds)
             n1, t1, b1 = _count(answered), time.monotonic(), _batches(registry, args.workload)
             loop1, all1 = cpu_seconds(os.getpid(), os.getpid()), cpu_seconds(os.getpid())
@@ -197,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch-size", type=int, default=256)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--torch-threads", type=int, default=1)
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="serve with cuda_graphs (docs/cuda-graphs.md)")
     p.add_argument("--profile", type=Path, default=None,
                    help="py-spy's GIL samples of this process in the first round, into this "
                         "folder (python -m bench.gil_share reads them)")
@@ -209,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     print(f"== device process alone: {args.workload}, {args.instances} item(s) a request, "
           f"c={args.concurrency} over {args.clients} client(s), max batch {args.max_batch_size}, "
-          f"devices {args.devices}", flush=True)
+          f"devices {args.devices}{', CUDA graphs' if args.cuda_graphs else ''}", flush=True)
     rounds = uvloop.run(device(args))
     print(f"{'round':>5}{'req/s':>10}{'loop us/req':>13}{'process us/req':>16}{'batch':>7}")
     for i, (rate, loop, whole, batch) in enumerate(rounds, 1):

@@ -2,19 +2,21 @@
 # The GPU run, in one command on a lent GPU machine (docs/benchmarks.md, "GPU"): the tests with
 # CUDA present, the model alone at GPU batch sizes, then the front-end curve (docs/frontends.md):
 # N = 1, 2, 4, 8, 14 front ends at c=256 on mlp (1 JSON instance a request; 32 instances as v2
-# binary tensors) and minilm, with the GPU's busy share; right after the first curve, the
-# device process alone (bench.device on mlp and on minilm's items: its ceiling and CPU a
-# request without HTTP, and which thread holds the GIL, printed by bench.gil_share: what the
-# next change depends on; and bench.gil_switch: a batch's time next to a thread that holds the
-# GIL, by switch interval); last, at c=1, this build against the first GPU run's (bench/ab.sh,
+# binary tensors) and minilm, with the GPU's busy share, and both mlp workloads again with
+# cuda_graphs at GRAPH_FRONTENDS front ends (docs/cuda-graphs.md); right after the first
+# curve, the device process alone (bench.device on mlp, eager and with CUDA graphs, and on
+# minilm's items: its ceiling and CPU a request without HTTP, and which thread holds the GIL,
+# printed by bench.gil_share: what the next change depends on; and bench.gil_switch: a
+# batch's time next to a thread that holds the GIL, by switch interval); last, at c=1, this build against the first GPU run's (bench/ab.sh,
 # both up at once), with one process and with its default front ends. With PROFILE=1 py-spy
 # also records the device process at each point of the first curve. Profiles go to
 # $OUT/profiles.tgz (py-spy slows what it records: one process at c=256 read 3.8 k req/s
 # profiled). Needs .carry/ from `python -m bench.carry` (made here, named in the device call's
 # carry). On the H100 box each minilm point takes ~30 s (start-up and warm-up), the others
 # ~12-24 s, the c=1 comparison ~90 s, the device process ~20 s a run, bench.gil_switch ~25 s:
-# about 8-9 minutes with the tests (estimated; not yet timed at these defaults), so TESTS=
-# where a call must leave time for another.
+# about 10 minutes with the tests (estimated; not yet timed at these defaults), more than one
+# device call may run: TESTS=tests/unit/test_graphs.py (the CUDA graphs' own tests) or a
+# CURVES subset; what ran before a timeout stays in $OUT/gpu.log.
 #
 #   on the device:  bash bench/gpu.sh            (logs and result JSON go to $OUT)
 #   dry run here:   INSTALL=0 PY=.venv/bin/python DEVICES=cpu FRONTENDS=1,2 OUT=/tmp/gpu \
@@ -31,7 +33,8 @@ SECONDS_PER_POINT=${SECONDS_PER_POINT:-3}
 TESTS=${TESTS-tests/unit tests/api}  # what pytest runs (empty: no tests)
 DEVICE_INSTANCES=${DEVICE_INSTANCES:-1 32}  # items a request in the device curve's runs
 PROFILE=${PROFILE:-0}  # 1: py-spy on the device process at each point of the mlp-json curve
-CURVES=${CURVES:-mlp-json mlp-binary32 minilm device c1}  # which curves
+CURVES=${CURVES:-mlp-json mlp-binary32 mlp-binary32-graphs mlp-json-graphs minilm device c1}
+GRAPH_FRONTENDS=${GRAPH_FRONTENDS:-8}  # front ends of the CUDA-graph curves
 OUT=${OUT:?OUT: where the logs and results go}
 mkdir -p "$OUT"
 
@@ -70,6 +73,12 @@ device_alone() {  # bench.device on mlp (x1, x32) and on minilm's items, with GI
         --profile "$OUT/profiles"  # the second round without py-spy
       echo "== device exit $?"
       "$PY" -m bench.gil_share "$OUT/profiles/device-mlp-x$n-k8.txt"  # loop / device thread
+      echo "== the same with CUDA graphs (docs/cuda-graphs.md)"
+      timeout 60 "$PY" -m bench.device --workload mlp --devices "$DEVICES" --clients 8 \
+        --instances "$n" --concurrency 256 --seconds 3 --rounds 2 --warmup-s 2 --cuda-graphs \
+        --profile "$OUT/profiles"
+      echo "== device exit $?"
+      "$PY" -m bench.gil_share "$OUT/profiles/device-mlp-x$n-k8-graphs.txt"
     done
     echo "== the device process alone: minilm's items, a stand-in forward, 8 front ends"
     timeout 60 "$PY" -m bench.device --workload minilm --devices "$DEVICES" --clients 8 \
@@ -122,6 +131,11 @@ main() {
   curve mlp-binary32 130 --workload mlp --max-batch-size 256 --instances 32 --binary \
     --queue-capacity 16384 \
     --concurrency 256
+  # the same, and mlp JSON, with CUDA graphs at GRAPH_FRONTENDS (the curves' best N before)
+  curve mlp-binary32-graphs 60 --workload mlp --max-batch-size 256 --instances 32 --binary \
+    --queue-capacity 16384 --concurrency 256 --cuda-graphs --frontends "$GRAPH_FRONTENDS"
+  curve mlp-json-graphs 60 --workload mlp --max-batch-size 256 --concurrency 256 \
+    --cuda-graphs --frontends "$GRAPH_FRONTENDS"
   curve minilm 170 --workload minilm --max-batch-size 128 --concurrency 256
   c1_compare
 }

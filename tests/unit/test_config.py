@@ -183,3 +183,17 @@ def test_a_misspelt_variable_is_named_with_the_setting_it_resembles() -> None:
         "BATCHSERVE_MAX_BATCH_SIZE?",
         "BATCHSERVE_ZZZ is not a batchserve setting and is ignored",
     ]
+
+
+@pytest.mark.parametrize(("given", "expected"), [("true", True), ("false", False),
+                                                 ("0", False), ("yes", True)])
+def test_a_switch_flag_reads_its_word(given: str, expected: bool) -> None:
+    """``--cuda-graphs false`` is off: the word goes to the setting, not to ``bool()``."""
+    args = build_parser().parse_args(["serve", "--cuda-graphs", given])
+    assert load_settings(None, {"cuda_graphs": args.cuda_graphs}).cuda_graphs is expected
+
+
+def test_a_switch_flag_refuses_other_words() -> None:
+    args = build_parser().parse_args(["serve", "--cuda-graphs", "maybe"])
+    with pytest.raises(ConfigError, match="cuda_graphs"):
+        load_settings(None, {"cuda_graphs": args.cuda_graphs})

@@ -1,0 +1,229 @@
+"""app/graphs.py: batches through captured graphs give the eager forward's results, whatever
+their size, chunks and padding; what cannot be captured, or whose rows are not independent, is
+refused with a reason. On the CPU the graphs are stood in for by ``record_eager`` (each replay
+runs the forward on the same static rows into the same static output), so the buckets, buffers
+and checks are tested here; the CUDA capture itself only where there is a GPU."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from app.graphs import (
+    GraphedReplica,
+    NotGraphable,
+    Recorded,
+    buckets,
+    capture,
+    fill_rows,
+)
+from app.models.base import Replica
+from app.models.builtin import mlp_module
+from app.models.tensor import TensorHandler
+from app.transfer import DeviceExecutor
+from app.warmup import warm_replica
+
+CPU = torch.device("cpu")
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def record_eager(replica: Replica, device_in: torch.Tensor,
+                 sizes: list[int]) -> dict[int, Recorded]:
+    """A stand-in for CUDA graphs: fixed rows in, a fixed output tensor out."""
+    graphs: dict[int, Recorded] = {}
+    for size in sizes:
+        rows = device_in[:size]
+        output = replica(rows).clone()
+
+        def replay(rows: torch.Tensor = rows, output: torch.Tensor = output) -> None:
+            output.copy_(replica(rows))
+
+        graphs[size] = (replay, output)
+    return graphs
+
+
+def small(build: object = None) -> TensorHandler:
+    return TensorHandler("small", build or (lambda d: mlp_module((8, 16, 3)).to(d).eval()),
+                         (8,), output_shape=(3,))
+
+
+def rows(n: int, seed: int = 0) -> list[np.ndarray]:
+    return list(np.random.default_rng(seed).standard_normal((n, 8)).astype(np.float32))
+
+
+def graphed(handler: TensorHandler, limit: int = 16) -> tuple[GraphedReplica, Replica]:
+    replica = handler.load(CPU)
+    with torch.inference_mode():
+        result = capture(handler, replica, CPU, limit, handler.decode(rows(2, seed=9)),
+                         record_eager)
+    return result, replica
+
+
+def eager(replica: Replica, data: list[np.ndarray]) -> np.ndarray:
+    with torch.inference_mode():
+        return replica(torch.from_numpy(np.stack(data))).numpy()
+
+
+def test_buckets_are_powers_of_two_then_the_limit() -> None:
+    assert buckets(1) == [1]
+    assert buckets(2) == [1, 2]
+    assert buckets(48) == [1, 2, 4, 8, 16, 32, 48]
+    assert buckets(256) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def test_fill_rows_writes_rows_and_chunks_in_order() -> None:
+    data = [np.full(3, 1.0, np.float32), np.arange(6, dtype=np.float32).reshape(2, 3),
+            np.full(3, 7.0, np.float32)]
+    out = np.zeros((5, 3), np.float32)
+    fill_rows(out[:4], data)
+    np.testing.assert_array_equal(out, [[1, 1, 1], [0, 1, 2], [3, 4, 5], [7, 7, 7], [0, 0, 0]])
+    square = np.zeros((3, 2, 2), np.float32)  # items of two dimensions, one chunk of two
+    fill_rows(square, [np.ones((2, 2), np.float32), np.zeros((2, 2, 2), np.float32)])
+    np.testing.assert_array_equal(square[0], np.ones((2, 2)))
+    assert not square[1:].any()
+
+
+@pytest.mark.parametrize("n", [1, 3, 8, 9, 16])
+def test_a_batch_through_its_bucket_matches_the_eager_forward(n: int) -> None:
+    handler = small()
+    replica, plain = graphed(handler)
+    executor = DeviceExecutor(CPU)
+    data = rows(n, seed=n)
+    launch = executor.launch(handler, replica, data)
+    assert launch.graph is not None and launch.graph.busy
+    results, seconds = launch.wait()
+    assert not launch.graph.busy
+    assert seconds >= 0
+    np.testing.assert_allclose(np.stack(results), eager(plain, data), rtol=1e-6)
+
+
+def test_chunks_among_rows_come_back_a_row_each() -> None:
+    handler = small()
+    replica, plain = graphed(handler)
+    data = rows(5, seed=3)
+    items = [data[0], np.stack(data[1:4]), data[4]]  # a request's rows queued as one chunk
+    results, _ = DeviceExecutor(CPU).launch(handler, replica, items, rows=5).wait()
+    np.testing.assert_allclose(np.stack(results), eager(plain, data), rtol=1e-6)
+
+
+def test_with_both_buffers_in_flight_a_third_batch_runs_eagerly() -> None:
+    handler = small()
+    replica, plain = graphed(handler)
+    executor = DeviceExecutor(CPU)
+    batches = [rows(4, seed=s) for s in range(3)]
+    launches = [executor.launch(handler, replica, data) for data in batches]
+    assert [launch.graph is not None for launch in launches] == [True, True, False]
+    for data, launch in zip(batches, launches, strict=True):
+        np.testing.assert_allclose(np.stack(launch.wait()[0]), eager(plain, data), rtol=1e-6)
+    assert replica.take(1) is not None  # every pair free again
+
+
+def test_a_batch_larger_than_every_graph_runs_eagerly() -> None:
+    handler = small()
+    replica, plain = graphed(handler, limit=4)
+    data = rows(6)
+    launch = DeviceExecutor(CPU).launch(handler, replica, data)
+    assert launch.graph is None
+    np.testing.assert_allclose(np.stack(launch.wait()[0]), eager(plain, data), rtol=1e-6)
+
+
+def test_the_buffers_are_free_again_when_the_split_fails() -> None:
+    class Short(TensorHandler):
+        def split(self, outputs: object, n: int) -> list[object]:
+            return []
+
+    handler = Short("short", lambda d: mlp_module((8, 3)).to(d).eval(), (8,))
+    replica, _ = graphed(handler)
+    launch = DeviceExecutor(CPU).launch(handler, replica, rows(2))
+    with pytest.raises(RuntimeError):
+        launch.wait()
+    assert launch.graph is not None and not launch.graph.busy
+
+
+class MinusMean(torch.nn.Module):
+    """Each row less the batch's mean: rows that depend on each other."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x - x.mean(dim=0, keepdim=True)
+
+
+class Pair(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, x
+
+
+@pytest.mark.parametrize(("build", "reason"), [
+    (lambda d: MinusMean(), "differ with other rows"),
+    (lambda d: Pair(), "one tensor with a row per item"),
+])
+def test_a_model_the_graphs_would_change_is_refused(build: object, reason: str) -> None:
+    with pytest.raises(NotGraphable, match=reason):
+        graphed(small(build))
+
+
+def test_items_without_one_declared_shape_are_refused() -> None:
+    handler = TensorHandler("free", lambda d: torch.nn.Identity(), None)
+    with pytest.raises(NotGraphable, match="one declared shape"):
+        capture(handler, handler.load(CPU), CPU, 4, [np.zeros(3, np.float32)], record_eager)
+
+
+def test_a_capture_that_fails_names_the_error() -> None:
+    def broken(replica: Replica, device_in: torch.Tensor, sizes: list[int]) -> dict[int, Recorded]:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    handler = small()
+    with pytest.raises(NotGraphable, match="could not be captured.*not permitted"):
+        capture(handler, handler.load(CPU), CPU, 4, handler.decode(rows(1)), broken)
+
+
+def test_on_the_cpu_the_setting_is_noted_and_the_model_runs_eagerly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    handler = small()
+    with caplog.at_level(logging.INFO, logger="batchserve.warmup"):
+        warm = warm_replica(handler, CPU, 8, graphs=True)
+    assert not isinstance(warm.replica, GraphedReplica)
+    assert "cuda_graphs applies to CUDA devices only" in caplog.text
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("n", [1, 3, 100, 256])
+def test_cuda_graphs_match_the_eager_forward(n: int) -> None:
+    from app.models.builtin import mlp_handler
+
+    handler = mlp_handler()
+    device = torch.device("cuda", 0)
+    warm = warm_replica(handler, device, 256, DeviceExecutor(device), graphs=True)
+    assert isinstance(warm.replica, GraphedReplica)
+    assert warm.replica.sizes == buckets(256)
+    executor = DeviceExecutor(device)
+    data = list(np.random.default_rng(n).standard_normal((n, 512)).astype(np.float32))
+    launches = [executor.launch(handler, warm.replica, data) for _ in range(2)]  # both in flight
+    expected = eager(handler.load(CPU), data)
+    for launch in launches:
+        assert launch.graph is not None and launch.pending
+        results, seconds = launch.wait()
+        assert seconds > 0
+        np.testing.assert_allclose(np.stack(results), expected, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_graphs_widen_bfloat16_outputs() -> None:
+    class Bf16(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x).bfloat16()
+
+    handler = TensorHandler("bf16", lambda d: Bf16(mlp_module((8, 3)).to(d).eval()), (8,))
+    device = torch.device("cuda", 0)
+    warm = warm_replica(handler, device, 8, DeviceExecutor(device), graphs=True)
+    assert isinstance(warm.replica, GraphedReplica)
+    results, _ = DeviceExecutor(device).launch(handler, warm.replica, rows(3)).wait()
+    assert np.stack(results).dtype == np.float32
