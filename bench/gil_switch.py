@@ -8,8 +8,8 @@ loop may spend most of its time waiting for the GIL. This runs the server's own 
 batch (``DeviceExecutor.launch`` and ``Launch.wait``: collate, pinning, copies, events, the
 forward, the split) alone, then next to a thread that only spins, at several switch intervals,
 and prints the batch's time and the spinner's rate (what the waiting costs it). On CUDA,
-``--graph`` also runs the forward captured as a CUDA graph (a copy in, one replay, a copy out:
-three ops a batch, whatever the model), to show what fewer ops a batch would take back.
+``--graph`` also runs it with ``cuda_graphs`` (app/graphs.py: a copy in, one replay, a copy
+out and an event a batch, whatever the model), to show what fewer ops a batch take back.
 
     python -m bench.gil_switch --workload mlp
     python -m bench.gil_switch --workload mlp --devices cuda --batch 256 --seconds 2 --graph
@@ -26,8 +26,10 @@ from collections.abc import Callable
 import torch
 
 from app.devices import resolve_devices
+from app.graphs import GraphedReplica
 from app.models.registry import load_handler
 from app.transfer import DeviceExecutor
+from app.warmup import warm_replica
 
 INTERVALS_S = (0.005, 0.001, 0.0001, 0.00002)
 
@@ -70,33 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     curve(f"{args.workload} on {device}, batch {args.batch}, the server's launch and wait", run,
           args.seconds)
     if args.graph and device.type == "cuda":
-        host = handler.collate(items).pin_memory()
-        curve("the same forward as a CUDA graph (copy in, replay, copy out)",
-              graphed(replica, host, device), args.seconds)
+        graphs = warm_replica(handler, device, args.batch, executor, graphs=True).replica
+
+        def replay() -> None:
+            executor.launch(handler, graphs, items).wait()
+
+        kind = "CUDA graphs" if isinstance(graphs, GraphedReplica) else "none: not graphable"
+        curve(f"the same with cuda_graphs ({kind}; docs/cuda-graphs.md)", replay, args.seconds)
     return 0
-
-
-def graphed(replica: Callable[[torch.Tensor], torch.Tensor], host: torch.Tensor,
-            device: torch.device) -> Callable[[], None]:
-    """One batch through ``replica`` captured as a CUDA graph, as PyTorch's docs capture one:
-    warm-up on a side stream, then capture with static input and output tensors."""
-    static_in = host.to(device)
-    side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.inference_mode(), torch.cuda.stream(side):
-        for _ in range(3):
-            replica(static_in)
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.inference_mode(), torch.cuda.graph(graph):
-        static_out = replica(static_in)
-
-    def run() -> None:
-        static_in.copy_(host, non_blocking=True)
-        graph.replay()
-        static_out.cpu()
-
-    return run
 
 
 def curve(title: str, run: Callable[[], None], seconds: float) -> None:

@@ -35,6 +35,7 @@ DEVICE_INSTANCES=${DEVICE_INSTANCES:-1 32}  # items a request in the device curv
 PROFILE=${PROFILE:-0}  # 1: py-spy on the device process at each point of the mlp-json curve
 CURVES=${CURVES:-mlp-json mlp-binary32 mlp-binary32-graphs mlp-json-graphs minilm device c1}
 GRAPH_FRONTENDS=${GRAPH_FRONTENDS:-8}  # front ends of the CUDA-graph curves
+GRAPH_INSTANCES=${GRAPH_INSTANCES:-32}  # the device process alone with CUDA graphs: items a request
 OUT=${OUT:?OUT: where the logs and results go}
 mkdir -p "$OUT"
 
@@ -73,6 +74,7 @@ device_alone() {  # bench.device on mlp (x1, x32) and on minilm's items, with GI
         --profile "$OUT/profiles"  # the second round without py-spy
       echo "== device exit $?"
       "$PY" -m bench.gil_share "$OUT/profiles/device-mlp-x$n-k8.txt"  # loop / device thread
+      [[ " $GRAPH_INSTANCES " == *" $n "* ]] || continue
       echo "== the same with CUDA graphs (docs/cuda-graphs.md)"
       timeout 60 "$PY" -m bench.device --workload mlp --devices "$DEVICES" --clients 8 \
         --instances "$n" --concurrency 256 --seconds 3 --rounds 2 --warmup-s 2 --cuda-graphs \
