@@ -63,7 +63,7 @@ async def test_every_model_loads_with_its_own_settings(tmp_path: Path,
                                                        exported: dict[int, Path]) -> None:
     write_config(tmp_path, "echo", 'model = "tests.fakes:EchoHandler"\nmax_batch_size = 4\n')
     write_config(tmp_path, "small", 'model = "linear"\nqueue_capacity = 32\n')
-    write_config(tmp_path, "tiny", 'model = "linear"\nqueue_capacity = 8\n')
+    write_config(tmp_path, "tiny", 'model = "linear"\nqueue_capacity = 8\ncuda_graphs = true\n')
     add_version(tmp_path, "scale", 1, exported[1])
     add_version(tmp_path, "scale", 2, exported[2])
     async with serving(tmp_path, queue_capacity=64, max_instances=16) as service:
@@ -76,6 +76,7 @@ async def test_every_model_loads_with_its_own_settings(tmp_path: Path,
         echo, small = repo.get("echo"), repo.get("small")
         assert echo.batch_limit == 4 and echo.settings.queue_capacity == 64  # the server's
         assert (small.settings.queue_capacity, small.settings.max_instances) == (32, 16)
+        assert repo.get("tiny").settings.cuda_graphs and not small.settings.cuda_graphs
         with pytest.raises(NotFound, match="name one"):
             repo.get(None)  # several models and no default_model
         index = {e["name"]: e for e in repo.index()}
@@ -233,12 +234,15 @@ def cuda_tensors() -> list[tuple[tuple[int, ...], list[str]]]:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-async def test_two_models_on_one_gpu_and_unload_frees_its_memory(tmp_path: Path) -> None:
+@pytest.mark.parametrize("graphs", ["false", "true"])
+async def test_two_models_on_one_gpu_and_unload_frees_its_memory(tmp_path: Path,
+                                                                  graphs: str) -> None:
     """mlp (~76 MB of float32 weights) and linear share one GPU's device thread; unloading mlp
-    gives its memory back (torch.cuda.memory_allocated), load after load. The device thread's
-    and the loader's cuBLAS workspaces (one per thread and stream, kept by torch for good) exist
-    once both have run a matrix product: ``before`` is taken after that."""
-    write_config(tmp_path, "mlp", 'model = "mlp"\n')
+    gives its memory back (torch.cuda.memory_allocated), load after load, with its CUDA graphs
+    too. The device thread's and the loader's cuBLAS workspaces (one per thread and stream,
+    kept by torch for good) exist once both have run a matrix product: ``before`` is taken
+    after that."""
+    write_config(tmp_path, "mlp", f'model = "mlp"\ncuda_graphs = {graphs}\n')
     write_config(tmp_path, "lin", 'model = "linear"\n')
     async with serving(tmp_path, devices="cuda", model_control_mode="explicit",
                        load_model=["lin"]) as service:

@@ -6,6 +6,7 @@ Several models (a repository folder) are in tests/unit/test_repository.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -211,13 +212,18 @@ async def test_an_unknown_model_is_not_found() -> None:
 @pytest.mark.gpu
 @pytest.mark.asyncio
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-async def test_pipelined_cuda_worker_answers_every_request_in_order() -> None:
+@pytest.mark.parametrize("graphs", [False, True])
+async def test_pipelined_cuda_worker_answers_every_request_in_order(
+        graphs: bool, caplog: pytest.LogCaptureFixture) -> None:
     from app.models.builtin import mlp_handler
 
     handler = mlp_handler()
-    async with running(handler, devices="cuda", max_batch_size=16, queue_capacity=256) as service:
-        instances = [[float(i)] * 512 for i in range(100)]
-        results = await asyncio.gather(*(call(service, [x]) for x in instances))
+    with caplog.at_level(logging.INFO, logger="batchserve.warmup"):
+        async with running(handler, devices="cuda", max_batch_size=16, queue_capacity=256,
+                           cuda_graphs=graphs) as service:
+            instances = [[float(i)] * 512 for i in range(100)]
+            results = await asyncio.gather(*(call(service, [x]) for x in instances))
+    assert ("captured as CUDA graphs for batches of 1, 2, 4, 8, 16" in caplog.text) is graphs
     with torch.inference_mode():
         want = handler.load(torch.device("cpu"))(torch.tensor(instances)).numpy()
     got = np.stack([r[0] for r in results])
