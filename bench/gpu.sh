@@ -14,9 +14,13 @@
 # profiled). Needs .carry/ from `python -m bench.carry` (made here, named in the device call's
 # carry). On the H100 box each minilm point takes ~30 s (start-up and warm-up), the others
 # ~12-24 s, the c=1 comparison ~90 s, the device process ~20 s a run, bench.gil_switch ~25 s:
-# about 10 minutes with the tests (estimated; not yet timed at these defaults), more than one
-# device call may run: TESTS=tests/unit/test_graphs.py (the CUDA graphs' own tests) or a
-# CURVES subset; what ran before a timeout stays in $OUT/gpu.log.
+# about 11 minutes in all (estimated; not yet timed at these defaults), more than the 10 one
+# device call may run. So two calls, the second at once (the machine stays warm 30 s):
+#   1:  CURVES="mlp-json device mlp-binary32 mlp-binary32-graphs mlp-json-graphs" \
+#       OUT=$OUT bash bench/gpu.sh                                  (~7 minutes)
+#   2:  TESTS= CURVES="minilm c1" OUT=$OUT bash bench/gpu.sh        (~5 minutes)
+# What ran before a timeout stays in $OUT/gpu.log. The tests are the modules with CUDA tests
+# and the API's predict path (TESTS="tests/unit tests/api": all of them, ~2 minutes).
 #
 #   on the device:  bash bench/gpu.sh            (logs and result JSON go to $OUT)
 #   dry run here:   INSTALL=0 PY=.venv/bin/python DEVICES=cpu FRONTENDS=1,2 OUT=/tmp/gpu \
@@ -30,7 +34,8 @@ PY=${PY:-python3}
 DEVICES=${DEVICES:-cuda}
 FRONTENDS=${FRONTENDS:-1,2,4,8,14}
 SECONDS_PER_POINT=${SECONDS_PER_POINT:-3}
-TESTS=${TESTS-tests/unit tests/api}  # what pytest runs (empty: no tests)
+TESTS=${TESTS-tests/unit/test_graphs.py tests/unit/test_transfer.py tests/unit/test_runtime.py \
+tests/unit/test_repository.py tests/unit/test_devices.py tests/api/test_predict.py}  # empty: none
 DEVICE_INSTANCES=${DEVICE_INSTANCES:-1 32}  # items a request in the device curve's runs
 PROFILE=${PROFILE:-0}  # 1: py-spy on the device process at each point of the mlp-json curve
 CURVES=${CURVES:-mlp-json mlp-binary32 mlp-binary32-graphs mlp-json-graphs minilm device c1}
@@ -116,7 +121,7 @@ main() {
     "cuda", torch.cuda.is_available(), "cores", os.cpu_count())'
 
   if [ -n "$TESTS" ]; then
-    echo "== tests (unit and API; the server's default devices are auto, so CUDA where present)"
+    echo "== tests: $TESTS (devices auto: CUDA where present)"
     # The MiniLM weights travel stored as float16 (bench/carry.py): sentence-transformers would
     # compute in float16 from them, so the parity test against it is left to CI.
     # shellcheck disable=SC2086 # $TESTS: paths, word-split on purpose
