@@ -7,8 +7,8 @@
 # curve, the device process alone (bench.device on mlp, eager and with CUDA graphs, and on
 # minilm's items: its ceiling and CPU a request without HTTP, and which thread holds the GIL,
 # printed by bench.gil_share: what the next change depends on; and bench.gil_switch: a
-# batch's time next to a thread that holds the GIL, by switch interval); last, at c=1, this build against the first GPU run's (bench/ab.sh,
-# both up at once), with one process and with its default front ends. With PROFILE=1 py-spy
+# batch's time next to a thread that holds the GIL, by switch interval); last, at c=1, this
+# build against the first GPU run's (bench/ab.sh, both up at once), with one process and with its default front ends. With PROFILE=1 py-spy
 # also records the device process at each point of the first curve. Profiles go to
 # $OUT/profiles.tgz (py-spy slows what it records: one process at c=256 read 3.8 k req/s
 # profiled). Needs .carry/ from `python -m bench.carry` (made here, named in the device call's
