@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # The GPU run, in one command on a lent GPU machine (docs/benchmarks.md, "GPU"): the tests with
 # CUDA present, the model alone at GPU batch sizes, then the front-end curve (docs/frontends.md):
-# N = 1, 2, 4, 8, 14 front ends at c=256 on mlp (1 JSON instance a request; 32 instances as v2 binary
-# tensors) and minilm, with the GPU's busy share, and both mlp workloads again with cuda_graphs at
-# GRAPH_FRONTENDS front ends (docs/cuda-graphs.md); right after the first curve, the device process
-# alone (bench.device on mlp, eager and with CUDA graphs, and on minilm's items: its ceiling and
-# CPU a request without HTTP, and which thread holds the GIL, printed by bench.gil_share: what the
-# next change depends on; and bench.gil_switch: a batch's time next to a thread that holds the GIL,
-# by switch interval); last, at c=1, this build against the first GPU run's (bench/ab.sh, both up
-# at once), with one process and with its default front ends. With PROFILE=1 py-spy also records
-# the device process at each point of the first curve. Profiles go to $OUT/profiles.tgz (py-spy
-# slows what it records: one process at c=256 read 3.8 k req/s profiled). Needs .carry/ from
-# `python -m bench.carry` (made here, named in the device call's carry). On the H100 box each minilm point takes ~30 s (start-up and warm-up), the others
-# ~12-24 s, the c=1 comparison ~90 s, the device process ~20 s a run, bench.gil_switch ~25 s:
-# about 11 minutes in all (estimated; not yet timed at these defaults), more than the 10 one
-# device call may run. So two calls, the second at once (the machine stays warm 30 s):
+# N = 1, 2, 4, 8, 14 front ends at c=256 on mlp (1 JSON instance a request; 32 instances as v2
+# binary tensors) and minilm, with the GPU's busy share, and both mlp workloads again with
+# cuda_graphs at GRAPH_FRONTENDS front ends (docs/cuda-graphs.md); right after the first curve,
+# the device process alone (bench.device on mlp, eager and with CUDA graphs, and on minilm's
+# items: its ceiling and CPU a request without HTTP, and which thread holds the GIL, printed by
+# bench.gil_share: what the next change depends on; and bench.gil_switch: a batch's time next to a
+# thread that holds the GIL, by switch interval); last, at c=1, this build against the first GPU
+# run's (bench/ab.sh, both up at once), with one process and with its default front ends. With
+# PROFILE=1 py-spy also records the device process at each point of the first curve. Profiles go
+# to $OUT/profiles.tgz (py-spy slows what it records: one process at c=256 read 3.8 k req/s
+# profiled). Needs .carry/ from `python -m bench.carry` (made here, named in the device call's
+# carry). On the H100 box each minilm point takes ~30 s (start-up and warm-up), the others
+# ~12-24 s, the c=1 comparison ~90 s, the device process ~20 s a run, bench.gil_switch ~25 s: about
+# 11 minutes in all (estimated; not yet timed at these defaults), more than the 10 one device call
+# may run. So two calls, the second at once (the machine stays warm 30 s):
 #   1:  CURVES="mlp-json device mlp-binary32 mlp-binary32-graphs mlp-json-graphs" \
 #       OUT=$OUT bash bench/gpu.sh                                  (~7 minutes)
 #   2:  TESTS= CURVES="minilm c1" OUT=$OUT bash bench/gpu.sh        (~5 minutes)
