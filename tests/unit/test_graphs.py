@@ -80,6 +80,9 @@ def test_fill_rows_writes_rows_and_chunks_in_order() -> None:
     out = np.zeros((5, 3), np.float32)
     fill_rows(out[:4], data)
     np.testing.assert_array_equal(out, [[1, 1, 1], [0, 1, 2], [3, 4, 5], [7, 7, 7], [0, 0, 0]])
+    scalars = np.zeros(4, np.float32)  # scalar items, and a chunk of two
+    fill_rows(scalars, [np.float32(1.0), np.array([2.0, 3.0], np.float32), np.float32(4.0)])
+    np.testing.assert_array_equal(scalars, [1, 2, 3, 4])
     square = np.zeros((3, 2, 2), np.float32)  # items of two dimensions, one chunk of two
     fill_rows(square, [np.ones((2, 2), np.float32), np.zeros((2, 2, 2), np.float32)])
     np.testing.assert_array_equal(square[0], np.ones((2, 2)))
@@ -119,6 +122,23 @@ def test_with_both_buffers_in_flight_a_third_batch_runs_eagerly() -> None:
     for data, launch in zip(batches, launches, strict=True):
         np.testing.assert_allclose(np.stack(launch.wait()[0]), eager(plain, data), rtol=1e-6)
     assert replica.take(1) is not None  # every pair free again
+
+
+class Double(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+def test_a_model_of_scalar_items_runs_through_its_graphs() -> None:
+    handler = TensorHandler("scalar", lambda d: Double(), ())
+    replica = handler.load(CPU)
+    with torch.inference_mode():
+        graphed_replica = capture(handler, replica, CPU, 8, handler.decode([1.0, 2.0]),
+                                  record_eager)
+    data = handler.decode([1.5, -2.0, 3.0])
+    launch = DeviceExecutor(CPU).launch(handler, graphed_replica, data)
+    assert launch.graph is not None
+    np.testing.assert_array_equal(np.stack(launch.wait()[0]), [3.0, -4.0, 6.0])
 
 
 def test_a_batch_larger_than_every_graph_runs_eagerly() -> None:
