@@ -61,6 +61,7 @@ class Launch:
         finally:
             if self.graph is not None:  # the buffers are free again, whatever happened
                 self.outputs = GraphedReplica.release(self.graph, self.n)
+                self.graph = None
         results = self.handler.split(self.outputs, self.n)
         if len(results) != self.n:
             raise OutputCountMismatch(f"handler returned {len(results)} results for {self.n} items")

@@ -96,9 +96,10 @@ def test_a_batch_through_its_bucket_matches_the_eager_forward(n: int) -> None:
     executor = DeviceExecutor(CPU)
     data = rows(n, seed=n)
     launch = executor.launch(handler, replica, data)
-    assert launch.graph is not None and launch.graph.busy
+    buffers = launch.graph
+    assert buffers is not None and buffers.busy
     results, seconds = launch.wait()
-    assert not launch.graph.busy
+    assert not buffers.busy and launch.graph is None  # released once
     assert seconds >= 0
     np.testing.assert_allclose(np.stack(results), eager(plain, data), rtol=1e-6)
 
@@ -158,9 +159,10 @@ def test_the_buffers_are_free_again_when_the_split_fails() -> None:
     handler = Short("short", lambda d: mlp_module((8, 3)).to(d).eval(), (8,))
     replica, _ = graphed(handler)
     launch = DeviceExecutor(CPU).launch(handler, replica, rows(2))
+    buffers = launch.graph
     with pytest.raises(RuntimeError):
         launch.wait()
-    assert launch.graph is not None and not launch.graph.busy
+    assert buffers is not None and not buffers.busy
 
 
 class MinusMean(torch.nn.Module):
@@ -226,6 +228,7 @@ def test_cuda_graphs_match_the_eager_forward(n: int) -> None:
     for launch in launches:
         assert launch.graph is not None and launch.pending
         results, seconds = launch.wait()
+        assert launch.graph is None
         assert seconds > 0
         np.testing.assert_allclose(np.stack(results), expected, rtol=1e-3, atol=1e-4)
 
