@@ -68,6 +68,8 @@ def _default_text(description: str | None, default: Any) -> str:
         return ""
     if default is None:
         return "; unset by default"
+    if isinstance(default, bool):  # as the flag takes it
+        return f"; default {str(default).lower()}"
     if isinstance(default, float):
         return f"; default {default:g}"
     return f"; default {default}"
