@@ -105,8 +105,8 @@ class DeviceExecutor:
 
     def _launch_graph(self, handler: ModelHandler, replica: GraphedReplica,
                       buffers: HostBuffers, data: list[Any], n: int) -> Launch:
-        """The rows written into pinned memory with numpy, then four torch calls: copy in,
-        replay, copy out, an event (docs/cuda-graphs.md)."""
+        """The rows written into pinned memory with numpy, then five torch calls: an event,
+        copy in, replay, copy out, an event (docs/cuda-graphs.md)."""
         try:
             fill_rows(buffers.rows_in[:n], data)
             if not self.pipelined:

@@ -8,8 +8,8 @@ loop may spend most of its time waiting for the GIL. This runs the server's own 
 batch (``DeviceExecutor.launch`` and ``Launch.wait``: collate, pinning, copies, events, the
 forward, the split) alone, then next to a thread that only spins, at several switch intervals,
 and prints the batch's time and the spinner's rate (what the waiting costs it). On CUDA,
-``--graph`` also runs it with ``cuda_graphs`` (app/graphs.py: a copy in, one replay, a copy
-out and an event a batch, whatever the model), to show what fewer ops a batch take back.
+``--graph`` also runs it with ``cuda_graphs`` (app/graphs.py: two events, a copy in, one
+replay and a copy out a batch, whatever the model), to show what fewer ops a batch take back.
 
     python -m bench.gil_switch --workload mlp
     python -m bench.gil_switch --workload mlp --devices cuda --batch 256 --seconds 2 --graph
