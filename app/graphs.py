@@ -2,9 +2,10 @@
 
 A batch then costs the device thread seven torch calls, each a GIL hand-off (two events, copy
 in, replay, copy out; the wait's sync and elapsed time), whatever the model's depth, where the
-eager path makes about twenty and one a layer. Only for models whose items are float32 arrays of one declared shape
-(``handler.stacks``) and whose forward gives one tensor with a row per item; rows past a
-batch's in its bucket hold earlier data, so the capture checks that they change nothing.
+eager path makes about twenty and one a layer. Only for models whose items are float32 arrays
+of one declared shape (``handler.stacks``) and whose forward gives one tensor with a row per
+item; rows past a batch's in its bucket hold earlier data, so the capture checks that they
+change nothing.
 """
 
 from __future__ import annotations
