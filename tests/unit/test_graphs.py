@@ -125,6 +125,17 @@ def test_with_both_buffers_in_flight_a_third_batch_runs_eagerly() -> None:
     assert replica.take(1) is not None  # every pair free again
 
 
+def test_a_smaller_batch_after_a_larger_one_gets_only_its_own_rows() -> None:
+    handler = small()
+    replica, plain = graphed(handler)
+    executor = DeviceExecutor(CPU)
+    for n in (8, 5, 3, 1):  # each in a bucket the one before left rows in
+        data = rows(n, seed=100 + n)
+        results = executor.launch(handler, replica, data).wait()[0]
+        assert len(results) == n
+        np.testing.assert_allclose(np.stack(results), eager(plain, data), rtol=1e-6)
+
+
 class Double(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * 2
