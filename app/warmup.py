@@ -121,7 +121,10 @@ def graphed(handler: ModelHandler, replica: Replica, executor: DeviceExecutor, l
         return replica
     record = functools.partial(record_cuda, stream=executor.stream)
     try:
-        result = capture(handler, replica, device, limit, items, record)
+        # On the loader's own stream, as its other work: cuBLAS keeps a workspace for each
+        # (thread, stream) it meets, which a default-stream matmul here would leave behind.
+        with torch.cuda.stream(executor.stream):
+            result = capture(handler, replica, device, limit, items, record)
     except NotGraphable as exc:
         log.warning("model %s on %s: served without CUDA graphs: %s", name, device, exc)
         return replica
