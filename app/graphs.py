@@ -125,22 +125,23 @@ class GraphedReplica:
 def capture(handler: ModelHandler, replica: Replica, device: torch.device, limit: int,
             examples: list[Any], record: Record) -> GraphedReplica:
     """``replica``'s forward captured for each bucket up to ``limit`` (``record``: how, e.g.
-    ``record_cuda``), checked on the decoded warm-up ``examples`` against the eager forward
-    with the rows past them in their bucket filled with ones. Raises NotGraphable."""
+    ``record_cuda``), or up to half of it, a quarter..., where the largest runs out of device
+    memory (larger batches then run eagerly); checked on the decoded warm-up ``examples``
+    against the eager forward with the rows past them in their bucket filled with ones. Raises
+    NotGraphable."""
     shape = handler.input_shape
     if not handler.stacks or shape is None:
         raise NotGraphable("its items are not float32 arrays of one declared shape")
     if not examples:
         raise NotGraphable("it has no warm-up examples to check the capture on")
     try:
-        device_in = torch.zeros((limit, *shape), device=device)
-        _one_tensor(replica(device_in), limit)
-        graphs = record(replica, device_in, buckets(limit))
+        device_in, graphs = _record_fitting(replica, shape, device, limit, record)
     except NotGraphable:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever the capture refused
         raise NotGraphable(f"its forward could not be captured ({type(exc).__name__}: "
                            f"{exc})") from exc
+    limit = max(graphs)
     output = graphs[limit][1]
     pinned = device.type == "cuda"
     buffers = [HostBuffers(torch.zeros((limit, *shape), pin_memory=pinned),
@@ -149,6 +150,26 @@ def capture(handler: ModelHandler, replica: Replica, device: torch.device, limit
     graphed = GraphedReplica(replica, device_in, graphs, buffers)
     _check(graphed, replica, examples, limit, device)
     return graphed
+
+
+def _record_fitting(replica: Replica, shape: tuple[int, ...], device: torch.device, limit: int,
+                    record: Record) -> tuple[torch.Tensor, dict[int, Recorded]]:
+    """The static input and ``record``'s graphs up to ``limit``, halved while the largest
+    batch runs out of device memory (the error again at one row)."""
+    while True:
+        device_in = None
+        try:
+            device_in = torch.zeros((limit, *shape), device=device)
+            _one_tensor(replica(device_in), limit)
+            return device_in, record(replica, device_in, buckets(limit))
+        except torch.OutOfMemoryError:
+            if limit == 1:
+                raise
+        # Out of the handler: what the failed try held (its traceback's tensors) is free.
+        del device_in
+        limit //= 2
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def _check(graphed: GraphedReplica, replica: Replica, examples: list[Any], limit: int,

@@ -130,6 +130,9 @@ def graphed(handler: ModelHandler, replica: Replica, executor: DeviceExecutor, l
         return replica
     log.info("model %s on %s: forward captured as CUDA graphs for batches of %s", name,
              device, ", ".join(map(str, result.sizes)))
+    if result.sizes[-1] < limit:
+        log.warning("model %s on %s: batches above %d run without CUDA graphs: a larger one's "
+                    "ran out of device memory", name, device, result.sizes[-1])
     return result
 
 

@@ -197,6 +197,35 @@ def test_a_model_the_graphs_would_change_is_refused(build: object, reason: str) 
         graphed(small(build))
 
 
+def test_graphs_that_run_out_of_memory_stop_at_a_smaller_batch() -> None:
+    """The largest bucket out of memory: the limit halves until the graphs fit, and larger
+    batches run eagerly; out of memory at one row, the model is refused."""
+    def fits_four(replica: Replica, device_in: torch.Tensor,
+                  sizes: list[int]) -> dict[int, Recorded]:
+        if max(sizes) > 4:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return record_eager(replica, device_in, sizes)
+
+    handler = small()
+    plain = handler.load(CPU)
+    with torch.inference_mode():
+        replica = capture(handler, plain, CPU, 16, handler.decode(rows(2)), fits_four)
+    assert replica.sizes == [1, 2, 4]
+    executor = DeviceExecutor(CPU)
+    for n, graphed_batch in ((4, True), (9, False)):
+        data = rows(n, seed=n)
+        launch = executor.launch(handler, replica, data)
+        assert (launch.graph is not None) is graphed_batch
+        np.testing.assert_allclose(np.stack(launch.wait()[0]), eager(plain, data), rtol=1e-6)
+
+    def fits_none(replica: Replica, device_in: torch.Tensor,
+                  sizes: list[int]) -> dict[int, Recorded]:
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with pytest.raises(NotGraphable, match="OutOfMemoryError"), torch.inference_mode():
+        capture(handler, plain, CPU, 16, handler.decode(rows(2)), fits_none)
+
+
 def test_items_without_one_declared_shape_are_refused() -> None:
     handler = TensorHandler("free", lambda d: torch.nn.Identity(), None)
     with pytest.raises(NotGraphable, match="one declared shape"):
