@@ -10,6 +10,7 @@ change nothing.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from app.models.base import ModelHandler, Replica
+from app.scheduler.cost import grid
 
 # Graph against eager on the warm-up examples: kernels differ by batch size; rows that mix
 # differ by far more. Half-precision outputs get four of their epsilons.
@@ -32,13 +34,9 @@ class NotGraphable(Exception):
     """Why a model is served eagerly although ``cuda_graphs`` is set."""
 
 
-def buckets(limit: int) -> list[int]:
-    """The batch sizes captured: the powers of two below ``limit``, and ``limit``."""
-    sizes, size = [], 1
-    while size < limit:
-        sizes.append(size)
-        size *= 2
-    return [*sizes, limit]
+# The batch sizes captured: the cost model's grid (the powers of two below the limit, and the
+# limit), so that the warm-up times each graph as it serves.
+buckets = grid
 
 
 def fill_rows(out: np.ndarray, items: list[np.ndarray]) -> None:
@@ -88,12 +86,13 @@ class GraphedReplica:
 
     def bucket(self, n: int) -> int | None:
         """The smallest captured batch size that holds ``n`` rows."""
-        return next((b for b in self.sizes if b >= n), None)
+        at = bisect_left(self.sizes, n)
+        return self.sizes[at] if at < len(self.sizes) else None
 
     def take(self, n: int) -> HostBuffers | None:
         """Free buffers for a batch of ``n`` rows, marked busy until ``release``; None where
         the batch is larger than any graph or every pair is in flight."""
-        if self.bucket(n) is None:
+        if n > self.sizes[-1]:
             return None
         for buffers in self._buffers:
             if not buffers.busy:
@@ -175,16 +174,14 @@ def _record_fitting(replica: Replica, shape: tuple[int, ...], device: torch.devi
 def _check(graphed: GraphedReplica, replica: Replica, examples: list[Any], limit: int,
            device: torch.device) -> None:
     """The examples through a bucket with rows to spare, against the eager forward."""
-    if limit == 1:  # every batch fills its one-row graph: nothing is padded
-        rows = np.asarray(examples[:1], dtype=np.float32)
-    else:
-        rows = np.asarray(examples[:limit - 1], dtype=np.float32)
+    # At least one row to spare, but with a limit of 1 every batch fills its one-row graph.
+    rows = np.asarray(examples[:max(1, limit - 1)], dtype=np.float32)
     n = len(rows)
     buffers = graphed.take(n)
     assert buffers is not None
     buffers.rows_in[:] = 1.0
     buffers.rows_in[:n] = rows
-    graphed.run(buffers, n + 1 if limit > 1 and graphed.bucket(n) == n else n)
+    graphed.run(buffers, min(n + 1, limit))  # a bucket above n, the rows past n ones
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     got = graphed.release(buffers, n)
