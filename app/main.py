@@ -50,11 +50,10 @@ def create_app(settings: Settings | None = None, handler: ModelHandler | None = 
     )
     app.state.service = service
     errors.install(app)
-    for route in predict.routes(service, *_single_model(service)):
+    for route in [*predict.routes(service, *_single_model(service)), *v2.infer_routes(service)]:
         app.add_raw_route(route)
     app.include_router(health.router)
     app.include_router(v2.router)
-    app.include_router(v2.infer_router)
     app.include_router(v2_repository.router)
     add_docs(app)
     app.add_middleware(AccessLog)
@@ -78,7 +77,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         schema = get_openapi(title=app.title, version=app.version, summary=app.summary,
                              routes=app.routes)
         for route in app.routes:
-            if isinstance(route, RawRoute):
+            if isinstance(route, RawRoute) and route.include_in_schema:
                 schema["paths"].setdefault(route.path, {}).update(route.operation)
         schema.setdefault("components", {}).setdefault("schemas", {}).update(
             predict.openapi_components()

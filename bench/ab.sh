@@ -6,13 +6,14 @@
 # Env: C (concurrency, 64), N (pairs, 6), W (workload, linear), D (--devices, cpu), F
 # (--frontends, 1; above 1 the loop CPU is the device process's), OLD_F / NEW_F (one side's
 # --frontends instead of F; set empty, that side gets no flag: its default, or a build without
-# the setting), BODY (the request body), PY (the Python, this checkout's .venv),
-# PIN (1; 0 leaves servers and wrk unpinned, as `python -m bench` runs them: then the event
-# loop and the device thread of a server run on different cores at once).
+# the setting), BODY (the request body), URL_PATH (/predict; /v2/models/$W/infer for v2 JSON),
+# PY (the Python, this checkout's .venv), PIN (1; 0 leaves servers and wrk unpinned, as
+# `python -m bench` runs them: then the event loop and the device thread of a server run on
+# different cores at once).
 set -euo pipefail
 old=$(realpath "$1"); new=$(realpath "$2")
 C=${C:-64}; N=${N:-6}; W=${W:-linear}; D=${D:-cpu}; F=${F:-1}; PIN=${PIN:-1}
-OLD_F=${OLD_F-$F}; NEW_F=${NEW_F-$F}
+OLD_F=${OLD_F-$F}; NEW_F=${NEW_F-$F}; URL_PATH=${URL_PATH:-/predict}
 server_cpu=(taskset -c 0); wrk_cpu=(taskset -c 1)
 [ "$PIN" = 1 ] || { server_cpu=(); wrk_cpu=(); }
 BODY=${BODY:-'{"instances": [[1.0, 2.0, 3.0, 4.0]]}'}
@@ -41,7 +42,7 @@ done
 for i in $(seq "$N"); do
   for port in 8101 8102; do
     before=$(loop_ticks "${pid[$port]}")
-    out=$("${wrk_cpu[@]}" wrk -t1 -c"$C" -d3s -s "$lua" "http://127.0.0.1:$port/predict" \
+    out=$("${wrk_cpu[@]}" wrk -t1 -c"$C" -d3s -s "$lua" "http://127.0.0.1:$port$URL_PATH" \
       | grep BENCH_JSON)
     echo "$port $(($(loop_ticks "${pid[$port]}") - before)) $out"
   done

@@ -33,11 +33,14 @@ class RawRoute(Route):
     It turns its endpoint's exceptions into responses itself (through ``error_response``, as the
     app's exception handlers do), so it answers the same on either path."""
 
-    def __init__(self, path: str, endpoint: ASGIApp, method: str, operation: dict[str, Any],
-                 error_format: ErrorFormat = BATCHSERVE) -> None:
-        super().__init__(path, endpoint, methods=[method])
+    def __init__(self, path: str, endpoint: ASGIApp, method: str,
+                 operation: dict[str, Any] | None, error_format: ErrorFormat = BATCHSERVE
+                 ) -> None:
+        """``operation``: the route's OpenAPI operation; None leaves it out of the schema."""
+        super().__init__(path, endpoint, methods=[method],
+                         include_in_schema=operation is not None)
         self.method = method
-        self.operation = {method.lower(): operation}
+        self.operation = {method.lower(): operation} if operation is not None else {}
         self.error_format = error_format
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:

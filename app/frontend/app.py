@@ -129,9 +129,8 @@ def create_frontend_app(service: RemoteService, link: socket.socket,
                         docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     errors.install(app)
-    for route in predict.routes(service, {}):
+    for route in [*predict.routes(service, {}), *v2.infer_routes(service)]:
         app.add_raw_route(route)
-    app.include_router(v2.infer_router)
     proxy = DeviceProxy(service, lambda: clients[0])
     rest = Route("/{path:path}", proxy, methods=[
         "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"])

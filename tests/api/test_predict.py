@@ -369,14 +369,19 @@ async def test_openapi_documents_the_contract() -> None:
         assert row["maxItems"] == 4 and row["items"]["maximum"] == float(np.finfo(np.float32).max)
         assert "/health_check" in doc["paths"]
         assert (await client.get("/docs")).status_code == 200
-    # The request headers the inference routes read, and v2's priority parameter.
+    # The request headers the inference routes read (v2's also in its body), nothing else.
     headers = {"X-Priority", "X-Request-Timeout"}
-    for path in ("/predict", "/models/{name}/predict", "/models/{name}/versions/{version}/predict"):
+    for path in ("/predict", "/models/{name}/predict", "/models/{name}/versions/{version}/predict",
+                 "/v2/models/{name}/infer"):
         parameters = doc["paths"][path]["post"]["parameters"]
         assert headers == {p["name"] for p in parameters if p["in"] == "header"}, path
         assert {p["name"] for p in parameters if p["in"] == "path"} <= {"name", "version"}
+        assert all(p["in"] in ("header", "path") for p in parameters), path
     infer = doc["paths"]["/v2/models/{name}/infer"]["post"]
-    assert {"X-Request-Timeout"} == {p["name"] for p in infer["parameters"] if p["in"] == "header"}
+    # v2 answers every client mistake 400, never FastAPI's 422.
+    assert {"200", "400", "413", "500", "503", "504"} <= set(infer["responses"])
+    assert "422" not in infer["responses"]
+    assert "/v2/models/{name}/versions/{version}/infer" not in doc["paths"]
     body = infer["requestBody"]["content"]["application/json"]["schema"]
     assert body["properties"]["parameters"]["properties"]["priority"]["type"] == "integer"
 

@@ -32,15 +32,29 @@ async def call(app: Any, path: str, body: bytes, through_fastapi: bool) -> tuple
     return sent[0]["status"], orjson.loads(body_out)
 
 
-@pytest.mark.parametrize("body", [b'{"instances": [[1, 2, 3, 4]]}', b'{"instances": [[1]]}',
-                                  b"not json"])
-async def test_a_raw_route_answers_the_same_on_either_path(body: bytes) -> None:
+V2_ROW = orjson.dumps(
+    {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+
+
+@pytest.mark.parametrize(("path", "body", "status"), [
+    ("/predict", b'{"instances": [[1, 2, 3, 4]]}', 200),
+    ("/predict", b'{"instances": [[1]]}', 422),
+    ("/predict", b"not json", 422),
+    ("/v2/models/linear/infer", V2_ROW, 200),
+    ("/v2/models/linear/versions/1/infer", V2_ROW, 200),
+    ("/v2/models/linear/infer", b"not json", 400),
+    ("/v2/models/linear/versions/9/infer", V2_ROW, 404),
+])
+async def test_a_raw_route_answers_the_same_on_either_path(path: str, body: bytes,
+                                                           status: int) -> None:
     async with app_client(make_settings()) as client:
         app = client.app  # type: ignore[attr-defined]
-        direct = await call(app, "/predict", body, through_fastapi=False)
-        framework = await call(app, "/predict", body, through_fastapi=True)
+        direct = await call(app, path, body, through_fastapi=False)
+        framework = await call(app, path, body, through_fastapi=True)
     assert direct == framework
-    assert direct[0] in (200, 422)
+    assert direct[0] == status
+    if status != 200:  # each protocol's own error form
+        assert isinstance(direct[1]["error"], dict if path == "/predict" else str)
 
 
 async def test_the_openapi_entry_is_the_routes_own() -> None:
@@ -56,12 +70,16 @@ async def test_the_openapi_entry_is_the_routes_own() -> None:
     assert "PredictResponse" in schema["components"]["schemas"]
 
 
-@pytest.mark.parametrize("method, path", [("GET", "/predict"), ("PUT", "/models/linear/predict")])
+@pytest.mark.parametrize("method, path", [("GET", "/predict"), ("PUT", "/models/linear/predict"),
+                                          ("GET", "/v2/models/linear/infer")])
 async def test_other_methods_get_a_405_and_log_no_error(
         method: str, path: str, caplog: pytest.LogCaptureFixture) -> None:
     async with app_client(make_settings()) as client:
         r = await client.request(method, path)
-    assert r.status_code == 405 and r.json()["error"]["type"] == "method_not_allowed"
+    error = r.json()["error"]
+    assert r.status_code == 405
+    assert error == "Method Not Allowed" if path.startswith("/v2/") \
+        else error["type"] == "method_not_allowed"
     assert r.headers["allow"] == "POST"
     assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
 

@@ -11,10 +11,18 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from app.api.deps import ServiceDep
-from app.api.error_responses import V2Route
-from app.api.inference import TIMEOUT_PARAMETER, Asked, run_inference
+from app.api.error_responses import V2, V2Route
+from app.api.inference import (
+    TIMEOUT_PARAMETER,
+    Asked,
+    Serving,
+    priority_parameter,
+    run_inference,
+)
+from app.api.routing import RawRoute
 from app.api.v2 import describe
 from app.api.v2.codec import (
     HEADER_LENGTH,
@@ -29,14 +37,15 @@ from app.runtime import InferenceService
 from app.served import ServedModel
 from app.version import __version__
 
+# Inference (``infer_routes``) is served by every front end itself (app/frontend/app.py);
+# ``router``: the rest.
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol v2"], route_class=V2Route)
-# Inference: served by every front end itself (app/frontend/app.py); ``router``: the rest.
-infer_router = APIRouter(prefix="/v2", tags=["Open Inference Protocol v2"], route_class=V2Route)
 
 
-async def _model(service: ServiceDep, name: str, version: str | None = None) -> ServedModel:
-    """The model version a route's path names (404 if there is none)."""
-    return service.repository.get(name, version)
+async def _model(service: ServiceDep, request: Request, name: str) -> ServedModel:
+    """The model version a route's path names (404 if there is none): the version only from
+    the path, as the protocol puts it, never from a query."""
+    return service.repository.get(name, request.path_params.get("version"))
 
 
 ModelDep = Annotated[ServedModel, Depends(_model)]
@@ -163,15 +172,46 @@ def _render(model: ModelFacade, results: list[Any], parsed: InferRequest) -> Res
                     headers={"Inference-Header-Content-Length": str(json_length)})
 
 
-@infer_router.post(
-    "/models/{name}/infer",
-    summary="Inference; each batch row is one item",
-    openapi_extra={"requestBody": _INFER_BODY, "parameters": [TIMEOUT_PARAMETER]},
-    responses=_INFER_ERRORS,
-)
-@infer_router.post("/models/{name}/versions/{version}/infer", include_in_schema=False)
-async def infer(request: Request, service: ServiceDep, name: str, version: str | None = None
-                ) -> Response:
-    parse = _parse(request.headers.get(HEADER_LENGTH))
-    return await run_inference(request.scope, request.receive, service, name, version, parse,
-                               _render)
+class Infer:
+    """The inference endpoint: raw ASGI, as /predict is (app/api/routing.py), since FastAPI's
+    route layers cost more event-loop time than the request's own work."""
+
+    def __init__(self, service: Serving) -> None:
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        params = scope["path_params"]
+        header_length = next((value.decode("latin-1") for key, value in scope["headers"]
+                              if key == _HEADER_LENGTH), None)
+        response = await run_inference(scope, receive, self.service, params["name"],
+                                       params.get("version"), _parse(header_length), _render)
+        await response(scope, receive, send)
+
+
+_HEADER_LENGTH = HEADER_LENGTH.encode()
+_INFER_OPERATION = {
+    "tags": ["Open Inference Protocol v2"],
+    "summary": "Inference; each batch row is one item",
+    "operationId": "infer",
+    "parameters": [
+        {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}},
+        priority_parameter(), TIMEOUT_PARAMETER,
+    ],
+    "requestBody": _INFER_BODY,
+    "responses": {
+        "200": {"description": "the outputs; with binary outputs, a JSON header of "
+                               "Inference-Header-Content-Length bytes, then the tensors",
+                "content": {"application/json": {"schema": {"type": "object"}},
+                            "application/octet-stream": {"schema": {}}}},
+        **{str(status): answer for status, answer in _INFER_ERRORS.items()},
+    },
+}
+
+
+def infer_routes(service: Serving) -> list[RawRoute]:
+    """``POST /v2/models/{name}[/versions/{version}]/infer`` (the second not in the schema)."""
+    endpoint = Infer(service)
+    return [
+        RawRoute("/v2/models/{name}/infer", endpoint, "POST", _INFER_OPERATION, V2),
+        RawRoute("/v2/models/{name}/versions/{version}/infer", endpoint, "POST", None, V2),
+    ]
