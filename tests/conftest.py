@@ -212,6 +212,28 @@ def serve(
             proc.stderr.close()
 
 
+def children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """One sample of a served ``/metrics``."""
+    return sample(httpx.get(url + "/metrics", timeout=10).text, name, **labels)
+
+
+@contextmanager
+def split_server(*args: str, env: dict[str, str] | None = None
+                 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``serve`` with two front ends (``args`` should say ``--frontends 2``), both linked to
+    the device process and ready."""
+    with serve(*args, env=env) as (proc, url):
+        wait_ready(url)
+        wait_until_sync(lambda: metric(url, "batchserve_frontends_connected") == 2,
+                        "two front ends linked")
+        assert len(children(proc.pid)) == 2
+        yield proc, url
+
+
 def wait_ready(url: str) -> None:
     def ready() -> bool:
         try:

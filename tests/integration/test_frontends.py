@@ -7,40 +7,24 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import WAIT_S, free_port, sample, serve, wait_ready, wait_until_sync
+from tests.conftest import (
+    WAIT_S,
+    children,
+    free_port,
+    metric,
+    split_server,
+    wait_until_sync,
+)
 
 pytestmark = pytest.mark.slow
 
 GATED = ("--model", "tests.fakes:gate_file_module", "--devices", "cpu", "--frontends", "2")
-
-
-def children(pid: int) -> list[int]:
-    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
-def metric(url: str, name: str, **labels: str) -> float:
-    return sample(httpx.get(url + "/metrics", timeout=10).text, name, **labels)
-
-
-@contextmanager
-def split_server(*args: str, env: dict[str, str] | None = None
-                 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """A server with two front ends, both linked to the device process."""
-    with serve(*args, env=env) as (proc, url):
-        wait_ready(url)
-        wait_until_sync(lambda: metric(url, "batchserve_frontends_connected") == 2,
-                        "two front ends linked")
-        assert len(children(proc.pid)) == 2
-        yield proc, url
 
 
 def fresh_get(url: str, path: str) -> httpx.Response:

@@ -16,7 +16,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, WAIT_S, LiveServer, live_server, make_settings, sample
+from tests.conftest import (
+    ROOT,
+    WAIT_S,
+    LiveServer,
+    free_port,
+    live_server,
+    make_settings,
+    metric,
+    sample,
+    split_server,
+)
 
 PERF_ANALYZER = Path(os.environ.get("PERF_ANALYZER",
                                     ROOT / ".tools" / "perf_analyzer" / "perf_analyzer"))
@@ -61,6 +71,12 @@ def perf_analyzer(server: LiveServer, data: Path, fmt: str, concurrency: int,
     """One run; over gRPC the tensors are always raw (``fmt`` applies to HTTP)."""
     url = server.url.removeprefix("http://") if protocol == "http" else server.grpc_url
     assert url is not None
+    return run_perf_analyzer(url, data, fmt, concurrency, protocol)
+
+
+def run_perf_analyzer(url: str, data: Path, fmt: str, concurrency: int,
+                      protocol: str) -> subprocess.CompletedProcess[str]:
+    """``--request-count 120`` requests to ``url`` (host:port) in ``protocol``."""
     formats = ["--input-tensor-format", fmt, "--output-tensor-format", fmt] \
         if protocol == "http" else []
     return subprocess.run(
@@ -93,3 +109,23 @@ def test_wrong_answers_fail_its_validation(server: LiveServer, tmp_path: Path,
                          protocol)
     assert proc.returncode != 0
     assert "doesn't match expected output" in proc.stdout + proc.stderr
+
+
+def test_perf_analyzer_drives_two_front_ends(tmp_path: Path) -> None:
+    """Against ``--frontends 2`` (either front end may take each of its connections): every
+    answer valid over HTTP (binary and JSON) and gRPC, and each request counted once in the
+    one ``/metrics``."""
+    grpc_port = free_port()
+    data = input_data(tmp_path / "data.json")
+    with split_server("--model", "tests.fakes:pair_module", "--max-instances", "8",
+                      "--frontends", "2", "--grpc-port", str(grpc_port)) as (_, url):
+        runs = [("http", "binary"), ("http", "json"), ("grpc", "binary")]
+        for protocol, fmt in runs:
+            target = url.removeprefix("http://") if protocol == "http" \
+                else f"127.0.0.1:{grpc_port}"
+            proc = run_perf_analyzer(target, data, fmt, 8, protocol)
+            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        for protocol in ("http", "grpc"):
+            sent = 120 * sum(p == protocol for p, _ in runs)
+            assert metric(url, "batchserve_requests_total", protocol=protocol,
+                          status="200") == sent
