@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,8 +24,11 @@ from app.sources import load_settings
 from app.version import __version__
 
 
-def create_app(settings: Settings | None = None, handler: ModelHandler | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, handler: ModelHandler | None = None,
+               behind_frontends: bool = False) -> FastAPI:
     """Build the app. With no settings they are read from the environment (uvicorn --factory).
+    ``behind_frontends``: the device process's app, whose every request a front end took and
+    logs, so its own access lines are at debug level.
 
     The service exists from here on (health says ``loading`` until its models are warm); the
     lifespan starts it and, on shutdown, drains and stops it. Raises ConfigError or
@@ -40,7 +44,9 @@ def create_app(settings: Settings | None = None, handler: ModelHandler | None = 
         finally:
             await service.stop()
 
+    access_level = logging.DEBUG if behind_frontends else logging.INFO
     app = BatchServeApp(
+        access_level=access_level,
         title="batchserve",
         summary="Dynamic-batching inference server for PyTorch models",
         version=__version__,
@@ -56,7 +62,7 @@ def create_app(settings: Settings | None = None, handler: ModelHandler | None = 
     app.include_router(v2.router)
     app.include_router(v2_repository.router)
     add_docs(app)
-    app.add_middleware(AccessLog)
+    app.add_middleware(AccessLog, level=access_level)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

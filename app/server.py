@@ -208,7 +208,7 @@ def _serve_split(settings: Settings, count: int, fd: int | None) -> int:
     device_socket = f"{private}/device.sock"
     try:
         with reserved(settings.host, settings.grpc_port):
-            app = create_app(settings)
+            app = create_app(settings, behind_frontends=True)
             service = app.state.service
             frontends = Frontends(settings, count, listener, device_socket, Bridge(service))
             server = DeviceServer(_config(settings, app, uds=device_socket), service,

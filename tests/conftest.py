@@ -222,11 +222,11 @@ def metric(url: str, name: str, **labels: str) -> float:
 
 
 @contextmanager
-def split_server(*args: str, env: dict[str, str] | None = None
+def split_server(*args: str, env: dict[str, str] | None = None, stderr: int | None = None
                  ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """``serve`` with two front ends (``args`` should say ``--frontends 2``), both linked to
     the device process and ready."""
-    with serve(*args, env=env) as (proc, url):
+    with serve(*args, env=env, stderr=stderr) as (proc, url):
         wait_ready(url)
         wait_until_sync(lambda: metric(url, "batchserve_frontends_connected") == 2,
                         "two front ends linked")

@@ -41,8 +41,10 @@ class RequestIds:
 
 
 class AccessLog:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, level: int = logging.INFO) -> None:
+        """``level``: of each access line (a probe answering as before: debug)."""
         self.app = app
+        self.level = level
         self._ids = RequestIds()
         self._health: dict[str, int] = {}  # each probe path's last status
 
@@ -71,7 +73,7 @@ class AccessLog:
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            level = logging.INFO
+            level = self.level
             path = scope["path"]
             if path in HEALTH_PATHS:  # probes: logged when their answer changes
                 if self._health.get(path) == status:

@@ -63,11 +63,12 @@ class RawRoute(Route):
 class BatchServeApp(FastAPI):
     """FastAPI, whose raw routes are matched before its middleware stack (module docstring)."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, access_level: int = logging.INFO, **kwargs: Any) -> None:
+        """``access_level``: the level of the raw routes' access lines (``AccessLog``)."""
         super().__init__(**kwargs)
         self.raw_routes: list[RawRoute] = []
         self._fixed: dict[str, RawRoute] = {}  # raw routes without path parameters, by path
-        self._direct = AccessLog(self._dispatch)
+        self._direct = AccessLog(self._dispatch, access_level)
 
     def add_raw_route(self, route: RawRoute) -> None:
         """Mount ``route`` first in the router (tried in order) and in the direct path."""

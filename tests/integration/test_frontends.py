@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -158,6 +159,30 @@ def test_sigterm_answers_everything_accepted_then_exits_0(tmp_path: Path) -> Non
                                                                 range(6)]
         assert proc.wait(WAIT_S) == 0
     assert not any(Path(f"/proc/{pid}").exists() for pid in fronts)
+
+
+def test_each_request_has_one_access_line_under_its_id() -> None:
+    """A request a front end hands to the device process (metadata, the repository, health) is
+    logged once, by the front end that took it, as inference is."""
+    with split_server("--model", "linear", "--devices", "cpu", "--frontends", "2",
+                      stderr=subprocess.PIPE) as (proc, url), httpx.Client(timeout=10) as client:
+        calls = {
+            "infer-1": lambda h: client.post(url + "/predict", headers=h,
+                                             json={"instances": [[1, 2, 3, 4]]}),
+            "metadata-1": lambda h: client.get(url + "/v2/models/linear", headers=h),
+            "index-1": lambda h: client.post(url + "/v2/repository/index", headers=h),
+            "unknown-1": lambda h: client.get(url + "/v2/models/nope", headers=h),
+        }
+        statuses = {rid: call({"X-Request-ID": rid}).status_code for rid, call in calls.items()}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT_S) == 0
+        assert proc.stderr is not None
+        lines = proc.stderr.read().decode().splitlines()
+    assert statuses == {"infer-1": 200, "metadata-1": 200, "index-1": 200, "unknown-1": 404}
+    for rid in calls:
+        access = [line for line in lines if f"batchserve.access [{rid}]" in line]
+        assert len(access) == 1, access
+        assert "127.0.0.1" in access[0]  # the front end's line: it knows the client
 
 
 def test_a_killed_front_end_is_replaced_and_the_other_serves_on() -> None:

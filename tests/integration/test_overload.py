@@ -24,6 +24,11 @@ TIMEOUT_S = 1.0
 RATE = 200  # requests/s offered: 10 x capacity
 SECONDS = 3.0
 BODY = {"instances": [[1.0, 2.0]]}
+# What the client sees past a deadline also holds its own event loop and connection set-up on
+# the same loaded cores (1.8 s past a 1 s deadline measured on two calm cores, where the server
+# answered each request within 1 s): so the bound on time is the server's histogram, and the
+# client's only says that nothing hangs.
+CLIENT_SLACK_S = 5.0
 T = TypeVar("T")
 
 
@@ -68,6 +73,13 @@ async def drained(client: httpx.AsyncClient) -> bool:
             and sample(text, "batchserve_queue_depth") == 0)
 
 
+def in_time_of_timed(metrics: str) -> tuple[float, float]:
+    """(requests the server answered within the duration bucket that holds TIMEOUT_S + 1 s,
+    requests its duration histogram holds)."""
+    return (sample(metrics, "batchserve_request_duration_seconds_bucket", le="2.5"),
+            sample(metrics, "batchserve_request_duration_seconds_count"))
+
+
 async def test_ten_times_capacity_is_answered_once_and_recovers() -> None:
     args = ("--model", "tests.fakes:sleep_module", "--devices", "cpu",
             "--max-batch-size", str(MAX_BATCH), "--queue-capacity", "8", "--max-instances", "2",
@@ -105,10 +117,9 @@ async def test_ten_times_capacity_is_answered_once_and_recovers() -> None:
     answered = sum(sample(text, "batchserve_requests_total", status=str(s))
                    for s in (200, 503, 504))
     assert answered == sent + len(idle)
-    assert max(seconds for _, seconds in answers) < TIMEOUT_S + 1.0
-    # and as the server saw it: every answer within the bucket that holds TIMEOUT_S + 1 s
-    in_time = sample(text, "batchserve_request_duration_seconds_bucket", le="2.5")
-    assert in_time == sample(text, "batchserve_request_duration_seconds_count") == answered
+    assert max(seconds for _, seconds in answers) < TIMEOUT_S + CLIENT_SLACK_S
+    # as the server saw it: every answer within the bucket that holds TIMEOUT_S + 1 s
+    assert in_time_of_timed(text) == (answered, answered)
     assert rss_after - rss_before < 64 * 2**20, (rss_before, rss_after)
     assert health.status_code == 200 and health.json()["status"] == "ready"
     # back to idle speed: a backlog would add whole SLEEP_S model calls to each lone request
@@ -169,7 +180,7 @@ async def test_mixed_levels_deadlines_and_leavers_are_each_answered_once() -> No
         else:
             assert response.json()["error"]["type"] == "timeout"
         limit_s = 0.15 if kind == "short" else TIMEOUT_S
-        assert seconds < limit_s + 1.0, (kind, response.status_code, seconds)
+        assert seconds < limit_s + CLIENT_SLACK_S, (kind, response.status_code, seconds)
     sent = {kind: sum(k == kind for k, _, _ in answers) for kind in MIXED}
     left = sum(response is None for _, response, _ in answers)
     # Once each: every answered request counted exactly once; a leaver is counted once if the
@@ -178,6 +189,7 @@ async def test_mixed_levels_deadlines_and_leavers_are_each_answered_once() -> No
                   for s in (200, 499, 503, 504))
     assert sample(text, "batchserve_requests_total", status="500") == 0
     assert len(answers) - left <= counted <= len(answers)
+    assert in_time_of_timed(text) == (counted, counted)  # as the server saw it
     assert ok["normal"] < sent["normal"] / 2, "the load was not an overload"
     assert ok["urgent"] / sent["urgent"] > ok["normal"] / sent["normal"]
     assert health.status_code == 200 and health.json()["status"] == "ready"
