@@ -172,6 +172,9 @@ def _render(model: ModelFacade, results: list[Any], parsed: InferRequest) -> Res
                     headers={"Inference-Header-Content-Length": str(json_length)})
 
 
+_HEADER_LENGTH = HEADER_LENGTH.encode()  # as ASGI gives header names: bytes, lower case
+
+
 class Infer:
     """The inference endpoint: raw ASGI, as /predict is (app/api/routing.py), since FastAPI's
     route layers cost more event-loop time than the request's own work."""
@@ -188,7 +191,6 @@ class Infer:
         await response(scope, receive, send)
 
 
-_HEADER_LENGTH = HEADER_LENGTH.encode()
 _INFER_OPERATION = {
     "tags": ["Open Inference Protocol v2"],
     "summary": "Inference; each batch row is one item",
