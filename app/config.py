@@ -169,7 +169,8 @@ class Settings(BaseSettings, BatchSettings):
         None, description="when set, inference and model control need 'Authorization: Bearer'"
     )
     torch_threads: int | None = Field(
-        None, ge=1, description="torch intra-op threads per process (default: torch's choice)"
+        None, ge=1, description="torch intra-op threads per process (default: torch's choice, at "
+        "most the usable cores: a CPU quota counts)"
     )
     read_timeout_s: float | None = Field(
         None, gt=0, le=DAY_S, allow_inf_nan=False,

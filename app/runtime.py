@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +25,7 @@ from app.learning import busy_ratio, export_cost, measure_on
 from app.metrics import Metrics
 from app.models.base import ModelHandler
 from app.models.registry import load_handler
+from app.process import usable_cores
 from app.repository import ModelRepository
 from app.served import ServedModel
 from app.state import ModelState, ServerState
@@ -86,7 +86,7 @@ class InferenceService:
         if self.settings.torch_threads:
             torch.set_num_threads(self.settings.torch_threads)
         self._pool = ThreadPoolExecutor(
-            max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="decode"
+            max_workers=min(4, usable_cores()), thread_name_prefix="decode"
         )
         for index, device in enumerate(self.devices):
             label = str(device) if self.devices.count(device) == 1 else f"{device}#{index + 1}"

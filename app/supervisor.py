@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import pickle
 import signal
 import socket
@@ -21,6 +20,7 @@ from typing import Any
 from app.bridge import Bridge
 from app.config import Settings
 from app.links import connect
+from app.process import usable_cores
 
 log = logging.getLogger("batchserve.frontends")
 
@@ -33,12 +33,13 @@ AUTO_LIMIT = 8
 
 
 def frontend_count(setting: int | str, cores: int | None = None) -> int:
-    """How many front ends ``frontends`` means on a machine of ``cores`` (this one's): ``auto``
-    is 1 up to 4 cores (the model, not the event loop, is the limit there), else cores - 2, two
-    cores left to the device process, and at most ``AUTO_LIMIT`` (docs/frontends.md)."""
+    """How many front ends ``frontends`` means with ``cores`` (default: those this process may
+    use, ``usable_cores``): ``auto`` is 1 up to 4 cores (the model, not the event loop, is the
+    limit there), else cores - 2, two cores left to the device process, and at most
+    ``AUTO_LIMIT`` (docs/frontends.md)."""
     if setting != "auto":
         return int(setting)
-    cores = cores if cores is not None else os.cpu_count() or 1
+    cores = cores if cores is not None else usable_cores()
     return 1 if cores <= 4 else min(cores - 2, AUTO_LIMIT)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,6 +22,7 @@ from app.links import Inbox
 from app.logs import request_id
 from app.models.base import ModelHandler
 from app.models.registry import load_handler
+from app.process import usable_cores
 from app.repository import pick
 from app.snapshot import ModelEntry, Snapshot
 from app.tracing import Tracing
@@ -135,7 +135,7 @@ class RemoteService:
 
     async def start(self, inbox: Inbox, transport: asyncio.Transport) -> None:
         self.loop = asyncio.get_running_loop()
-        self.pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1),
+        self.pool = ThreadPoolExecutor(max_workers=min(4, usable_cores()),
                                        thread_name_prefix="decode")
         self.link.on_snapshot.append(self.repository.update)
         await self.link.open(inbox, transport)

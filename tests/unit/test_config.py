@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from app import supervisor
 from app.cli import HTTP_SETTINGS, JOB_SETTINGS, build_parser
 from app.config import Settings
 from app.errors import ConfigError
@@ -172,6 +173,14 @@ def test_frontends_is_a_number_or_auto_and_auto_follows_the_cores() -> None:
     assert [frontend_count("auto", cores) for cores in (1, 2, 4, 6, 10, 16, 64)] == [
         1, 1, 1, 4, 8, 8, 8]
     assert frontend_count(3, 64) == 3
+
+
+def test_auto_front_ends_count_the_usable_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 2-CPU quota on a 64-core host is one front end, not eight."""
+    monkeypatch.setattr(supervisor, "usable_cores", lambda: 2)
+    assert supervisor.frontend_count("auto") == 1
+    monkeypatch.setattr(supervisor, "usable_cores", lambda: 16)
+    assert supervisor.frontend_count("auto") == 8
 
 
 def test_a_misspelt_variable_is_named_with_the_setting_it_resembles() -> None:

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import gc
+import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 
 import pytest
+import torch
 
+from app import process
 from app.process import GIL_SWITCH_INTERVAL_S, freeze_startup_objects, tune_for_serving
 
 
 @pytest.fixture
 def restored() -> Iterator[None]:
-    interval = sys.getswitchinterval()
+    interval, threads = sys.getswitchinterval(), torch.get_num_threads()
     yield
     sys.setswitchinterval(interval)
+    torch.set_num_threads(threads)
     gc.unfreeze()
 
 
@@ -34,3 +40,28 @@ def test_what_is_alive_at_start_up_leaves_the_collectors_reach() -> None:
     kept = [object() for _ in range(1000)]
     freeze_startup_objects()
     assert gc.get_freeze_count() >= len(kept)
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs taskset and two cores")
+def test_usable_cores_are_those_the_affinity_allows() -> None:
+    """Where ``os.cpu_count`` sees every core of the machine."""
+    code = "from app.process import usable_cores; print(usable_cores())"
+    pinned = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", code],
+                            capture_output=True, text=True, check=True)
+    assert pinned.stdout.strip() == "1"
+    assert process.usable_cores() == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.usefixtures("restored")
+def test_torch_runs_no_more_threads_than_the_usable_cores(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.set_num_threads(2)
+    monkeypatch.setattr(process, "usable_cores", lambda: 1)  # a quota of one CPU
+    tune_for_serving()
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(2)
+    monkeypatch.setattr(process, "usable_cores", lambda: 64)  # never more than torch's own
+    tune_for_serving()
+    assert torch.get_num_threads() == 2
+
