@@ -92,12 +92,11 @@ def warm_replica(handler: ModelHandler, device: torch.device, limit: int,
     with torch.inference_mode():
         replica = handler.load(device)
         examples = handler.examples()
-        if not examples:
-            if graphs:
-                log.warning("model %s on %s: served without CUDA graphs: it has no warm-up "
-                            "examples to capture and check them with", handler.name, device)
-            return Warm(replica, None, CostModel(), limit)
         executor = executor or DeviceExecutor(device)
+        if not examples:
+            if graphs:  # refused for want of examples to check a capture on; the log says so
+                graphed(handler, replica, executor, limit, [])
+            return Warm(replica, None, CostModel(), limit)
         items = handler.decode(examples)
         results: list[Any] = []
         for group in group_by(items, handler.key):

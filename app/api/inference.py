@@ -14,10 +14,10 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from starlette.responses import Response
-from starlette.types import Receive, Scope
+from starlette.types import Receive, Scope, Send
 
 from app.api.auth import check_auth
 from app.api.body import ClientGone, read_body
@@ -56,6 +56,9 @@ def priority_parameter(levels: int | None = None) -> dict[str, Any]:
     }
 
 Parsed = TypeVar("Parsed")
+# A protocol's body parser (model, body, headers by lower-case name) and answer renderer.
+Parse = Callable[[ModelFacade, bytes, dict[bytes, bytes]], tuple[list[Any], Parsed, "Asked"]]
+Render = Callable[[ModelFacade, list[Any], Parsed], Response]
 
 
 class Models(Protocol):
@@ -165,13 +168,14 @@ async def run_inference(
     service: Serving,
     name: str | None,
     version: str | None,
-    parse: Callable[[ModelFacade, bytes], tuple[list[Any], Parsed, Asked]],
-    render: Callable[[ModelFacade, list[Any], Parsed], Response],
+    parse: Parse[Parsed],
+    render: Render[Parsed],
 ) -> Response:
     """Serve one inference request for model ``name`` (None: the default) at ``version`` (None:
-    the one taking its default traffic); ``parse`` gives (instances, context for ``render``, what
-    the body asks for: its priority wins over ``X-Priority``, and the shortest of its timeout,
-    ``X-Request-Timeout`` and the model's ``request_timeout_s`` sets the deadline).
+    the one taking its default traffic); ``parse`` gives, from the body and the request's
+    headers, (instances, context for ``render``, what the body asks for: its priority wins over
+    ``X-Priority``, and the shortest of its timeout, ``X-Request-Timeout`` and the model's
+    ``request_timeout_s`` sets the deadline).
 
     Raises ServeError for the caller's error conversion (app/api/error_responses.py), in the form of
     the route's protocol: the metrics count the status the client is answered with."""
@@ -198,7 +202,7 @@ async def run_inference(
         deadline = arrived + request_timeout_s(headers.get(b"x-request-timeout"),
                                                model.settings.request_timeout_s)
         body = await read_body(receive, settings.max_body_bytes, headers.get(b"content-length"))
-        instances, context, asked = parse(model, body)
+        instances, context, asked = parse(model, body, headers)
         priority = asked.priority
         if priority is None:
             priority = priority_header(headers.get(b"x-priority"))
@@ -237,3 +241,20 @@ async def run_inference(
         if span is not None:
             assert tracing is not None
             tracing.end(span, status, ended)
+
+
+class InferenceEndpoint(Generic[Parsed]):
+    """An inference route's endpoint: an instance, not a function, so Starlette mounts it as raw
+    ASGI (app/api/routing.py). The model comes from the path (``name``, ``version``), or is the
+    server's default one; ``parse`` and ``render`` are the protocol's."""
+
+    def __init__(self, service: Serving, parse: Parse[Parsed], render: Render[Parsed]) -> None:
+        self.service = service
+        self.parse = parse
+        self.render = render
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        params = scope.get("path_params") or {}
+        response = await run_inference(scope, receive, self.service, params.get("name"),
+                                       params.get("version"), self.parse, self.render)
+        await response(scope, receive, send)

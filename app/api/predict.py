@@ -10,15 +10,14 @@ from typing import Any
 
 import orjson
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
 
 from app.api.inference import (
     NOTHING_ASKED,
     TIMEOUT_PARAMETER,
     Asked,
+    InferenceEndpoint,
     Serving,
     priority_parameter,
-    run_inference,
 )
 from app.api.routing import RawRoute
 from app.errors import InvalidInput
@@ -44,7 +43,8 @@ _ERRORS = {
 }
 
 
-def _parse(model: ModelFacade, body: bytes) -> tuple[list[Any], None, Asked]:
+def _parse(model: ModelFacade, body: bytes, _: dict[bytes, bytes]) -> tuple[list[Any], None,
+                                                                          Asked]:
     limit = model.settings.max_instances
     width = model.handler.dense_width
     if width is not None and (dense := dense_instances(body, width, limit)) is not None:
@@ -62,27 +62,13 @@ def _render(_: ModelFacade, results: list[Any], __: None) -> Response:
     return Response(content, media_type="application/json")
 
 
-class Predict:
-    """The endpoint: an instance, not a function, so Starlette mounts it as raw ASGI. The model
-    comes from the path (``name``, ``version``), or is the server's default one."""
-
-    def __init__(self, service: Serving) -> None:
-        self.service = service
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        params = scope.get("path_params") or {}
-        response = await run_inference(scope, receive, self.service, params.get("name"),
-                                       params.get("version"), _parse, _render)
-        await response(scope, receive, send)
-
-
 def routes(service: Serving, default_schema: dict[str, Any],
            default_levels: int | None = None) -> list[RawRoute]:
     """``POST /predict`` and ``POST /models/{name}[/versions/{version}]/predict``. Where the
     server's one model is known when the routes are made (a single ``--model``), every route
     states its per-instance schema (``default_schema``) and priority levels
     (``default_levels``): it is the only model any of them serves."""
-    endpoint = Predict(service)
+    endpoint = InferenceEndpoint(service, _parse, _render)
     return [
         RawRoute("/predict", endpoint, "POST",
                  openapi_operation(default_schema, "predict", levels=default_levels)),

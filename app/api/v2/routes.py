@@ -6,21 +6,19 @@ Errors here use the protocol's ``{"error": "..."}`` body and 400 for client mist
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import Receive, Scope, Send
 
 from app.api.deps import ServiceDep
 from app.api.error_responses import V2, V2Route
 from app.api.inference import (
     TIMEOUT_PARAMETER,
     Asked,
+    InferenceEndpoint,
     Serving,
     priority_parameter,
-    run_inference,
 )
 from app.api.routing import RawRoute
 from app.api.v2 import describe
@@ -152,15 +150,17 @@ async def model_ready(model: ModelDep) -> Response:
     return JSONResponse({"name": model.name, "ready": ok}, status_code=200 if ok else 503)
 
 
-def _parse(header_length: str | None) -> Callable[[ModelFacade, bytes],
-                                                  tuple[list[Any], InferRequest, Asked]]:
-    def parse(model: ModelFacade, body: bytes) -> tuple[list[Any], InferRequest, Asked]:
-        parsed = parse_request(body, header_length, model.settings.max_instances, model.name,
-                               model.input_spec, model.output_specs)
-        timeout_s = parsed.timeout_us / 1e6 if parsed.timeout_us is not None else None
-        return parsed.rows, parsed, Asked(parsed.priority, timeout_s)
+_HEADER_LENGTH = HEADER_LENGTH.encode()  # as ASGI gives header names: bytes, lower case
 
-    return parse
+
+def _parse(model: ModelFacade, body: bytes, headers: dict[bytes, bytes]
+           ) -> tuple[list[Any], InferRequest, Asked]:
+    length = headers.get(_HEADER_LENGTH)
+    parsed = parse_request(body, length.decode("latin-1") if length is not None else None,
+                           model.settings.max_instances, model.name, model.input_spec,
+                           model.output_specs)
+    timeout_s = parsed.timeout_us / 1e6 if parsed.timeout_us is not None else None
+    return parsed.rows, parsed, Asked(parsed.priority, timeout_s)
 
 
 def _render(model: ModelFacade, results: list[Any], parsed: InferRequest) -> Response:
@@ -170,25 +170,6 @@ def _render(model: ModelFacade, results: list[Any], parsed: InferRequest) -> Res
         return Response(content, media_type="application/json")
     return Response(content, media_type="application/octet-stream",
                     headers={"Inference-Header-Content-Length": str(json_length)})
-
-
-_HEADER_LENGTH = HEADER_LENGTH.encode()  # as ASGI gives header names: bytes, lower case
-
-
-class Infer:
-    """The inference endpoint: raw ASGI, as /predict is (app/api/routing.py), since FastAPI's
-    route layers cost more event-loop time than the request's own work."""
-
-    def __init__(self, service: Serving) -> None:
-        self.service = service
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        params = scope["path_params"]
-        header_length = next((value.decode("latin-1") for key, value in scope["headers"]
-                              if key == _HEADER_LENGTH), None)
-        response = await run_inference(scope, receive, self.service, params["name"],
-                                       params.get("version"), _parse(header_length), _render)
-        await response(scope, receive, send)
 
 
 _INFER_OPERATION = {
@@ -212,7 +193,7 @@ _INFER_OPERATION = {
 
 def infer_routes(service: Serving) -> list[RawRoute]:
     """``POST /v2/models/{name}[/versions/{version}]/infer`` (the second not in the schema)."""
-    endpoint = Infer(service)
+    endpoint = InferenceEndpoint(service, _parse, _render)
     return [
         RawRoute("/v2/models/{name}/infer", endpoint, "POST", _INFER_OPERATION, V2),
         RawRoute("/v2/models/{name}/versions/{version}/infer", endpoint, "POST", None, V2),
