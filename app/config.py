@@ -82,9 +82,10 @@ class BatchSettings(BaseModel):
         256, ge=1, description="text models: waiting items looked at to batch similar lengths "
         "together (1: arrival order)",
     )
-    cuda_graphs: bool = Field(
-        False, description="on CUDA, run a fixed-shape tensor model's batches as CUDA graphs "
-        "captured at warm-up (docs/cuda-graphs.md; not yet measured on a GPU)",
+    cuda_graphs: bool | Literal["auto"] = Field(
+        "auto", description="on CUDA, run a fixed-shape tensor model's batches as CUDA graphs "
+        "captured at warm-up (auto: where the model qualifies, quietly eager where not; true: "
+        "the same, warning where not; docs/cuda-graphs.md)",
     )
 
     _explicit: frozenset[str] = PrivateAttr(default=frozenset())
@@ -279,9 +280,19 @@ def describe_errors(exc: ValueError) -> str:
     errors = getattr(exc, "errors", None)
     if errors is None:
         return str(exc)
-    parts = []
+    # A setting of several kinds (frontends: a number or auto) fails once per kind, each at
+    # (name, kind): one part a setting, its kinds' messages joined by "or".
+    found: dict[str, tuple[Any, list[str]]] = {}
     for err in errors():
-        loc = ".".join(str(p) for p in err.get("loc", ()))
+        loc = err.get("loc", ())
         msg = str(err.get("msg", "")).removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}" if loc else msg)
+        name = str(loc[0]) if len(loc) == 2 and not isinstance(loc[1], int) else ".".join(
+            map(str, loc))
+        found.setdefault(name, (err.get("input"), []))[1].append(msg)
+    parts = []
+    for name, (given, msgs) in found.items():
+        if len(msgs) > 1:
+            parts.append(f"{name}: {' or '.join(msgs)} (given {given!r})")
+        else:
+            parts.append(f"{name}: {msgs[0]}" if name else msgs[0])
     return "invalid settings: " + "; ".join(parts)

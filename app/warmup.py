@@ -13,7 +13,7 @@ import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -26,6 +26,8 @@ from app.scheduler.waiting import group_by
 from app.transfer import DeviceExecutor
 
 log = logging.getLogger("batchserve.warmup")
+
+Graphs = bool | Literal["auto"]  # the cuda_graphs setting (app/config.py)
 
 TEXT_LENGTHS = (16, 128)  # tokens per item when measuring a text model's cost
 
@@ -54,11 +56,11 @@ class Loader:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"load-{device}")
         self._executor: DeviceExecutor | None = None
 
-    async def warm(self, handler: ModelHandler, limit: int, graphs: bool = False) -> Warm:
+    async def warm(self, handler: ModelHandler, limit: int, graphs: Graphs = False) -> Warm:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, self._warm, handler, limit, graphs)
 
-    def _warm(self, handler: ModelHandler, limit: int, graphs: bool) -> Warm:
+    def _warm(self, handler: ModelHandler, limit: int, graphs: Graphs) -> Warm:
         if self._executor is None:
             self._executor = DeviceExecutor(self.device)
         return warm_replica(handler, self.device, limit, self._executor, graphs)
@@ -83,9 +85,10 @@ class Loader:
 
 
 def warm_replica(handler: ModelHandler, device: torch.device, limit: int,
-                 executor: DeviceExecutor | None = None, graphs: bool = False) -> Warm:
+                 executor: DeviceExecutor | None = None, graphs: Graphs = False) -> Warm:
     """Load ``handler``'s replica for ``device``, run its examples through it (warm-up), with
-    ``graphs`` on CUDA capture its forward as CUDA graphs (app/graphs.py), and time a small
+    ``graphs`` on CUDA capture its forward as CUDA graphs (app/graphs.py; where it cannot,
+    ``"auto"`` says so at info level, ``True`` warns), and time a small
     grid of batch sizes up to ``limit`` (for a text model, of two item lengths). Runs on a
     loader thread (``Loader``), so that a device thread keeps serving its other models
     meanwhile."""
@@ -95,14 +98,14 @@ def warm_replica(handler: ModelHandler, device: torch.device, limit: int,
         executor = executor or DeviceExecutor(device)
         if not examples:
             if graphs:  # refused for want of examples to check a capture on; the log says so
-                graphed(handler, replica, executor, limit, [])
+                graphed(handler, replica, executor, limit, [], graphs == "auto")
             return Warm(replica, None, CostModel(), limit)
         items = handler.decode(examples)
         results: list[Any] = []
         for group in group_by(items, handler.key):
             results.extend(executor.launch(handler, replica, group).wait()[0])
         if graphs:
-            replica = graphed(handler, replica, executor, limit, items)
+            replica = graphed(handler, replica, executor, limit, items, graphs == "auto")
         lengths = [handler.length(i) for i in items]
         padded = None not in lengths
         per_item = sum(lengths) / len(lengths) if padded else 1.0  # type: ignore[arg-type]
@@ -111,12 +114,15 @@ def warm_replica(handler: ModelHandler, device: torch.device, limit: int,
 
 
 def graphed(handler: ModelHandler, replica: Replica, executor: DeviceExecutor, limit: int,
-            items: list[Any]) -> Replica:
+            items: list[Any], quiet: bool = False) -> Replica:
     """``replica`` with its forward captured as CUDA graphs up to ``limit`` on the executor's
-    stream, or as it is where it cannot be (the log says why)."""
+    stream, or as it is where it cannot be. The log says why: a warning, or with ``quiet`` (the
+    default setting's case) an info line, and nothing on a CPU."""
     name, device = handler.name, executor.device
+    refused = logging.INFO if quiet else logging.WARNING
     if executor.stream is None:
-        log.info("model %s on %s: cuda_graphs applies to CUDA devices only", name, device)
+        if not quiet:
+            log.info("model %s on %s: cuda_graphs applies to CUDA devices only", name, device)
         return replica
     record = functools.partial(record_cuda, stream=executor.stream)
     try:
@@ -125,13 +131,13 @@ def graphed(handler: ModelHandler, replica: Replica, executor: DeviceExecutor, l
         with torch.cuda.stream(executor.stream):
             result = capture(handler, replica, device, limit, items, record)
     except NotGraphable as exc:
-        log.warning("model %s on %s: served without CUDA graphs: %s", name, device, exc)
+        log.log(refused, "model %s on %s: served without CUDA graphs: %s", name, device, exc)
         return replica
     log.info("model %s on %s: forward captured as CUDA graphs for batches of %s", name,
              device, ", ".join(map(str, result.sizes)))
     if result.sizes[-1] < limit:
-        log.warning("model %s on %s: batches above %d run without CUDA graphs: a larger one's "
-                    "ran out of device memory", name, device, result.sizes[-1])
+        log.log(refused, "model %s on %s: batches above %d run without CUDA graphs: a larger "
+                "one's ran out of device memory", name, device, result.sizes[-1])
     return result
 
 

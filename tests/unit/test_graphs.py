@@ -250,6 +250,14 @@ def test_on_the_cpu_the_setting_is_noted_and_the_model_runs_eagerly(
     assert "cuda_graphs applies to CUDA devices only" in caplog.text
 
 
+def test_on_the_cpu_the_default_says_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """``auto`` is the default: a CPU server does not note a setting nobody gave."""
+    with caplog.at_level(logging.DEBUG, logger="batchserve.warmup"):
+        warm = warm_replica(small(), CPU, 8, graphs="auto")
+    assert not isinstance(warm.replica, GraphedReplica)
+    assert "graphs" not in caplog.text.lower()
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("n", [1, 3, 100, 256])
@@ -271,6 +279,22 @@ def test_cuda_graphs_match_the_eager_forward(n: int) -> None:
         assert launch.graph is None
         assert seconds > 0
         np.testing.assert_allclose(np.stack(results), expected, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(("graphs", "level"), [("auto", logging.INFO), (True, logging.WARNING)])
+def test_a_model_that_does_not_qualify_runs_eagerly_with_its_reason(
+        graphs: bool | str, level: int, caplog: pytest.LogCaptureFixture) -> None:
+    """Rows that depend on each other: the capture's check refuses the model. Under the
+    default (auto) the log says so at info level; asked for (true), it warns."""
+    handler = TensorHandler("minus-mean", lambda d: MinusMean(), (8,), examples=rows(3))
+    device = torch.device("cuda", 0)
+    with caplog.at_level(logging.INFO, logger="batchserve.warmup"):
+        warm = warm_replica(handler, device, 8, DeviceExecutor(device), graphs=graphs)
+    assert not isinstance(warm.replica, GraphedReplica)
+    refusals = [r for r in caplog.records if "served without CUDA graphs" in r.getMessage()]
+    assert [r.levelno for r in refusals] == [level]
 
 
 @pytest.mark.gpu

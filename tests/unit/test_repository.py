@@ -62,7 +62,7 @@ async def call(service: InferenceService, name: str | None, values: list[Any],
 async def test_every_model_loads_with_its_own_settings(tmp_path: Path,
                                                        exported: dict[int, Path]) -> None:
     write_config(tmp_path, "echo", 'model = "tests.fakes:EchoHandler"\nmax_batch_size = 4\n')
-    write_config(tmp_path, "small", 'model = "linear"\nqueue_capacity = 32\ncuda_graphs = true\n')
+    write_config(tmp_path, "small", 'model = "linear"\nqueue_capacity = 32\ncuda_graphs = false\n')
     write_config(tmp_path, "tiny", 'model = "linear"\nqueue_capacity = 8\n')
     add_version(tmp_path, "scale", 1, exported[1])
     add_version(tmp_path, "scale", 2, exported[2])
@@ -76,7 +76,7 @@ async def test_every_model_loads_with_its_own_settings(tmp_path: Path,
         echo, small = repo.get("echo"), repo.get("small")
         assert echo.batch_limit == 4 and echo.settings.queue_capacity == 64  # the server's
         assert (small.settings.queue_capacity, small.settings.max_instances) == (32, 16)
-        assert small.settings.cuda_graphs and not echo.settings.cuda_graphs
+        assert (small.settings.cuda_graphs, echo.settings.cuda_graphs) == (False, "auto")
         with pytest.raises(NotFound, match="name one"):
             repo.get(None)  # several models and no default_model
         index = {e["name"]: e for e in repo.index()}
