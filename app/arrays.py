@@ -3,7 +3,14 @@ items)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
+
+# A request's results, one an instance: a list, or where its rows were computed together, their
+# array (one block; its rows are the results).
+Results = Sequence[Any] | np.ndarray
 
 
 def stack_rows(rows: list[np.ndarray]) -> np.ndarray:

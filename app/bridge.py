@@ -225,7 +225,10 @@ class _Link:
         exc = answer.exception()
         if exc is None:
             results = answer.result()
-            self.outbox.add("results", (rid, None, len(results)), results)
+            if type(results) is np.ndarray:  # its rows computed in one model call: one block
+                self.outbox.add("block", rid, [results])
+            else:
+                self.outbox.add("results", (rid, None, len(results)), results)
         else:
             self._failed(rid, exc, log_id)
 

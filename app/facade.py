@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from concurrent.futures import Executor
 from typing import Any, Protocol
 
+from app.arrays import Results
 from app.config import BatchSettings
 from app.errors import InvalidInput
 from app.models.base import ModelHandler
@@ -35,7 +36,7 @@ class Waiting(Protocol):
     ``Answer`` only where app/intake.py queued it, for a front end)."""
 
     @property
-    def future(self) -> asyncio.Future[list[Any]] | Answer: ...
+    def future(self) -> asyncio.Future[Results] | Answer: ...
 
 
 class ModelFacade(ABC):
@@ -112,5 +113,5 @@ class ModelFacade(ABC):
         """Admit a request whole or refuse it whole; never waits."""
 
     @abstractmethod
-    async def result(self, request: Any) -> list[Any]:
+    async def result(self, request: Any) -> Results:
         """The request's results, or its error; a request left before its answer is dropped."""

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from app.arrays import Results
 from app.errors import DeadlineExceeded, ServeError
 
 _PENDING, _RESULT, _ERROR, _CANCELLED = range(4)
@@ -89,7 +90,7 @@ class PendingRequest:
                  "level", "trace", "count", "deadlines", "cancelled", "earliest", "cancels")
 
     def __init__(
-        self, future: asyncio.Future[list[Any]] | Answer, size: int, deadline: float,
+        self, future: asyncio.Future[Results] | Answer, size: int, deadline: float,
         enqueued_at: float, level: int = 1,
     ) -> None:
         self.future = future
@@ -253,9 +254,8 @@ class BatchReport:
                 continue
             # Rows of one-row requests fail or are dropped each on its own.
             wait = self.started_at - request.enqueued_at
-            if (1 < item.rows == request.remaining == request.count
-                    and type(value) is np.ndarray):  # all of a chunk's rows, as one block
-                assert isinstance(future, RowsAnswer)
+            if (1 < item.rows == request.remaining == len(request.results)
+                    and type(value) is np.ndarray):  # all of its rows in one chunk: one block
                 waits.extend([wait] * item.rows)
                 request.remaining = 0
                 future.set_result(value)
@@ -275,7 +275,7 @@ class BatchReport:
         return waits
 
 
-def expire(future: asyncio.Future[list[Any]]) -> None:
+def expire(future: asyncio.Future[Results]) -> None:
     """A request's deadline timer: its answer is DeadlineExceeded unless it has one."""
     if not future.done():
         future.set_exception(

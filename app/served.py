@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from app.arrays import Results
 from app.bell import Bell
 from app.config import BatchSettings
 from app.errors import ServeError
@@ -213,8 +214,9 @@ class ServedModel(ModelFacade):
         for bell in self._wanting():
             bell.ring()
 
-    async def result(self, request: PendingRequest) -> list[Any]:
-        """Wait for a request's results (DeadlineExceeded once its deadline passes)."""
+    async def result(self, request: PendingRequest) -> Results:
+        """Wait for a request's results, one an instance (DeadlineExceeded once its deadline
+        passes): a list, or where its rows were computed together, their array (one block)."""
         future = request.future
         assert isinstance(future, asyncio.Future)  # ``enqueue``'s, not app/intake.py's
         try:

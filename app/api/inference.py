@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 from app.api.auth import check_auth
 from app.api.body import ClientGone, read_body
 from app.api.error_responses import format_of
+from app.arrays import Results
 from app.config import Settings
 from app.errors import InvalidInput, NotFound, RequestTimeout, ServeError
 from app.facade import ModelFacade, RequestCounts, Waiting
@@ -58,7 +59,7 @@ def priority_parameter(levels: int | None = None) -> dict[str, Any]:
 Parsed = TypeVar("Parsed")
 # A protocol's body parser (model, body, headers by lower-case name) and answer renderer.
 Parse = Callable[[ModelFacade, bytes, dict[bytes, bytes]], tuple[list[Any], Parsed, "Asked"]]
-Render = Callable[[ModelFacade, list[Any], Parsed], Response]
+Render = Callable[[ModelFacade, Results, Parsed], Response]
 
 
 class Models(Protocol):

@@ -20,6 +20,7 @@ from app.api.inference import (
     priority_parameter,
 )
 from app.api.routing import RawRoute
+from app.arrays import Results
 from app.errors import InvalidInput
 from app.facade import ModelFacade
 from app.payload import (
@@ -57,7 +58,7 @@ def _parse(model: ModelFacade, body: bytes, _: dict[bytes, bytes]) -> tuple[list
     return instances, None, NOTHING_ASKED
 
 
-def _render(_: ModelFacade, results: list[Any], __: None) -> Response:
+def _render(_: ModelFacade, results: Results, __: None) -> Response:
     content = orjson.dumps({"predictions": results}, option=orjson.OPT_SERIALIZE_NUMPY)
     return Response(content, media_type="application/json")
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import app.wire as wire
+from app.arrays import Results
 from app.errors import Relayed, Unavailable
 from app.links import Inbox, Outbox
 from app.pending import expire
@@ -31,7 +32,7 @@ BUSY_AT = 16  # requests waiting here from which a message waits a pass for more
 @dataclass(eq=False, slots=True)
 class RemoteRequest:
     rid: int
-    future: asyncio.Future[list[Any]]
+    future: asyncio.Future[Results]
     timer: asyncio.TimerHandle  # its deadline's
 
 
@@ -129,6 +130,12 @@ class DeviceLink:
                 else:
                     future.set_exception(Relayed(*error))
             at += n
+        # A request whose rows were computed together: its rows as one block.
+        for rid, block in zip(message.get("block", ()), wire.values_of(message, "block"),
+                              strict=True):
+            future = self._answered(rid)
+            if future is not None:
+                future.set_result(block)
         # One-row requests answered together: their ids, and their rows as one block.
         for rids, block in zip(message.get("rows", ()), wire.values_of(message, "rows"),
                                strict=True):
@@ -148,7 +155,7 @@ class DeviceLink:
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
 
-    def _answered(self, rid: int) -> asyncio.Future[list[Any]] | None:
+    def _answered(self, rid: int) -> asyncio.Future[Results] | None:
         """The future to resolve with ``rid``'s answer, its deadline off; None if nobody waits
         for it any more (answered 504 by its deadline, or its client left)."""
         request = self.waiting.pop(rid, None)

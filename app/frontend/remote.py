@@ -14,6 +14,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from app.arrays import Results
 from app.config import Settings
 from app.errors import BatchServeError, NotFound, Unavailable
 from app.facade import ModelFacade
@@ -68,7 +69,7 @@ class RemoteModel(ModelFacade):
         return self._service.link.submit((self.name, self.version, level), deadline,
                                          request_id.get(), items)
 
-    async def result(self, request: RemoteRequest) -> list[Any]:
+    async def result(self, request: RemoteRequest) -> Results:
         try:
             return await request.future
         finally:

@@ -47,6 +47,9 @@ class Outbox:
         for kind, entry, values in self.sent:
             if kind == "results":
                 answers[entry[0]] = values if entry[1] is None else entry[1][:2]
+            elif kind == "block":  # a request's rows computed together
+                assert values is not None
+                answers[entry], = values
             elif kind == "rows":  # one-row requests' rows, one block
                 assert values is not None
                 block, = values
@@ -214,6 +217,20 @@ async def test_a_stacked_request_is_one_chunk_that_a_batch_limit_splits() -> Non
         await wait_until(lambda: sample(registry, "batchserve_queue_wait_seconds_count") == 8,
                          "a queue wait a row")
         assert sample(registry, "batchserve_batch_size_sum") == 8
+
+
+async def test_a_request_computed_in_one_chunk_goes_back_as_one_block() -> None:
+    """A stacked request whose rows all fit one batch: its answer travels as one block of its
+    rows (``block``), not as a value a row."""
+    rows = np.arange(6, dtype=np.float32).reshape(3, 2)
+    async with busy_rows(3, (0, rows[0])) as (handler, service, bridge, front, outbox):
+        bridge._handle(front, message(service, (1, list(rows)), stacked=True))
+        handler.gate.set()
+        await wait_until(lambda: len(outbox.results()) == 2, "both requests answered")
+        (block,) = [values for kind, entry, values in outbox.sent if kind == "block"][0]
+        assert type(block) is np.ndarray
+        np.testing.assert_array_equal(block, 2 * rows)
+        assert handler.shapes[-1] == [(3, 2)]
 
 
 async def test_one_row_requests_queue_as_one_chunk_each_answered_on_its_own() -> None:

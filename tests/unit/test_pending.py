@@ -76,6 +76,20 @@ def test_a_chunk_takes_one_result_a_row_and_fills_its_rows_of_the_request() -> N
     assert seen and request.future.result() == ["y0", "y1", "y2"]
 
 
+def test_a_request_whose_rows_are_one_chunk_gets_their_block_as_it_is() -> None:
+    """All of a request's rows in one chunk of one batch: its answer is the batch's block of
+    rows itself, not a list of a view a row (the renderers and the link take the block)."""
+    seen: list[Answer] = []
+    request = PendingRequest(Answer(seen.append, "r"), 3, 1e9, 1.0)
+    chunk = PendingItem(request, 0, np.zeros((3, 2), np.float32), rows=3)
+    outputs = np.arange(8, dtype=np.float32).reshape(4, 2)  # a batch: a row, then the chunk
+    paired = per_item([PendingItem(request, 0, None), chunk], outputs)[1]
+    assert BatchReport("cpu", [paired], 2.0).answer() == [1.0, 1.0, 1.0]
+    block = seen[0].result()
+    assert type(block) is np.ndarray and np.shares_memory(block, outputs)
+    np.testing.assert_array_equal(block, outputs[1:])
+
+
 def test_queue_items_make_an_item_a_row_or_one_chunk_for_stacked_rows() -> None:
     request = PendingRequest(Answer(lambda _: None, "r"), 3, 1e9, 1.0)
     rows = np.arange(6.0).reshape(3, 2)

@@ -29,6 +29,7 @@ from app.api.v2.codec import (
     output_tensors,
     parse_request,
 )
+from app.arrays import Results
 from app.facade import ModelFacade
 from app.models.signature import DATATYPES
 from app.runtime import InferenceService
@@ -163,7 +164,7 @@ def _parse(model: ModelFacade, body: bytes, headers: dict[bytes, bytes]
     return parsed.rows, parsed, Asked(parsed.priority, timeout_s)
 
 
-def _render(model: ModelFacade, results: list[Any], parsed: InferRequest) -> Response:
+def _render(model: ModelFacade, results: Results, parsed: InferRequest) -> Response:
     content, json_length = encode_response(model.name, model.version, parsed,
                                            output_tensors(results))
     if json_length is None:

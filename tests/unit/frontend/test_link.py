@@ -98,6 +98,17 @@ async def test_a_refusal_is_relayed_and_a_lost_device_answers_the_rest_503() -> 
         assert gone.value.type == "unhealthy" and link.gone
 
 
+async def test_a_request_answered_as_one_block_gets_the_block() -> None:
+    async with linked() as (link, device, to_front):
+        requests = [submit(link, 30) for _ in range(2)]
+        rids = await sent_ids(device)
+        blocks = [np.full((3, 2), i, dtype=np.float32) for i in range(2)]
+        to_front.writelines(wire.encode({"block": rids[::-1], "block_values": wire.pack(blocks)}))
+        answers = [await r.future for r in requests]
+        assert [a.tolist() for a in answers] == [b.tolist() for b in blocks[::-1]]
+        assert all(type(a) is np.ndarray for a in answers) and not link.waiting
+
+
 async def test_one_row_requests_answered_as_one_block_each_get_their_row() -> None:
     async with linked() as (link, device, to_front):
         requests = [submit(link, 30) for _ in range(3)]
