@@ -18,7 +18,7 @@
 # once (the machine stays warm 30 s):
 #   1:  CURVES="mlp-json device mlp-binary32 mlp-binary32-eager mlp-json-eager" \
 #       OUT=$OUT bash bench/gpu.sh                                  (~6 minutes)
-#   2:  TESTS= CURVES="minilm c1" OUT=$OUT bash bench/gpu.sh        (~3 minutes)
+#   2:  TESTS= CURVES="minilm minilm-profile c1" OUT=$OUT bash bench/gpu.sh   (~4 minutes)
 # What ran before a timeout stays in $OUT/gpu.log. The tests are the modules with CUDA tests
 # and the API's predict path (TESTS="tests/unit tests/api": all of them, ~2 minutes).
 #
@@ -38,7 +38,7 @@ TESTS=${TESTS-tests/unit/test_graphs.py tests/unit/test_transfer.py tests/unit/t
 tests/unit/test_repository.py tests/unit/test_devices.py tests/api/test_predict.py}  # empty: none
 DEVICE_INSTANCES=${DEVICE_INSTANCES:-1 32}  # items a request in the device curve's runs
 PROFILE=${PROFILE:-0}  # 1: py-spy on the device process at each point of the mlp-json curve
-CURVES=${CURVES:-mlp-json mlp-binary32 mlp-binary32-eager mlp-json-eager minilm device c1}
+CURVES=${CURVES:-mlp-json mlp-binary32 mlp-binary32-eager mlp-json-eager minilm minilm-profile device c1}
 EAGER_FRONTENDS=${EAGER_FRONTENDS:-8}  # front ends of the eager curves
 C1_FRONTENDS=${C1_FRONTENDS:-1 auto}  # this build's front ends in the c=1 comparison
 GRAPH_INSTANCES=${GRAPH_INSTANCES:-32}  # the device process alone with CUDA graphs: items a request
@@ -144,6 +144,9 @@ main() {
   curve mlp-json-eager 60 --workload mlp --max-batch-size 256 --concurrency 256 \
     --cuda-graphs false --frontends "$EAGER_FRONTENDS"
   curve minilm 170 --workload minilm --max-batch-size 128 --concurrency 256
+  # where the device process's time goes with the real encoder (the GIL's holders, py-spy)
+  curve minilm-profile 60 --workload minilm --max-batch-size 128 --concurrency 256 \
+    --frontends "$EAGER_FRONTENDS" --profile "$OUT/profiles"
   c1_compare
 }
 
