@@ -39,7 +39,6 @@ from app.devices import resolve_devices
 from bench.run import (
     SmSampler,
     answered_s,
-    batch_totals,
     check_answers,
     cpu_seconds,
     instance_for,
@@ -64,6 +63,26 @@ class Point:
     server_cpu: float
     device_loop_us: float  # the device process's event-loop CPU per request
     sm_util: float | None
+    # Where a request's time went, server side (means from /metrics): arrival to answer, enqueue
+    # to batch start (a row's), and a batch's collate to results; the rest is outside the queue.
+    server_ms: float = 0.0
+    queue_ms: float = 0.0
+    batch_ms: float = 0.0
+
+
+STAGES = ("batchserve_batch_size", "batchserve_request_duration_seconds",
+          "batchserve_queue_wait_seconds", "batchserve_batch_compute_seconds")
+
+
+def stage_totals(url: str) -> list[float]:
+    """Each of ``STAGES``' sum and count, from one read of /metrics."""
+    return scrape(url, *(f"{name}_{part}" for name in STAGES for part in ("sum", "count")))
+
+
+def means(before: list[float], after: list[float]) -> list[float]:
+    """Each stage's mean over what happened between two ``stage_totals``."""
+    deltas = [b - a for a, b in zip(before, after, strict=True)]
+    return [deltas[i] / max(1.0, deltas[i + 1]) for i in range(0, len(deltas), 2)]
 
 
 def tree(pid: int) -> list[int]:
@@ -154,7 +173,7 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
         for c in args.concurrency:
             run_wrk(url, path_file, c, args.warmup_s, path, threads=min(c, args.threads),
                     env=env)
-            sum0, count0 = batch_totals(url)
+            totals0 = stage_totals(url)
             pids = tree(pid)
             cpu0, t0, loop0 = tree_cpu(pids), time.monotonic(), cpu_seconds(pid, pid)
             with SmSampler(args.devices) as sm, profiled(args.profile, pid, args.seconds,
@@ -162,26 +181,29 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
                 r = run_wrk(url, path_file, c, args.seconds, path, threads=min(c, args.threads),
                             env=env)
             cpu1, t1, loop1 = tree_cpu(pids), time.monotonic(), cpu_seconds(pid, pid)
-            sum1, count1 = batch_totals(url)
+            batch, server_s, queue_s, batch_s = means(totals0, stage_totals(url))
             req_s = answered_s(r)
             point = Point(frontends, c, req_s, req_s * args.instances, r["p50_us"] / 1000,
                           r["p99_us"] / 1000, r["http_errors"] + r["socket_errors"],
-                          (sum1 - sum0) / max(1.0, count1 - count0), (cpu1 - cpu0) / (t1 - t0),
-                          (loop1 - loop0) / max(1.0, req_s * (t1 - t0)) * 1e6, sm.mean)
+                          batch, (cpu1 - cpu0) / (t1 - t0),
+                          (loop1 - loop0) / max(1.0, req_s * (t1 - t0)) * 1e6, sm.mean,
+                          server_s * 1e3, queue_s * 1e3, batch_s * 1e3)
             print(row(point), flush=True)
             points.append(point)
     return points
 
 
 HEAD = (f"{'front ends':>10}{'conc':>6}{'req/s':>10}{'items/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
-        f"{'errors':>8}{'batch':>7}{'cores':>7}{'loop us':>8}{'GPU busy':>9}")
+        f"{'errors':>8}{'batch':>7}{'cores':>7}{'loop us':>8}{'GPU busy':>9}"
+        f"{'srv ms':>8}{'queue ms':>9}{'batch ms':>9}")
 
 
 def row(p: Point) -> str:
     sm = f"{p.sm_util:>8.0f}%" if p.sm_util is not None else f"{'-':>9}"
     return (f"{p.frontends:>10}{p.concurrency:>6}{p.req_s:>10.0f}{p.items_s:>10.0f}"
             f"{p.p50_ms:>9.2f}{p.p99_ms:>9.2f}{p.errors:>8}{p.mean_batch:>7.1f}"
-            f"{p.server_cpu:>7.2f}{p.device_loop_us:>8.1f}{sm}")
+            f"{p.server_cpu:>7.2f}{p.device_loop_us:>8.1f}{sm}"
+            f"{p.server_ms:>8.2f}{p.queue_ms:>9.2f}{p.batch_ms:>9.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
