@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
 # The GPU run, in one command on a lent GPU machine (docs/benchmarks.md, "GPU"): the tests with
-# CUDA present, the model alone at GPU batch sizes, then the front-end curve (docs/frontends.md):
-# N = 1, 2, 4, 8, 14 front ends at c=256 on mlp (1 JSON instance a request; 32 instances as v2
-# binary tensors) and minilm, with the GPU's busy share, at the server's default cuda_graphs
-# (auto: on for mlp), and both mlp workloads again eagerly at EAGER_FRONTENDS front ends
-# (docs/cuda-graphs.md); right after the first curve,
-# the device process alone (bench.device on mlp, eager and with CUDA graphs, and on minilm's
-# items: its ceiling and CPU a request without HTTP, and which thread holds the GIL, printed by
-# bench.gil_share: what the next change depends on; and bench.gil_switch: a batch's time next to a
-# thread that holds the GIL, by switch interval); last, at c=1, this build against the first GPU
-# run's (bench/ab.sh, both up at once), with one process and with its default front ends. With
-# PROFILE=1 py-spy also records the device process at each point of the first curve. Profiles go
-# to $OUT/profiles.tgz (py-spy slows what it records: one process at c=256 read 3.8 k req/s
-# profiled). Needs .carry/ from `python -m bench.carry` (made here, named in the device call's
-# carry). Timed on the H200 box (2026-11-27): the first call below 371 s with the install, the
-# second 181 s; a cold start of the machine takes about a minute more. Two calls, the second at
-# once (the machine stays warm 30 s):
-#   1:  CURVES="mlp-json device mlp-binary32 mlp-binary32-eager mlp-json-eager" \
-#       OUT=$OUT bash bench/gpu.sh                                  (~6 minutes)
-#   2:  TESTS= CURVES="minilm minilm-profile c1" OUT=$OUT bash bench/gpu.sh   (~4 minutes)
+# CUDA present, then the front-end curve (docs/frontends.md): N = 1, 2, 4, 8, 14 front ends at
+# c=256 on mlp (1 JSON instance a request, and c=1; 32 instances as v2 binary tensors) and
+# minilm, each with the model alone at its batch limit and the GPU's busy share, at the server's
+# default cuda_graphs (auto: on for mlp); both mlp workloads again eagerly at EAGER_FRONTENDS
+# front ends (docs/cuda-graphs.md); minilm's N=8 point again with the device process under
+# py-spy (minilm-profile). From the H200's times a point (2026-11-27: a curve's model alone
+# ~5 s, a server's start ~9 s, minilm's ~15, a point ~5) about 6.5 minutes with the install;
+# not yet timed as one call.
+#
+# Two diagnostics run only when CURVES names them, in a second call at once (the machine stays
+# warm 30 s; about 3.5 minutes): "device", the device process alone (bench.device on mlp, eager
+# and with CUDA graphs, and on minilm's items: its ceiling and CPU a request without HTTP, and
+# which thread holds the GIL, printed by bench.gil_share; and bench.gil_switch: a batch's time
+# next to a thread that holds the GIL, by switch interval); "c1", at c=1 this build against the
+# first GPU run's (bench/ab.sh, both up at once), with one process and with its default front
+# ends (C1_FRONTENDS). With PROFILE=1 py-spy also records the device process at each point of
+# the first curve. Profiles go to $OUT/profiles.tgz (py-spy slows what it records: one process
+# at c=256 read 3.8 k req/s profiled). Needs .carry/ from `python -m bench.carry` (made here,
+# named in the device call's carry). A cold start of the machine takes about a minute more.
+#   1:  OUT=$OUT bash bench/gpu.sh                                   (~6.5 minutes)
+#   2:  TESTS= CURVES="device c1" OUT=$OUT bash bench/gpu.sh         (~3.5 minutes)
 # What ran before a timeout stays in $OUT/gpu.log. The tests are the modules with CUDA tests
 # and the API's predict path (TESTS="tests/unit tests/api": all of them, ~2 minutes).
 #
@@ -38,7 +40,7 @@ TESTS=${TESTS-tests/unit/test_graphs.py tests/unit/test_transfer.py tests/unit/t
 tests/unit/test_repository.py tests/unit/test_devices.py tests/api/test_predict.py}  # empty: none
 DEVICE_INSTANCES=${DEVICE_INSTANCES:-1 32}  # items a request in the device curve's runs
 PROFILE=${PROFILE:-0}  # 1: py-spy on the device process at each point of the mlp-json curve
-CURVES=${CURVES:-mlp-json mlp-binary32 mlp-binary32-eager mlp-json-eager minilm minilm-profile device c1}
+CURVES=${CURVES:-mlp-json mlp-binary32 mlp-binary32-eager mlp-json-eager minilm minilm-profile}
 EAGER_FRONTENDS=${EAGER_FRONTENDS:-8}  # front ends of the eager curves
 C1_FRONTENDS=${C1_FRONTENDS:-1 auto}  # this build's front ends in the c=1 comparison
 GRAPH_INSTANCES=${GRAPH_INSTANCES:-32}  # the device process alone with CUDA graphs: items a request
@@ -135,7 +137,7 @@ main() {
   local profile=()
   [ "$PROFILE" = 1 ] && profile=(--profile "$OUT/profiles")
   curve mlp-json 130 --workload mlp --max-batch-size 256 --concurrency 1,256 "${profile[@]}"
-  device_alone  # early: which thread holds the GIL decides the next change
+  device_alone  # only when named: which thread holds the GIL
   curve mlp-binary32 130 --workload mlp --max-batch-size 256 --instances 32 --binary \
     --queue-capacity 16384 --concurrency 256
   # the same, and mlp JSON, eagerly (no CUDA graphs) at EAGER_FRONTENDS (the curves' best N)
