@@ -85,7 +85,8 @@ class BatchSettings(BaseModel):
     cuda_graphs: bool | Literal["auto"] = Field(
         "auto", description="on CUDA, run a fixed-shape tensor model's batches as CUDA graphs "
         "captured at warm-up (auto: where the model qualifies, quietly eager where not; true: "
-        "the same, warning where not; docs/cuda-graphs.md)",
+        "the same, warning where not, and text models too, not yet measured; "
+        "docs/cuda-graphs.md)",
     )
 
     _explicit: frozenset[str] = PrivateAttr(default=frozenset())

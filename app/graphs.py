@@ -13,7 +13,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -48,6 +48,13 @@ def fill_rows(out: np.ndarray, items: list[np.ndarray]) -> None:
     tail = out.shape[2:]
     np.concatenate([i if i.ndim == out.ndim - 1 else i.reshape(-1, *tail) for i in items],
                    out=out.reshape(-1, *tail))
+
+
+class Outputs(Protocol):
+    """What ``release`` needs of a pair of pinned buffers: the outputs' rows, and the mark."""
+
+    rows_out: np.ndarray
+    busy: bool
 
 
 @dataclass(eq=False)
@@ -112,7 +119,7 @@ class GraphedReplica:
         host_out.copy_(output, non_blocking=True)
 
     @staticmethod
-    def release(buffers: HostBuffers, n: int) -> torch.Tensor:
+    def release(buffers: Outputs, n: int) -> torch.Tensor:
         """The first ``n`` output rows, copied out of ``buffers`` (once the device is done with
         them), which are free again."""
         try:
@@ -185,7 +192,11 @@ def _check(graphed: GraphedReplica, replica: Replica, examples: list[Any], limit
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     got = graphed.release(buffers, n)
-    expected = replica(torch.from_numpy(rows).to(device))
+    check_outputs(got, replica(torch.from_numpy(rows).to(device)))
+
+
+def check_outputs(got: torch.Tensor, expected: Any) -> None:
+    """Raises NotGraphable unless the graph's rows ``got`` match the eager forward's."""
     if not isinstance(expected, torch.Tensor):
         raise NotGraphable("its forward does not return one tensor")
     rtol = CHECK_RTOL

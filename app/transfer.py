@@ -18,7 +18,7 @@ completed; the host outputs stay alive as long as the per-item results that view
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ import torch
 
 from app.graphs import GraphedReplica, HostBuffers, fill_rows
 from app.models.base import ModelHandler, OutputCountMismatch, Replica, Tensors, map_tensors
+from app.text_graphs import TextBuffers, TextGraphedReplica, batch_length
 
 
 @dataclass(eq=False)
@@ -44,7 +45,7 @@ class Launch:
     started: torch.cuda.Event | None = None
     computed: torch.cuda.Event | None = None
     cpu_seconds: float = 0.0
-    graph: HostBuffers | None = None
+    graph: HostBuffers | TextBuffers | None = None
 
     @property
     def pending(self) -> bool:
@@ -95,29 +96,40 @@ class DeviceExecutor:
         n = len(data) if rows is None else rows
         with torch.inference_mode():
             if isinstance(replica, GraphedReplica) and (buffers := replica.take(n)) is not None:
-                return self._launch_graph(handler, replica, buffers, data, n)
+                held = buffers
+                return self._replay(handler, n, buffers,
+                                    lambda: fill_rows(held.rows_in[:n], data),
+                                    lambda: replica.run(held, n))
             batch = handler.collate(data)
+            if isinstance(replica, TextGraphedReplica):
+                length = batch_length(batch)
+                key = replica.bucket(n, length) if length is not None else None
+                if key is not None and (text := replica.take(key)) is not None:
+                    return self._replay(handler, n, text,
+                                        lambda: replica.fill(text, batch, key),
+                                        lambda: replica.run(text, key))
             if not self.pipelined:
                 t0 = time.perf_counter()
                 outputs = replica(batch)
                 return Launch(handler, n, outputs, cpu_seconds=time.perf_counter() - t0)
             return self._launch_cuda(handler, replica, batch, n)
 
-    def _launch_graph(self, handler: ModelHandler, replica: GraphedReplica,
-                      buffers: HostBuffers, data: list[Any], n: int) -> Launch:
-        """The rows written into pinned memory with numpy, then five torch calls: an event,
-        copy in, replay, copy out, an event (docs/cuda-graphs.md)."""
+    def _replay(self, handler: ModelHandler, n: int, buffers: HostBuffers | TextBuffers,
+                write: Callable[[], None], run: Callable[[], None]) -> Launch:
+        """A batch through a captured graph: ``write`` puts it into pinned memory with numpy,
+        then five torch calls or so: an event, copy in, replay (``run``), copy out, an event
+        (docs/cuda-graphs.md). The buffers are free again if anything fails."""
         try:
-            fill_rows(buffers.rows_in[:n], data)
+            write()
             if not self.pipelined:
                 t0 = time.perf_counter()
-                replica.run(buffers, n)
+                run()
                 return Launch(handler, n, None, cpu_seconds=time.perf_counter() - t0,
                               graph=buffers)
             started, done = _event(timing=True), _event(timing=True)
             with torch.cuda.stream(self._compute):
                 started.record(self._compute)
-                replica.run(buffers, n)
+                run()
                 done.record(self._compute)
         except BaseException:
             buffers.busy = False

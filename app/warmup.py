@@ -18,11 +18,12 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from app.graphs import NotGraphable, capture, record_cuda
+from app.graphs import GraphedReplica, NotGraphable, capture, record_cuda
 from app.models.base import ModelHandler, Replica
 from app.models.signature import TensorSpec, describe_outputs
 from app.scheduler.cost import CostModel, grid
 from app.scheduler.waiting import group_by
+from app.text_graphs import TextGraphedReplica, capture_text, record_text_cuda
 from app.transfer import DeviceExecutor
 
 log = logging.getLogger("batchserve.warmup")
@@ -124,17 +125,28 @@ def graphed(handler: ModelHandler, replica: Replica, executor: DeviceExecutor, l
         if not quiet:
             log.info("model %s on %s: cuda_graphs applies to CUDA devices only", name, device)
         return replica
-    record = functools.partial(record_cuda, stream=executor.stream)
+    text = bool(items) and handler.length(items[0]) is not None
     try:
         # On the loader's own stream, as its other work: cuBLAS keeps a workspace for each
         # (thread, stream) it meets, which a default-stream matmul here would leave behind.
         with torch.cuda.stream(executor.stream):
-            result = capture(handler, replica, device, limit, items, record)
+            if not text:
+                result: GraphedReplica | TextGraphedReplica = capture(
+                    handler, replica, device, limit, items,
+                    functools.partial(record_cuda, stream=executor.stream))
+            elif quiet:
+                raise NotGraphable("a text model's graphs are taken only with cuda_graphs = "
+                                   "true until a GPU has measured them")
+            else:
+                result = capture_text(handler, replica, device, limit, items,
+                                      functools.partial(record_text_cuda, stream=executor.stream))
     except NotGraphable as exc:
         log.log(refused, "model %s on %s: served without CUDA graphs: %s", name, device, exc)
         return replica
-    log.info("model %s on %s: forward captured as CUDA graphs for batches of %s", name,
-             device, ", ".join(map(str, result.sizes)))
+    lengths = (f" of lengths {', '.join(map(str, result.lengths))}"
+               if isinstance(result, TextGraphedReplica) else "")
+    log.info("model %s on %s: forward captured as CUDA graphs for batches of %s%s", name,
+             device, ", ".join(map(str, result.sizes)), lengths)
     if result.sizes[-1] < limit:
         log.log(refused, "model %s on %s: batches above %d run without CUDA graphs: a larger "
                 "one's ran out of device memory", name, device, result.sizes[-1])

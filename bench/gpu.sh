@@ -4,9 +4,10 @@
 # c=256 on mlp (1 JSON instance a request, and c=1; 32 instances as v2 binary tensors) and
 # minilm, each with the model alone at its batch limit and the GPU's busy share, at the server's
 # default cuda_graphs (auto: on for mlp); both mlp workloads again eagerly at EAGER_FRONTENDS
-# front ends (docs/cuda-graphs.md); minilm's N=8 point again with the device process under
-# py-spy (minilm-profile). From the H200's times a point (2026-11-27: a curve's model alone
-# ~5 s, a server's start ~9 s, minilm's ~15, a point ~5) about 6.5 minutes with the install;
+# front ends (docs/cuda-graphs.md); minilm's N=8 point with its (rows, length) CUDA graphs
+# (minilm-graphs, --cuda-graphs true) and again with the device process under py-spy
+# (minilm-profile). From the H200's times a point (2026-11-27: a curve's model alone
+# ~5 s, a server's start ~9 s, minilm's ~15, a point ~5) about 7 minutes with the install;
 # not yet timed as one call.
 #
 # Two diagnostics run only when CURVES names them, in a second call at once (the machine stays
@@ -19,7 +20,7 @@
 # the first curve. Profiles go to $OUT/profiles.tgz (py-spy slows what it records: one process
 # at c=256 read 3.8 k req/s profiled). Needs .carry/ from `python -m bench.carry` (made here,
 # named in the device call's carry). A cold start of the machine takes about a minute more.
-#   1:  OUT=$OUT bash bench/gpu.sh                                   (~6.5 minutes)
+#   1:  OUT=$OUT bash bench/gpu.sh                                   (~7 minutes)
 #   2:  TESTS= CURVES="device c1" OUT=$OUT bash bench/gpu.sh         (~3.5 minutes)
 # What ran before a timeout stays in $OUT/gpu.log. The tests are the modules with CUDA tests
 # and the API's predict path (TESTS="tests/unit tests/api": all of them, ~2 minutes).
@@ -36,11 +37,12 @@ PY=${PY:-python3}
 DEVICES=${DEVICES:-cuda}
 FRONTENDS=${FRONTENDS:-1,2,4,8,14}
 SECONDS_PER_POINT=${SECONDS_PER_POINT:-3}
-TESTS=${TESTS-tests/unit/test_graphs.py tests/unit/test_transfer.py tests/unit/test_runtime.py \
+TESTS=${TESTS-tests/unit/test_graphs.py tests/unit/test_text_graphs.py tests/unit/test_transfer.py \
+tests/unit/test_runtime.py \
 tests/unit/test_repository.py tests/unit/test_devices.py tests/api/test_predict.py}  # empty: none
 DEVICE_INSTANCES=${DEVICE_INSTANCES:-1 32}  # items a request in the device curve's runs
 PROFILE=${PROFILE:-0}  # 1: py-spy on the device process at each point of the mlp-json curve
-CURVES=${CURVES:-mlp-json mlp-binary32 mlp-binary32-eager mlp-json-eager minilm minilm-profile}
+CURVES=${CURVES:-mlp-json mlp-binary32 mlp-binary32-eager mlp-json-eager minilm minilm-graphs minilm-profile}
 EAGER_FRONTENDS=${EAGER_FRONTENDS:-8}  # front ends of the eager curves
 C1_FRONTENDS=${C1_FRONTENDS:-1 auto}  # this build's front ends in the c=1 comparison
 GRAPH_INSTANCES=${GRAPH_INSTANCES:-32}  # the device process alone with CUDA graphs: items a request
@@ -146,6 +148,9 @@ main() {
   curve mlp-json-eager 60 --workload mlp --max-batch-size 256 --concurrency 256 \
     --cuda-graphs false --frontends "$EAGER_FRONTENDS"
   curve minilm 170 --workload minilm --max-batch-size 128 --concurrency 256
+  # its (rows, length) CUDA graphs, opt-in until measured (app/text_graphs.py)
+  curve minilm-graphs 100 --workload minilm --max-batch-size 128 --concurrency 256 \
+    --cuda-graphs true --frontends "$EAGER_FRONTENDS"
   # where the device process's time goes with the real encoder (the GIL's holders, py-spy)
   curve minilm-profile 60 --workload minilm --max-batch-size 128 --concurrency 256 \
     --frontends "$EAGER_FRONTENDS" --profile "$OUT/profiles"

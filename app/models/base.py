@@ -36,7 +36,9 @@ class ModelHandler(ABC):
     what a batch costs (the replica must have no side effects; a plain ``nn.Module`` has none).
     ``stacks``: every decoded item is a float32 array of ``input_shape``, and ``collate`` also
     takes chunks, arrays of several such rows (app/pending.py): a request's items that arrive
-    stacked (from a front end) may then be queued as one chunk.
+    stacked (from a front end) may then be queued as one chunk. ``max_length``: for a model
+    whose items have lengths (``length``), the most an item has (text: tokens after
+    truncation); the longest batch CUDA graphs capture (app/text_graphs.py).
     """
 
     name: str = "model"
@@ -49,6 +51,7 @@ class ModelHandler(ABC):
     dense_width: int | None = None
     measured_from_traffic: bool = False
     stacks: bool = False
+    max_length: int | None = None
 
     def examples(self) -> list[Any]:
         """Raw instances (as a client would send them) to warm the model up with."""

@@ -84,6 +84,7 @@ class MiniLMHandler(ModelHandler):
     input_datatype = "BYTES"
     input_shape = (1,)
     output_shape = (384,)
+    max_length = MAX_SEQ_LENGTH
     input_schema = {"type": "string", "description": "text to embed (truncated at 256 tokens)"}
 
     def __init__(self, path: Path | None = None) -> None:

@@ -19,7 +19,7 @@ LAYERS = [
      "app.framing"],
     ["app.models", "app.devices", "app.pending", "app.bell", "app.scheduler", "app.tracing"],
     ["app.metrics"],
-    ["app.transfer", "app.queues", "app.warmup", "app.facade", "app.graphs"],
+    ["app.transfer", "app.queues", "app.warmup", "app.facade", "app.graphs", "app.text_graphs"],
     ["app.served"],
     ["app.slot", "app.worker", "app.intake"],
     ["app.catalog", "app.repository", "app.learning"],
