@@ -86,7 +86,7 @@ class TextGraphedReplica:
             return None
         return self.sizes[at], self.lengths[to]
 
-    def take(self, key: Key) -> TextBuffers | None:
+    def take(self) -> TextBuffers | None:
         """Free buffers, marked busy until released; None while every set is in flight."""
         for buffers in self._buffers:
             if not buffers.busy:
@@ -180,7 +180,7 @@ def _check(graphed: TextGraphedReplica, replica: Replica, collated: dict[str, to
         raise NotGraphable("its warm-up examples do not fit its largest graph")
     key = graphed.bucket(min(n + 1, limit), min(length + 1, longest))
     assert key is not None
-    buffers = graphed.take(key)
+    buffers = graphed.take()
     assert buffers is not None
     graphed.fill(buffers, collated, key)
     graphed.run(buffers, key)

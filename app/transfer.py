@@ -104,7 +104,7 @@ class DeviceExecutor:
             if isinstance(replica, TextGraphedReplica):
                 length = batch_length(batch)
                 key = replica.bucket(n, length) if length is not None else None
-                if key is not None and (text := replica.take(key)) is not None:
+                if key is not None and (text := replica.take()) is not None:
                     return self._replay(handler, n, text,
                                         lambda: replica.fill(text, batch, key),
                                         lambda: replica.run(text, key))
