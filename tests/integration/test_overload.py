@@ -24,11 +24,11 @@ TIMEOUT_S = 1.0
 RATE = 200  # requests/s offered: 10 x capacity
 SECONDS = 3.0
 BODY = {"instances": [[1.0, 2.0]]}
-# What the client sees past a deadline also holds its own event loop and connection set-up on
-# the same loaded cores (1.8 s past a 1 s deadline measured on two calm cores, where the server
-# answered each request within 1 s): so the bound on time is the server's histogram, and the
-# client's only says that nothing hangs.
-CLIENT_SLACK_S = 5.0
+# How long answers take is bounded by the server's own histogram (``in_time_of_timed``). What
+# the client measures also holds its own event loop and connection set-up on the same loaded
+# cores (1.8 s past a 1 s deadline on two calm cores, 5.2 s once in CI, where the server answered
+# each request within 1 s), so it bounds nothing; a request that hangs fails on the client's
+# timeout (WAIT_S).
 T = TypeVar("T")
 
 
@@ -117,7 +117,6 @@ async def test_ten_times_capacity_is_answered_once_and_recovers() -> None:
     answered = sum(sample(text, "batchserve_requests_total", status=str(s))
                    for s in (200, 503, 504))
     assert answered == sent + len(idle)
-    assert max(seconds for _, seconds in answers) < TIMEOUT_S + CLIENT_SLACK_S
     # as the server saw it: every answer within the bucket that holds TIMEOUT_S + 1 s
     assert in_time_of_timed(text) == (answered, answered)
     assert rss_after - rss_before < 64 * 2**20, (rss_before, rss_after)
@@ -135,16 +134,15 @@ MIXED = {  # kind: (share of the requests in 8, headers, seconds the client wait
 
 
 async def mixed_post(client: httpx.AsyncClient, kind: str,
-                     i: int) -> tuple[str, httpx.Response | None, float]:
+                     i: int) -> tuple[str, httpx.Response | None]:
     """One request of ``kind``; the response is None where the client gave up and closed."""
     _, headers, gives_up_s = MIXED[kind]
-    started = time.monotonic()
     try:
         response = await client.post("/predict", json={"instances": [[i, 1.0]]}, headers=headers,
                                      timeout=gives_up_s or WAIT_S)
     except httpx.TimeoutException:
-        return kind, None, time.monotonic() - started
-    return kind, response, time.monotonic() - started
+        return kind, None
+    return kind, response
 
 
 async def test_mixed_levels_deadlines_and_leavers_are_each_answered_once() -> None:
@@ -166,7 +164,7 @@ async def test_mixed_levels_deadlines_and_leavers_are_each_answered_once() -> No
             after = await client.post("/predict", json={"instances": [[1.0, 1.0]]})
 
     ok = {kind: 0 for kind in MIXED}
-    for index, (kind, response, seconds) in enumerate(answers):
+    for index, (kind, response) in enumerate(answers):
         if response is None:
             assert kind == "leaves"
             continue
@@ -179,10 +177,8 @@ async def test_mixed_levels_deadlines_and_leavers_are_each_answered_once() -> No
             assert int(response.headers["retry-after"]) >= 1
         else:
             assert response.json()["error"]["type"] == "timeout"
-        limit_s = 0.15 if kind == "short" else TIMEOUT_S
-        assert seconds < limit_s + CLIENT_SLACK_S, (kind, response.status_code, seconds)
-    sent = {kind: sum(k == kind for k, _, _ in answers) for kind in MIXED}
-    left = sum(response is None for _, response, _ in answers)
+    sent = {kind: sum(k == kind for k, _ in answers) for kind in MIXED}
+    left = sum(response is None for _, response in answers)
     # Once each: every answered request counted exactly once; a leaver is counted once if the
     # server saw it (as 200, 499, 503 or 504), not at all if it left before its headers were read.
     counted = sum(sample(text, "batchserve_requests_total", status=str(s))
