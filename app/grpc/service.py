@@ -21,12 +21,12 @@ from google.protobuf import json_format
 from app.api.auth import check_auth
 from app.api.error_responses import V2
 from app.api.inference import CLIENT_CLOSED, Serving, submit
-from app.api.v2.codec import output_tensors
 from app.errors import DeadlineExceeded, InvalidInput, NotFound, ServeError
 from app.grpc import inference_pb2 as pb
 from app.grpc.calls import SERVICE, Context, Metadata, calls
 from app.grpc.control import Control
 from app.grpc.tensors import encode_infer, parameter_value, parse_infer
+from app.models.signature import output_tensors
 
 
 class InferenceServicer:

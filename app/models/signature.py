@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from app.arrays import Results
+
 INPUT_NAME = "INPUT0"
 OUTPUT_NAME = "OUTPUT0"
 
@@ -52,6 +54,15 @@ def output_columns(result: Any) -> dict[str, Any]:
     if isinstance(result, (tuple, list)):
         return {f"OUTPUT{i}": v for i, v in enumerate(result)}
     return {OUTPUT_NAME: result}
+
+
+def output_tensors(results: Results) -> dict[str, np.ndarray]:
+    """Stack per-item results into named output tensors (app.models.signature names them).
+    Results that came as one block (a request's rows computed together) are the one output."""
+    if type(results) is np.ndarray:
+        return {OUTPUT_NAME: results}
+    columns = [output_columns(r) for r in results]
+    return {name: np.stack([np.asarray(c[name]) for c in columns]) for name in columns[0]}
 
 
 def describe_outputs(results: list[Any]) -> list[TensorSpec]:

@@ -15,15 +15,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from app.arrays import Results
 from app.errors import InvalidInput, PayloadTooLarge
-from app.models.signature import (
-    DATATYPES,
-    OUTPUT_NAME,
-    TensorSpec,
-    datatype_of,
-    output_columns,
-)
+from app.models.signature import DATATYPES, TensorSpec, datatype_of
 from app.payload import MAX_INT64, json_object, json_text, whole_number_of
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -246,15 +239,6 @@ def _text(value: Any, name: str, row: int) -> str:
         except UnicodeDecodeError:
             raise InvalidInput(f"input '{name}' row {row}: not valid UTF-8") from None
     raise InvalidInput(f"input '{name}' row {row}: expected a string")
-
-
-def output_tensors(results: Results) -> dict[str, np.ndarray]:
-    """Stack per-item results into named output tensors (app.models.signature names them).
-    Results that came as one block (a request's rows computed together) are the one output."""
-    if type(results) is np.ndarray:
-        return {OUTPUT_NAME: results}
-    columns = [output_columns(r) for r in results]
-    return {name: np.stack([np.asarray(c[name]) for c in columns]) for name in columns[0]}
 
 
 def _as_bytes(value: Any) -> bytes:

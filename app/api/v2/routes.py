@@ -26,12 +26,11 @@ from app.api.v2.codec import (
     HEADER_LENGTH,
     InferRequest,
     encode_response,
-    output_tensors,
     parse_request,
 )
 from app.arrays import Results
 from app.facade import ModelFacade
-from app.models.signature import DATATYPES
+from app.models.signature import DATATYPES, output_tensors
 from app.runtime import InferenceService
 from app.served import ServedModel
 from app.version import __version__

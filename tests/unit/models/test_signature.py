@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.models.signature import TensorSpec, datatype_of, describe_outputs, output_columns
+from app.models.signature import (
+    TensorSpec,
+    datatype_of,
+    describe_outputs,
+    output_columns,
+    output_tensors,
+)
 
 
 def test_datatypes_follow_the_protocol() -> None:
@@ -32,3 +38,14 @@ def test_describe_outputs_merges_items() -> None:
         TensorSpec("n", "INT64", ()),
     ]
     assert describe_outputs([np.zeros(2, np.float32)]) == [TensorSpec("OUTPUT0", "FP32", (2,))]
+
+
+def test_output_tensors_stack_per_item_results_and_take_a_block_as_it_is() -> None:
+    rows = [np.arange(3, dtype=np.float32) + i for i in range(2)]
+    stacked = output_tensors(rows)
+    assert list(stacked) == ["OUTPUT0"]
+    np.testing.assert_array_equal(stacked["OUTPUT0"], np.stack(rows))
+    named = output_tensors([{"a": r, "b": r[:1]} for r in rows])
+    assert named["b"].shape == (2, 1)
+    block = np.stack(rows)  # a request's rows computed together
+    assert output_tensors(block)["OUTPUT0"] is block

@@ -10,9 +10,9 @@ import numpy as np
 import orjson
 import pytest
 
-from app.api.v2.codec import InferRequest, encode_response, output_tensors, parse_request
+from app.api.v2.codec import InferRequest, encode_response, parse_request
 from app.errors import InvalidInput
-from app.models.signature import TensorSpec
+from app.models.signature import TensorSpec, output_tensors
 
 
 def request(binary: dict[str, bool], binary_all: bool) -> InferRequest:
