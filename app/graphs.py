@@ -10,6 +10,7 @@ change nothing.
 
 from __future__ import annotations
 
+import functools
 from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -223,20 +224,28 @@ def record_cuda(replica: Replica, device_in: torch.Tensor, sizes: list[int],
     pool = torch.cuda.graph_pool_handle()
     graphs: dict[int, Recorded] = {}
     for size in sorted(sizes, reverse=True):
-        rows = device_in[:size]
-        with torch.cuda.stream(stream):  # warm up off the default stream, as capture needs
-            for _ in range(2):
-                replica(rows)
-        stream.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: the device threads may launch and sync other models meanwhile
-        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-            output = replica(rows)
-            if output.dtype == torch.bfloat16:
-                output = output.float()
-        graphs[size] = (graph.replay, output)
+        graphs[size] = graph_of(functools.partial(replica, device_in[:size]), pool, stream)
     torch.cuda.current_stream(device).wait_stream(stream)
     return graphs
+
+
+def graph_of(forward: Callable[[], Any], pool: Any, stream: torch.cuda.Stream,
+             warmups: int = 2) -> tuple[Callable[[], None], Any]:
+    """``forward`` run ``warmups`` times on ``stream`` (off the default stream, as capture
+    needs), then captured as a CUDA graph in ``pool``: (its replay, its static output).
+    bfloat16 outputs are widened to float32 in the graph (numpy, which renders the results,
+    has no bfloat16)."""
+    with torch.cuda.stream(stream):
+        for _ in range(warmups):
+            forward()
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: the device threads may launch and sync other models meanwhile
+    with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+        output = forward()
+        if isinstance(output, torch.Tensor) and output.dtype == torch.bfloat16:
+            output = output.float()
+    return graph.replay, output
 
 
 def _one_tensor(output: Any, rows: int) -> torch.Tensor:

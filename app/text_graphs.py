@@ -12,6 +12,7 @@ this one is opt-in (``cuda_graphs = true``) until one has.
 
 from __future__ import annotations
 
+import functools
 from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.graphs import GraphedReplica, NotGraphable, buckets, check_outputs
+from app.graphs import GraphedReplica, NotGraphable, buckets, check_outputs, graph_of
 from app.models.base import ModelHandler, Replica, map_tensors
 
 MIN_LENGTH = 16  # the shortest length captured: shorter batches pad up to it
@@ -202,15 +203,7 @@ def record_text_cuda(replica: Replica, dtypes: dict[str, torch.dtype], keys: lis
     for rows, length in sorted(keys, key=lambda k: (k[0] * k[1], k), reverse=True):
         inputs = {name: torch.zeros((rows, length), dtype=dtype, device=device)
                   for name, dtype in dtypes.items()}
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                replica(inputs)
-        stream.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-            output = replica(inputs)
-            if isinstance(output, torch.Tensor) and output.dtype == torch.bfloat16:
-                output = output.float()
-        graphs[rows, length] = (graph.replay, inputs, output)
+        replay, output = graph_of(functools.partial(replica, inputs), pool, stream, 3)
+        graphs[rows, length] = (replay, inputs, output)
     torch.cuda.current_stream(device).wait_stream(stream)
     return graphs

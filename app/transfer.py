@@ -17,6 +17,7 @@ completed; the host outputs stay alive as long as the per-item results that view
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -96,18 +97,17 @@ class DeviceExecutor:
         n = len(data) if rows is None else rows
         with torch.inference_mode():
             if isinstance(replica, GraphedReplica) and (buffers := replica.take(n)) is not None:
-                held = buffers
                 return self._replay(handler, n, buffers,
-                                    lambda: fill_rows(held.rows_in[:n], data),
-                                    lambda: replica.run(held, n))
+                                    functools.partial(fill_rows, buffers.rows_in[:n], data),
+                                    functools.partial(replica.run, buffers, n))
             batch = handler.collate(data)
             if isinstance(replica, TextGraphedReplica):
                 length = batch_length(batch)
                 key = replica.bucket(n, length) if length is not None else None
                 if key is not None and (text := replica.take()) is not None:
                     return self._replay(handler, n, text,
-                                        lambda: replica.fill(text, batch, key),
-                                        lambda: replica.run(text, key))
+                                        functools.partial(replica.fill, text, batch, key),
+                                        functools.partial(replica.run, text, key))
             if not self.pipelined:
                 t0 = time.perf_counter()
                 outputs = replica(batch)
