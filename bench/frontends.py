@@ -3,9 +3,12 @@
 For each N of ``--frontends``, one server with ``--frontends N`` under wrk at each
 ``--concurrency``, one after another in this run: requests and items per second, p50 and p99,
 errors, the mean batch, the cores the whole server used (device process and front ends), the
-CPU the device process's event loop spent per request (with N=1, the one process's loop), and
-the GPU's busy share where the devices are CUDA. ``--offline`` adds the model called in-process
-at the max batch (bench.run's ceiling) for the ratios.
+CPU the device process's event loop spent per request (with N=1, the one process's loop), the
+GPU's busy share where the devices are CUDA, where a request's time went in the server (from
+/metrics), and the CPU a request of the front ends together (``fe us``; with N=1 the one
+process) and of the device process (``dev us``): which side bounds a curve that stops rising.
+``--offline`` adds the model called in-process at the max batch (bench.run's ceiling) for the
+ratios.
 
     python -m bench.frontends --workload linear --frontends 1,2 --concurrency 64
     python -m bench.frontends --workload mlp --instances 32 --binary --devices cuda \\
@@ -68,6 +71,10 @@ class Point:
     server_ms: float = 0.0
     queue_ms: float = 0.0
     batch_ms: float = 0.0
+    # CPU per request: the front ends' together (with N=1 the one process's), and the device
+    # process's: which side a curve's flat end is bound by.
+    frontend_us: float = 0.0
+    device_us: float = 0.0
 
 
 STAGES = ("batchserve_batch_size", "batchserve_request_duration_seconds",
@@ -175,19 +182,24 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
                     env=env)
             totals0 = stage_totals(url)
             pids = tree(pid)
-            cpu0, t0, loop0 = tree_cpu(pids), time.monotonic(), cpu_seconds(pid, pid)
+            cpu0, t0, loop0, dev0 = (tree_cpu(pids), time.monotonic(), cpu_seconds(pid, pid),
+                                     cpu_seconds(pid))
             with SmSampler(args.devices) as sm, profiled(args.profile, pid, args.seconds,
                                                          f"device-{args.workload}-n{frontends}-c{c}"):
                 r = run_wrk(url, path_file, c, args.seconds, path, threads=min(c, args.threads),
                             env=env)
-            cpu1, t1, loop1 = tree_cpu(pids), time.monotonic(), cpu_seconds(pid, pid)
+            cpu1, t1, loop1, dev1 = (tree_cpu(pids), time.monotonic(), cpu_seconds(pid, pid),
+                                     cpu_seconds(pid))
             batch, server_s, queue_s, batch_s = means(totals0, stage_totals(url))
             req_s = answered_s(r)
+            per_request = 1e6 / max(1.0, req_s * (t1 - t0))  # us per CPU second
+            device_us = (dev1 - dev0) * per_request if frontends > 1 else 0.0
             point = Point(frontends, c, req_s, req_s * args.instances, r["p50_us"] / 1000,
                           r["p99_us"] / 1000, r["http_errors"] + r["socket_errors"],
                           batch, (cpu1 - cpu0) / (t1 - t0),
-                          (loop1 - loop0) / max(1.0, req_s * (t1 - t0)) * 1e6, sm.mean,
-                          server_s * 1e3, queue_s * 1e3, batch_s * 1e3)
+                          (loop1 - loop0) * per_request, sm.mean,
+                          server_s * 1e3, queue_s * 1e3, batch_s * 1e3,
+                          (cpu1 - cpu0) * per_request - device_us, device_us)
             print(row(point), flush=True)
             points.append(point)
     return points
@@ -195,7 +207,7 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
 
 HEAD = (f"{'front ends':>10}{'conc':>6}{'req/s':>10}{'items/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
         f"{'errors':>8}{'batch':>7}{'cores':>7}{'loop us':>8}{'GPU busy':>9}"
-        f"{'srv ms':>8}{'queue ms':>9}{'batch ms':>9}")
+        f"{'srv ms':>8}{'queue ms':>9}{'batch ms':>9}{'fe us':>7}{'dev us':>7}")
 
 
 def row(p: Point) -> str:
@@ -203,7 +215,8 @@ def row(p: Point) -> str:
     return (f"{p.frontends:>10}{p.concurrency:>6}{p.req_s:>10.0f}{p.items_s:>10.0f}"
             f"{p.p50_ms:>9.2f}{p.p99_ms:>9.2f}{p.errors:>8}{p.mean_batch:>7.1f}"
             f"{p.server_cpu:>7.2f}{p.device_loop_us:>8.1f}{sm}"
-            f"{p.server_ms:>8.2f}{p.queue_ms:>9.2f}{p.batch_ms:>9.2f}")
+            f"{p.server_ms:>8.2f}{p.queue_ms:>9.2f}{p.batch_ms:>9.2f}"
+            f"{p.frontend_us:>7.0f}{p.device_us:>7.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,12 @@ and prints the batch's time and the spinner's rate (what the waiting costs it). 
 ``--graph`` also runs it with ``cuda_graphs`` (app/graphs.py: two events, a copy in, one
 replay and a copy out a batch, whatever the model), to show what fewer ops a batch take back.
 
+Then, for each path, the calls that gave the GIL up: one batch after another under a profile
+hook next to the spinner at a 5 ms switch interval, where a call from Python into C that lets
+the GIL go takes a whole interval to win it back, so each such call is named with its line and
+how often a batch makes it. These are what a busy event loop makes the device thread wait on,
+and what to take out of the launch (or into one graph) first.
+
     python -m bench.gil_switch --workload mlp
     python -m bench.gil_switch --workload mlp --devices cuda --batch 256 --seconds 2 --graph
 """
@@ -18,10 +24,14 @@ replay and a copy out a batch, whatever the model), to show what fewer ops a bat
 from __future__ import annotations
 
 import argparse
+import collections
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
 
 import torch
 
@@ -71,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
     curve(f"{args.workload} on {device}, batch {args.batch}, the server's launch and wait", run,
           args.seconds)
+    releases(run)
     if args.graph and device.type == "cuda":
         graphs = warm_replica(handler, device, args.batch, executor, graphs=True).replica
 
@@ -79,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
         kind = "CUDA graphs" if isinstance(graphs, GraphedReplica) else "none: not graphable"
         curve(f"the same with cuda_graphs ({kind}; docs/cuda-graphs.md)", replay, args.seconds)
+        releases(replay)
     return 0
 
 
@@ -88,18 +100,60 @@ def curve(title: str, run: Callable[[], None], seconds: float) -> None:
     print(title)
     print(f"  alone: {batch_us(run, seconds):.0f} us a batch")
     for interval in INTERVALS_S:
-        sys.setswitchinterval(interval)
-        stop, spins = threading.Event(), [0]
-        spinner = threading.Thread(target=spin, args=(stop, spins))
-        spinner.start()
+        spins = [0]
         start = time.perf_counter()
-        took = batch_us(run, seconds)
-        stop.set()
-        spinner.join()
+        with spinning(interval, spins):
+            took = batch_us(run, seconds)
         spin_rate = spins[0] / (time.perf_counter() - start) / 1e6
         print(f"  switch interval {interval * 1e3:.2f} ms: {took:.0f} us a batch, "
               f"spinner {spin_rate:.1f} M/s")
-    sys.setswitchinterval(INTERVALS_S[0])
+
+
+@contextmanager
+def spinning(interval_s: float, spins: list[int] | None = None) -> Iterator[None]:
+    """A thread that holds the GIL (``spin``) at this switch interval while the block runs;
+    its iterations into ``spins``."""
+    sys.setswitchinterval(interval_s)
+    stop = threading.Event()
+    spins = [0] if spins is None else spins
+    spinner = threading.Thread(target=spin, args=(stop, spins))
+    spinner.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        spinner.join()
+        sys.setswitchinterval(INTERVALS_S[0])
+
+
+def releases(run: Callable[[], None], batches: int = 20, interval_s: float = 0.005) -> None:
+    """Print where ``run`` let the GIL go (module docstring): each gap of more than half a
+    switch interval between two profile events next to the spinner, named by the C function
+    it returned from, or else by the Python line it was in (a callable C object, a TorchScript
+    forward among them, sends no C-call event of its own)."""
+    slow: collections.Counter[str] = collections.Counter()
+    last = [0.0]
+
+    def hook(frame: FrameType, event: str, arg: Any) -> None:
+        now = time.perf_counter()
+        if now - last[0] > interval_s / 2 and last[0]:
+            where = "/".join(frame.f_code.co_filename.rsplit("/", 2)[-2:])
+            name = (getattr(arg, "__qualname__", repr(arg)) if event.startswith("c_")
+                    else frame.f_code.co_qualname)
+            slow[f"{name} ({where}:{frame.f_lineno})"] += 1
+        last[0] = time.perf_counter()
+
+    with spinning(interval_s):
+        sys.setprofile(hook)
+        try:
+            for _ in range(batches):
+                run()
+        finally:
+            sys.setprofile(None)
+    total = sum(slow.values()) / batches
+    print(f"  where the GIL went: {total:.1f} times a batch")
+    for name, count in slow.most_common():
+        print(f"    {count / batches:6.2f}  {name}")
 
 
 if __name__ == "__main__":

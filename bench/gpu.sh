@@ -13,8 +13,9 @@
 # Two diagnostics run only when CURVES names them, in a second call at once (the machine stays
 # warm 30 s; about 3.5 minutes): "device", the device process alone (bench.device on mlp, eager
 # and with CUDA graphs, and on minilm's items: its ceiling and CPU a request without HTTP, and
-# which thread holds the GIL, printed by bench.gil_share; and bench.gil_switch: a batch's time
-# next to a thread that holds the GIL, by switch interval); "c1", at c=1 this build against the
+# which thread holds the GIL, printed by bench.gil_share; and bench.gil_switch on mlp and minilm:
+# a batch's time next to a thread that holds the GIL, by switch interval, and the calls that let
+# the GIL go, eager and as graphs); "c1", at c=1 this build against the
 # first GPU run's (bench/ab.sh, both up at once), with one process and with its default front
 # ends (C1_FRONTENDS). With PROFILE=1 py-spy also records the device process at each point of
 # the first curve. Profiles go to $OUT/profiles.tgz (py-spy slows what it records: one process
@@ -97,10 +98,13 @@ device_alone() {  # bench.device on mlp (x1, x32) and on minilm's items, with GI
       --concurrency 256 --seconds 3 --rounds 2 --warmup-s 2 --profile "$OUT/profiles"
     echo "== device exit $?"
     "$PY" -m bench.gil_share "$OUT/profiles/device-minilm-x1-k8.txt"
-    echo "== a batch of mlp next to a thread that holds the GIL, by switch interval"
-    timeout 60 "$PY" -m bench.gil_switch --workload mlp --devices "$DEVICES" --batch 256 --graph \
-      --seconds 2
-    echo "== gil_switch exit $?"
+    for w in "mlp 256" "minilm 128"; do
+      set -- $w
+      echo "== a batch of $1 next to a thread that holds the GIL, by switch interval; the calls"
+      timeout 60 "$PY" -m bench.gil_switch --workload "$1" --devices "$DEVICES" --batch "$2" \
+        --graph --seconds 2
+      echo "== gil_switch exit $?"
+    done
   fi
 }
 
