@@ -172,8 +172,11 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
     if args.model is not None:  # the same model as another setting (a module:callable)
         flags += ["--model", args.model, "--model-name", args.workload]
     points = []
-    with server_process(flags) as (url, pid), body(args.workload, args.instances,
-                                                     args.binary) as (path_file, path, env):
+    launcher = ("-m", "app")
+    if args.switch_interval_us is not None:
+        launcher = ("-m", "bench.switch", str(args.switch_interval_us))
+    with server_process(flags, launcher=launcher) as (url, pid), body(
+            args.workload, args.instances, args.binary) as (path_file, path, env):
         wait_for_frontends(url, frontends)
         if check:
             check_answers(url, args.workload, args.model)
@@ -243,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="serve the workload's model given this way (app.models.builtin:"
                         "mlp_module: the mlp as a bare module; bench.device:mlp_stand_in: its "
                         "inputs and outputs through one layer); requests are the workload's")
+    p.add_argument("--switch-interval-us", type=float, default=None,
+                   help="the device process's GIL switch interval, below the server's 100 us "
+                        "(bench/switch.py)")
     p.add_argument("--out", type=Path, default=None, help="write the points here as JSON")
     p.add_argument("--profile", type=Path, default=None,
                    help="record the device process with py-spy at each point, into this folder")

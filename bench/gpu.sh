@@ -10,19 +10,22 @@
 # ~5 s, a server's start ~9 s, minilm's ~15, a point ~5) about 7 minutes with the install;
 # not yet timed as one call.
 #
-# Two diagnostics run only when CURVES names them, in a second call at once (the machine stays
-# warm 30 s; about 3.5 minutes): "device", the device process alone (bench.device on mlp, eager
+# Three diagnostics run only when CURVES names them, in a second call at once (the machine stays
+# warm 30 s): "device" (about 2.5 minutes), the device process alone (bench.device on mlp, eager
 # and with CUDA graphs, and on minilm's items: its ceiling and CPU a request without HTTP, and
-# which thread holds the GIL, printed by bench.gil_share; and bench.gil_switch on mlp and minilm:
-# a batch's time next to a thread that holds the GIL, by switch interval, and the calls that let
-# the GIL go, eager and as graphs); "c1", at c=1 this build against the
-# first GPU run's (bench/ab.sh, both up at once), with one process and with its default front
-# ends (C1_FRONTENDS). With PROFILE=1 py-spy also records the device process at each point of
-# the first curve. Profiles go to $OUT/profiles.tgz (py-spy slows what it records: one process
-# at c=256 read 3.8 k req/s profiled). Needs .carry/ from `python -m bench.carry` (made here,
-# named in the device call's carry). A cold start of the machine takes about a minute more.
+# which thread holds the GIL, printed by bench.gil_share; and bench.gil_switch on mlp and
+# minilm: a batch's time next to a thread that holds the GIL, by switch interval, and where it
+# let the GIL go, eager and as graphs); "switch" (about 1.5 minutes), mlp JSON and minilm at
+# EAGER_FRONTENDS front ends with the device process's GIL switch interval at 100 (the
+# server's), 20 and 5 us (bench/switch.py); "c1" (about 1 minute), at c=1 this build against
+# the first GPU run's (bench/ab.sh, both up at once), with one process and with its default
+# front ends (C1_FRONTENDS). With PROFILE=1 py-spy also records the device process at each
+# point of the first curve. Profiles go to $OUT/profiles.tgz (py-spy slows what it records: one
+# process at c=256 read 3.8 k req/s profiled). Needs .carry/ from `python -m bench.carry` (made
+# here, named in the device call's carry). A cold start of the machine takes about a minute
+# more.
 #   1:  OUT=$OUT bash bench/gpu.sh                                   (~7 minutes)
-#   2:  TESTS= CURVES="device c1" OUT=$OUT bash bench/gpu.sh         (~3.5 minutes)
+#   2:  TESTS= CURVES="device switch" OUT=$OUT bash bench/gpu.sh     (~4 minutes)
 # What ran before a timeout stays in $OUT/gpu.log. The tests are the modules with CUDA tests
 # and the API's predict path (TESTS="tests/unit tests/api": all of them, ~2 minutes).
 #
@@ -108,6 +111,19 @@ device_alone() {  # bench.device on mlp (x1, x32) and on minilm's items, with GI
   fi
 }
 
+switch_sweep() {  # the device process's GIL switch interval (bench/switch.py), one run a point
+  [[ " $CURVES " == *" switch "* ]] || return 0
+  for point in "mlp 256 100" "mlp 256 20" "mlp 256 5" "minilm 128 100" "minilm 128 20"; do
+    set -- $point
+    echo "== $1 at $EAGER_FRONTENDS front ends, c=256: GIL switch interval $3 us"
+    timeout 60 "$PY" -m bench.frontends --devices "$DEVICES" --frontends "$EAGER_FRONTENDS" \
+      --seconds "$SECONDS_PER_POINT" --warmup-s 1 --threads 4 --workload "$1" \
+      --max-batch-size "$2" --concurrency 256 --switch-interval-us "$3" \
+      --out "$OUT/switch-$1-$3.json"
+    echo "== switch exit $?"
+  done
+}
+
 c1_compare() {  # c=1: the first GPU run's build against this one
   if [[ " $CURVES " == *" c1 "* ]] && [ -f .carry/first-gpu-build.tar.gz ]; then
     rm -rf /tmp/first-gpu-build && mkdir /tmp/first-gpu-build
@@ -158,6 +174,7 @@ main() {
   # where the device process's time goes with the real encoder (the GIL's holders, py-spy)
   curve minilm-profile 60 --workload minilm --max-batch-size 128 --concurrency 256 \
     --frontends "$EAGER_FRONTENDS" --profile "$OUT/profiles"
+  switch_sweep
   c1_compare
 }
 
