@@ -172,7 +172,7 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
     if args.model is not None:  # the same model as another setting (a module:callable)
         flags += ["--model", args.model, "--model-name", args.workload]
     points = []
-    launcher = ("-m", "app")
+    launcher: tuple[str, ...] = ("-m", "app")
     if args.switch_interval_us is not None:
         launcher = ("-m", "bench.switch", str(args.switch_interval_us))
     with server_process(flags, launcher=launcher) as (url, pid), body(
