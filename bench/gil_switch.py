@@ -11,11 +11,13 @@ and prints the batch's time and the spinner's rate (what the waiting costs it). 
 ``--graph`` also runs it with ``cuda_graphs`` (app/graphs.py: two events, a copy in, one
 replay and a copy out a batch, whatever the model), to show what fewer ops a batch take back.
 
-Then, for each path, the calls that gave the GIL up: one batch after another under a profile
-hook next to the spinner at a 5 ms switch interval, where a call from Python into C that lets
-the GIL go takes a whole interval to win it back, so each such call is named with its line and
-how often a batch makes it. These are what a busy event loop makes the device thread wait on,
-and what to take out of the launch (or into one graph) first.
+Then, for each path, where a batch let the GIL go: one batch after another under a profile
+hook next to the spinner at a 5 ms switch interval, where letting the GIL go costs a whole
+interval to win it back, so each gap of more than half an interval between two profile events
+is named (by the C function it returned from, or else the Python line it was in) with how
+often a batch has it. These are what a busy event loop makes the device thread wait on, and
+what to take out of the launch (or into one graph) first. On the CPU an op that computes for
+longer than half an interval shows too; on CUDA an op only enqueues.
 
     python -m bench.gil_switch --workload mlp
     python -m bench.gil_switch --workload mlp --devices cuda --batch 256 --seconds 2 --graph
