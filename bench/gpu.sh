@@ -6,7 +6,7 @@
 # default cuda_graphs (auto: on for mlp); both mlp workloads again eagerly at EAGER_FRONTENDS
 # front ends (docs/cuda-graphs.md); minilm's N=8 point with its (rows, length) CUDA graphs
 # (minilm-graphs, --cuda-graphs true) and again with the device process under py-spy
-# (minilm-profile). From the H200's times a point (2026-11-27: a curve's model alone
+# (minilm-profile); these single points read the model alone from their workload's curve. From the H200's times a point (2026-11-27: a curve's model alone
 # ~5 s, a server's start ~9 s, minilm's ~15, a point ~5) about 7 minutes with the install;
 # not yet timed as one call.
 #
@@ -68,15 +68,29 @@ fi
 export PATH=$PWD/.carry/bin:$PATH LD_LIBRARY_PATH=$PWD/.carry/lib HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 
-curve() {  # name, seconds it may take, then bench.frontends flags
+run_frontends() {  # what it is, seconds it may take, then bench.frontends flags
+  local what=$1 limit=$2
+  shift 2
+  echo "== $what"
+  timeout "$limit" "$PY" -m bench.frontends --devices "$DEVICES" \
+    --seconds "$SECONDS_PER_POINT" --warmup-s 1 --threads 4 "$@"
+  echo "== exit $?"
+}
+
+curve() {  # name, seconds it may take, flags: N = FRONTENDS, with the model alone
   local name=$1 limit=$2
   shift 2
   [[ " $CURVES " == *" $name "* ]] || return 0
-  echo "== front-end curve: $name"
-  timeout "$limit" "$PY" -m bench.frontends --devices "$DEVICES" --frontends "$FRONTENDS" \
-    --seconds "$SECONDS_PER_POINT" --warmup-s 1 --threads 4 --offline \
+  run_frontends "front-end curve: $name" "$limit" --frontends "$FRONTENDS" --offline \
     --out "$OUT/frontends-$name.json" "$@"
-  echo "== curve exit $?"
+}
+
+point() {  # name, seconds it may take, flags: N = EAGER_FRONTENDS (its curve has the model alone)
+  local name=$1 limit=$2
+  shift 2
+  [[ " $CURVES " == *" $name "* ]] || return 0
+  run_frontends "front-end point: $name" "$limit" --frontends "$EAGER_FRONTENDS" \
+    --out "$OUT/frontends-$name.json" "$@"
 }
 
 device_alone() {  # bench.device on mlp (x1, x32) and on minilm's items, with GIL shares
@@ -113,14 +127,11 @@ device_alone() {  # bench.device on mlp (x1, x32) and on minilm's items, with GI
 
 switch_sweep() {  # the device process's GIL switch interval (bench/switch.py), one run a point
   [[ " $CURVES " == *" switch "* ]] || return 0
-  for point in "mlp 256 100" "mlp 256 20" "mlp 256 5" "minilm 128 100" "minilm 128 20"; do
-    set -- $point
-    echo "== $1 at $EAGER_FRONTENDS front ends, c=256: GIL switch interval $3 us"
-    timeout 60 "$PY" -m bench.frontends --devices "$DEVICES" --frontends "$EAGER_FRONTENDS" \
-      --seconds "$SECONDS_PER_POINT" --warmup-s 1 --threads 4 --workload "$1" \
-      --max-batch-size "$2" --concurrency 256 --switch-interval-us "$3" \
-      --out "$OUT/switch-$1-$3.json"
-    echo "== switch exit $?"
+  for at in "mlp 256 100" "mlp 256 20" "mlp 256 5" "minilm 128 100" "minilm 128 20"; do
+    set -- $at
+    run_frontends "$1 at $EAGER_FRONTENDS front ends, c=256: GIL switch interval $3 us" 60 \
+      --frontends "$EAGER_FRONTENDS" --workload "$1" --max-batch-size "$2" --concurrency 256 \
+      --switch-interval-us "$3" --out "$OUT/switch-$1-$3.json"
   done
 }
 
@@ -163,17 +174,17 @@ main() {
   curve mlp-binary32 130 --workload mlp --max-batch-size 256 --instances 32 --binary \
     --queue-capacity 16384 --concurrency 256
   # the same, and mlp JSON, eagerly (no CUDA graphs) at EAGER_FRONTENDS (the curves' best N)
-  curve mlp-binary32-eager 60 --workload mlp --max-batch-size 256 --instances 32 --binary \
-    --queue-capacity 16384 --concurrency 256 --cuda-graphs false --frontends "$EAGER_FRONTENDS"
-  curve mlp-json-eager 60 --workload mlp --max-batch-size 256 --concurrency 256 \
-    --cuda-graphs false --frontends "$EAGER_FRONTENDS"
+  point mlp-binary32-eager 60 --workload mlp --max-batch-size 256 --instances 32 --binary \
+    --queue-capacity 16384 --concurrency 256 --cuda-graphs false
+  point mlp-json-eager 60 --workload mlp --max-batch-size 256 --concurrency 256 \
+    --cuda-graphs false
   curve minilm 170 --workload minilm --max-batch-size 128 --concurrency 256
   # its (rows, length) CUDA graphs, opt-in until measured (app/text_graphs.py)
-  curve minilm-graphs 100 --workload minilm --max-batch-size 128 --concurrency 256 \
-    --cuda-graphs true --frontends "$EAGER_FRONTENDS"
+  point minilm-graphs 100 --workload minilm --max-batch-size 128 --concurrency 256 \
+    --cuda-graphs true
   # where the device process's time goes with the real encoder (the GIL's holders, py-spy)
-  curve minilm-profile 60 --workload minilm --max-batch-size 128 --concurrency 256 \
-    --frontends "$EAGER_FRONTENDS" --profile "$OUT/profiles"
+  point minilm-profile 60 --workload minilm --max-batch-size 128 --concurrency 256 \
+    --profile "$OUT/profiles"
   switch_sweep
   c1_compare
 }
