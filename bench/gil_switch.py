@@ -11,7 +11,7 @@ and prints the batch's time and the spinner's rate (what the waiting costs it). 
 ``--graph`` also runs it with ``cuda_graphs`` (app/graphs.py: two events, a copy in, one
 replay and a copy out a batch, whatever the model), to show what fewer ops a batch take back.
 
-Then, for each path, where a batch let the GIL go: one batch after another under a profile
+Then, for each path, where a batch let the GIL go: ten batches under a profile
 hook next to the spinner at a 5 ms switch interval, where letting the GIL go costs a whole
 interval to win it back, so each gap of more than half an interval between two profile events
 is named (by the C function it returned from, or else the Python line it was in) with how
@@ -128,7 +128,7 @@ def spinning(interval_s: float, spins: list[int] | None = None) -> Iterator[None
         sys.setswitchinterval(INTERVALS_S[0])
 
 
-def releases(run: Callable[[], None], batches: int = 20, interval_s: float = 0.005) -> None:
+def releases(run: Callable[[], None], batches: int = 10, interval_s: float = 0.005) -> None:
     """Print where ``run`` let the GIL go (module docstring): each gap of more than half a
     switch interval between two profile events next to the spinner, named by the C function
     it returned from, or else by the Python line it was in (a callable C object, a TorchScript

@@ -36,7 +36,7 @@
 #                   (TESTS= runs no tests; a second call on the same machine installs
 #                   nothing again)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 PY=${PY:-python3}
 DEVICES=${DEVICES:-cuda}
 FRONTENDS=${FRONTENDS:-1,2,4,8,14}
@@ -116,10 +116,11 @@ device_alone() {  # bench.device on mlp (x1, x32) and on minilm's items, with GI
     echo "== device exit $?"
     "$PY" -m bench.gil_share "$OUT/profiles/device-minilm-x1-k8.txt"
     for w in "mlp 256" "minilm 128"; do
-      set -- $w
-      echo "== a batch of $1 next to a thread that holds the GIL, by switch interval; the calls"
-      timeout 60 "$PY" -m bench.gil_switch --workload "$1" --devices "$DEVICES" --batch "$2" \
-        --graph --seconds 2
+      read -r workload batch <<< "$w"
+      echo "== a batch of $workload next to a thread that holds the GIL, by switch interval;" \
+        "where it let the GIL go"
+      timeout 90 "$PY" -m bench.gil_switch --workload "$workload" --devices "$DEVICES" \
+        --batch "$batch" --graph --seconds 2
       echo "== gil_switch exit $?"
     done
   fi
@@ -128,10 +129,10 @@ device_alone() {  # bench.device on mlp (x1, x32) and on minilm's items, with GI
 switch_sweep() {  # the device process's GIL switch interval (bench/switch.py), one run a point
   [[ " $CURVES " == *" switch "* ]] || return 0
   for at in "mlp 256 100" "mlp 256 20" "mlp 256 5" "minilm 128 100" "minilm 128 20"; do
-    set -- $at
-    run_frontends "$1 at $EAGER_FRONTENDS front ends, c=256: GIL switch interval $3 us" 60 \
-      --frontends "$EAGER_FRONTENDS" --workload "$1" --max-batch-size "$2" --concurrency 256 \
-      --switch-interval-us "$3" --out "$OUT/switch-$1-$3.json"
+    read -r workload batch us <<< "$at"
+    run_frontends "$workload at $EAGER_FRONTENDS front ends, c=256: GIL switch interval $us us" \
+      60 --frontends "$EAGER_FRONTENDS" --workload "$workload" --max-batch-size "$batch" \
+      --concurrency 256 --switch-interval-us "$us" --out "$OUT/switch-$workload-$us.json"
   done
 }
 
@@ -143,7 +144,7 @@ c1_compare() {  # c=1: the first GPU run's build against this one
 print(json.dumps({"instances": [instance_for("mlp", 0)]}))')
     for f in $C1_FRONTENDS; do
       echo "== c=1, mlp: the first GPU run's build (one process) against this one (--frontends $f)"
-      N=3 C=1 W=mlp D="$DEVICES" PIN=0 PY="$PY" OLD_F= NEW_F=$f BODY=$body timeout 100 \
+      N=3 C=1 W=mlp D="$DEVICES" PIN=0 PY="$PY" OLD_F='' NEW_F=$f BODY=$body timeout 100 \
         bash bench/ab.sh /tmp/first-gpu-build .
       echo "== c1 exit $?"
     done
