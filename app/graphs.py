@@ -14,7 +14,7 @@ import functools
 from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -56,6 +56,19 @@ class Outputs(Protocol):
 
     rows_out: np.ndarray
     busy: bool
+
+
+B = TypeVar("B", bound=Outputs)
+T = TypeVar("T")
+
+
+def take_free(sets: list[B]) -> B | None:
+    """The first set of buffers not in flight, marked busy until ``release``; None if all are."""
+    for buffers in sets:
+        if not buffers.busy:
+            buffers.busy = True
+            return buffers
+    return None
 
 
 @dataclass(eq=False)
@@ -102,11 +115,7 @@ class GraphedReplica:
         the batch is larger than any graph or every pair is in flight."""
         if n > self.sizes[-1]:
             return None
-        for buffers in self._buffers:
-            if not buffers.busy:
-                buffers.busy = True
-                return buffers
-        return None
+        return take_free(self._buffers)
 
     def run(self, buffers: HostBuffers, n: int) -> None:
         """Enqueue on the current stream: the bucket's rows of ``buffers`` in, the replay, its
@@ -141,13 +150,13 @@ def capture(handler: ModelHandler, replica: Replica, device: torch.device, limit
         raise NotGraphable("its items are not float32 arrays of one declared shape")
     if not examples:
         raise NotGraphable("it has no warm-up examples to check the capture on")
-    try:
-        device_in, graphs = _record_fitting(replica, shape, device, limit, record)
-    except NotGraphable:
-        raise
-    except Exception as exc:  # noqa: BLE001 - whatever the capture refused
-        raise NotGraphable(f"its forward could not be captured ({type(exc).__name__}: "
-                           f"{exc})") from exc
+
+    def attempt(rows: int) -> tuple[torch.Tensor, dict[int, Recorded]]:
+        device_in = torch.zeros((rows, *shape), device=device)
+        _one_tensor(replica(device_in), rows)
+        return device_in, record(replica, device_in, buckets(rows))
+
+    device_in, graphs = record_fitting(attempt, limit, device)
     limit = max(graphs)
     output = graphs[limit][1]
     pinned = device.type == "cuda"
@@ -159,24 +168,26 @@ def capture(handler: ModelHandler, replica: Replica, device: torch.device, limit
     return graphed
 
 
-def _record_fitting(replica: Replica, shape: tuple[int, ...], device: torch.device, limit: int,
-                    record: Record) -> tuple[torch.Tensor, dict[int, Recorded]]:
-    """The static input and ``record``'s graphs up to ``limit``, halved while the largest
-    batch runs out of device memory (the error again at one row)."""
-    while True:
-        device_in = None
-        try:
-            device_in = torch.zeros((limit, *shape), device=device)
-            _one_tensor(replica(device_in), limit)
-            return device_in, record(replica, device_in, buckets(limit))
-        except torch.OutOfMemoryError:
-            if limit == 1:
-                raise
-        # Out of the handler: what the failed try held (its traceback's tensors) is free.
-        del device_in
-        limit //= 2
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+def record_fitting(attempt: Callable[[int], T], limit: int, device: torch.device) -> T:
+    """``attempt(limit)``: the capture up to a batch of ``limit`` rows, the limit halved while
+    it runs out of device memory (what a failed try held is free before the next: its frame
+    goes with the handled error). Whatever else the capture raises, and running out of memory
+    at one row, raises NotGraphable."""
+    try:
+        while True:
+            try:
+                return attempt(limit)
+            except torch.OutOfMemoryError:
+                if limit == 1:
+                    raise
+            limit //= 2
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    except NotGraphable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the capture refused
+        raise NotGraphable(f"its forward could not be captured ({type(exc).__name__}: "
+                           f"{exc})") from exc
 
 
 def _check(graphed: GraphedReplica, replica: Replica, examples: list[Any], limit: int,

@@ -21,7 +21,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.graphs import GraphedReplica, NotGraphable, buckets, check_outputs, graph_of
+from app.graphs import (
+    GraphedReplica,
+    NotGraphable,
+    buckets,
+    check_outputs,
+    graph_of,
+    record_fitting,
+    take_free,
+)
 from app.models.base import ModelHandler, Replica, map_tensors
 
 MIN_LENGTH = 16  # the shortest length captured: shorter batches pad up to it
@@ -89,11 +97,7 @@ class TextGraphedReplica:
 
     def take(self) -> TextBuffers | None:
         """Free buffers, marked busy until released; None while every set is in flight."""
-        for buffers in self._buffers:
-            if not buffers.busy:
-                buffers.busy = True
-                return buffers
-        return None
+        return take_free(self._buffers)
 
     def fill(self, buffers: TextBuffers, batch: dict[str, torch.Tensor], key: Key) -> None:
         """Write a collated batch into ``key``'s region of ``buffers``, zeros past it (numpy:
@@ -144,22 +148,10 @@ def capture_text(handler: ModelHandler, replica: Replica, device: torch.device, 
         raise NotGraphable("its batches are not integer tensors of (items, length)")
     assert isinstance(collated, dict)
     dtypes = {name: t.dtype for name, t in collated.items()}
-    while True:
-        try:
-            keys = [(rows, length) for rows in buckets(limit) for length in lengths(longest)]
-            graphs = record(replica, dtypes, keys, device)
-            break
-        except torch.OutOfMemoryError:
-            if limit == 1:
-                raise NotGraphable("its forward ran out of device memory at one row") from None
-        except NotGraphable:
-            raise
-        except Exception as exc:  # noqa: BLE001 - whatever the capture refused
-            raise NotGraphable(f"its forward could not be captured ({type(exc).__name__}: "
-                               f"{exc})") from exc
-        limit //= 2
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    graphs = record_fitting(lambda most: record(
+        replica, dtypes, [(rows, length) for rows in buckets(most) for length in lengths(longest)],
+        device), limit, device)
+    limit = max(rows for rows, _ in graphs)
     output = graphs[limit, longest][2]
     if not isinstance(output, torch.Tensor) or output.dim() == 0 or output.shape[0] != limit:
         raise NotGraphable("its forward does not return one tensor with a row per item")
