@@ -26,4 +26,56 @@ def stack_rows(rows: list[np.ndarray]) -> np.ndarray:
 
 def stack_alike(rows: list[np.ndarray]) -> np.ndarray:
     """``stack_rows`` for rows the caller has checked: one shape, at least one dimension."""
-    return np.concatenate(rows).reshape(len(rows), *rows[0].shape)
+    first = rows[0]
+    out = np.empty((len(rows), *first.shape), dtype=first.dtype)
+    if not concat_held(out.reshape(-1), rows):  # a row of another dtype: numpy promotes
+        return np.concatenate(rows).reshape(len(rows), *first.shape)
+    return out
+
+
+def join_rows(items: list[np.ndarray], rank: int) -> np.ndarray:
+    """Rows of ``rank`` dimensions and chunks of such rows (one more: app/pending.py) as one
+    array of rows, in order: ``np.concatenate`` with each row a chunk of one, holding the GIL
+    (``concat_held``) where the items are alike."""
+    first = items[0]
+    shape = first.shape[first.ndim - rank:]
+    rows = 0
+    for item in items:
+        if item.shape[item.ndim - rank:] != shape:
+            break
+        rows += len(item) if item.ndim > rank else 1
+    else:
+        out = np.empty((rows, *shape), dtype=first.dtype)
+        if concat_held(out.reshape(-1), items):
+            return out
+    return np.concatenate([item if item.ndim > rank else item[None] for item in items])
+
+
+def concat_held(out: np.ndarray, parts: Sequence[np.ndarray]) -> bool:
+    """``np.concatenate(parts, out=out)`` for a contiguous 1-D ``out`` (each part flattened)
+    without letting the GIL go; False, with ``out`` partly written, at a part it cannot copy
+    so (another dtype, or sizes that do not add up), for the caller to ask numpy.
+
+    numpy lets the GIL go to copy any array of more than 500 elements, once a part; a device
+    thread must then win it back from a busy event loop each time, up to a switch interval
+    (``python -m bench.gil_switch``). A memoryview's copy keeps it."""
+    dst = memoryview(out)  # type: ignore[arg-type]  # numpy's arrays are buffers
+    at = 0
+    for part in parts:
+        if part.ndim != 1:
+            part = part.reshape(-1)
+        end = at + part.size
+        try:
+            dst[at:end] = part  # type: ignore[call-overload]  # any buffer of dst's format
+        except (ValueError, TypeError):
+            return False
+        at = end
+    return at == len(out)
+
+
+def copy_held(array: np.ndarray) -> np.ndarray:
+    """``array.copy()`` (C order), without letting the GIL go (``concat_held``)."""
+    out = np.empty(array.shape, dtype=array.dtype)
+    if not concat_held(out.reshape(-1), [array]):
+        return array.copy()
+    return out

@@ -19,6 +19,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import torch
 
+from app.arrays import concat_held, copy_held
 from app.models.base import ModelHandler, Replica
 from app.scheduler.cost import grid
 
@@ -42,7 +43,9 @@ buckets = grid
 
 def fill_rows(out: np.ndarray, items: list[np.ndarray]) -> None:
     """Write ``items`` (rows of ``out``'s row shape, or chunks of such rows: app/pending.py)
-    into ``out``, in order, with one concatenation."""
+    into ``out``, in order, holding the GIL (``concat_held``), or else with one concatenation."""
+    if concat_held(out.reshape(-1), items):
+        return
     if out.ndim == 1:  # scalar items: 0-d arrays do not concatenate
         np.concatenate([np.atleast_1d(i) for i in items], out=out)
         return
@@ -133,7 +136,7 @@ class GraphedReplica:
         """The first ``n`` output rows, copied out of ``buffers`` (once the device is done with
         them), which are free again."""
         try:
-            return torch.from_numpy(buffers.rows_out[:n].copy())
+            return torch.from_numpy(copy_held(buffers.rows_out[:n]))
         finally:
             buffers.busy = False
 

@@ -134,6 +134,7 @@ def releases(run: Callable[[], None], batches: int = 10, interval_s: float = 0.0
     it returned from, or else by the Python line it was in (a callable C object, a TorchScript
     forward among them, sends no C-call event of its own)."""
     slow: collections.Counter[str] = collections.Counter()
+    waited: collections.Counter[str] = collections.Counter()  # seconds, by place
     last = [0.0]
 
     def hook(frame: FrameType, event: str, arg: Any) -> None:
@@ -142,7 +143,9 @@ def releases(run: Callable[[], None], batches: int = 10, interval_s: float = 0.0
             where = "/".join(frame.f_code.co_filename.rsplit("/", 2)[-2:])
             name = (getattr(arg, "__qualname__", repr(arg)) if event.startswith("c_")
                     else frame.f_code.co_qualname)
-            slow[f"{name} ({where}:{frame.f_lineno})"] += 1
+            place = f"{name} ({where}:{frame.f_lineno})"
+            slow[place] += 1
+            waited[place] += now - last[0]
         last[0] = time.perf_counter()
 
     with spinning(interval_s):
@@ -152,10 +155,12 @@ def releases(run: Callable[[], None], batches: int = 10, interval_s: float = 0.0
                 run()
         finally:
             sys.setprofile(None)
-    total = sum(slow.values()) / batches
-    print(f"  where the GIL went: {total:.1f} times a batch")
+    per_batch = batches * interval_s  # seconds -> intervals a batch
+    print(f"  where the GIL went: {sum(slow.values()) / batches:.1f} places a batch, "
+          f"{sum(waited.values()) / per_batch:.1f} intervals (one C call may let it go many "
+          "times: one place, many intervals)")
     for name, count in slow.most_common():
-        print(f"    {count / batches:6.2f}  {name}")
+        print(f"    {count / batches:6.2f} x {waited[name] / per_batch:6.1f} intervals  {name}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.arrays import stack_rows
+from app.arrays import join_rows, stack_rows
 from app.errors import InvalidInput
 from app.models.base import ModelHandler, Replica, Tensors
 
@@ -173,6 +173,5 @@ class TensorHandler(ModelHandler):
         if self.stacks:  # chunks may be among the rows
             rank = len(self.input_shape or ())
             if any(item.ndim > rank for item in items):
-                return torch.from_numpy(np.concatenate([
-                    item if item.ndim > rank else item[None] for item in items]))
+                return torch.from_numpy(join_rows(items, rank))
         return torch.from_numpy(stack_rows(items))
