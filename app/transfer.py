@@ -27,6 +27,7 @@ import torch
 
 from app.graphs import GraphedReplica, HostBuffers, fill_rows
 from app.models.base import ModelHandler, OutputCountMismatch, Replica, Tensors, map_tensors
+from app.process import launching
 from app.text_graphs import TextBuffers, TextGraphedReplica, batch_length
 
 
@@ -57,9 +58,10 @@ class Launch:
         seconds = self.cpu_seconds
         try:
             if self.done is not None:
-                self.done.synchronize()
-                if self.started is not None and self.computed is not None:
-                    seconds = self.started.elapsed_time(self.computed) / 1000.0
+                with launching:  # two GIL hand-offs at the short interval (app/process.py)
+                    self.done.synchronize()
+                    if self.started is not None and self.computed is not None:
+                        seconds = self.started.elapsed_time(self.computed) / 1000.0
         finally:
             if self.graph is not None:  # the buffers are free again, whatever happened
                 self.outputs = GraphedReplica.release(self.graph, self.n)
@@ -93,7 +95,16 @@ class DeviceExecutor:
                rows: int | None = None) -> Launch:
         """Collate ``data`` and start the model call; raises what collate or forward raise
         (an out-of-memory error among them) before anything is left running. ``rows``: the
-        instances ``data`` holds, where some are chunks (app/pending.py); one result each."""
+        instances ``data`` holds, where some are chunks (app/pending.py); one result each. On
+        CUDA its GIL hand-offs run at the short switch interval (``launching``,
+        app/process.py)."""
+        if not self.pipelined:
+            return self._launch(handler, replica, data, rows)
+        with launching:
+            return self._launch(handler, replica, data, rows)
+
+    def _launch(self, handler: ModelHandler, replica: Replica, data: list[Any],
+                rows: int | None) -> Launch:
         n = len(data) if rows is None else rows
         with torch.inference_mode():
             if isinstance(replica, GraphedReplica) and (buffers := replica.take(n)) is not None:

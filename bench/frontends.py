@@ -173,8 +173,9 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
         flags += ["--model", args.model, "--model-name", args.workload]
     points = []
     launcher: tuple[str, ...] = ("-m", "app")
-    if args.switch_interval_us is not None:
-        launcher = ("-m", "bench.switch", str(args.switch_interval_us))
+    if args.switch_interval_us is not None or args.launch_switch_us is not None:
+        launcher = ("-m", "bench.switch", *(str(us) if us is not None else "-" for us in (
+            args.switch_interval_us, args.launch_switch_us)))
     with server_process(flags, launcher=launcher) as (url, pid), body(
             args.workload, args.instances, args.binary) as (path_file, path, env):
         wait_for_frontends(url, frontends)
@@ -249,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--switch-interval-us", type=float, default=None,
                    help="the device process's GIL switch interval, below the server's 100 us "
                         "(bench/switch.py)")
+    p.add_argument("--launch-switch-us", type=float, default=None,
+                   help="its interval while a device thread launches and waits for a CUDA "
+                        "batch, instead of the server's 5 us (100: none shorter; "
+                        "bench/switch.py)")
     p.add_argument("--out", type=Path, default=None, help="write the points here as JSON")
     p.add_argument("--profile", type=Path, default=None,
                    help="record the device process with py-spy at each point, into this folder")

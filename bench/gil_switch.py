@@ -40,6 +40,7 @@ import torch
 from app.devices import resolve_devices
 from app.graphs import GraphedReplica
 from app.models.registry import load_handler
+from app.process import launching
 from app.transfer import DeviceExecutor
 from app.warmup import warm_replica
 
@@ -81,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     def run() -> None:
         executor.launch(handler, replica, items).wait()
 
+    cuda = device.type == "cuda"
     curve(f"{args.workload} on {device}, batch {args.batch}, the server's launch and wait", run,
-          args.seconds)
+          args.seconds, cuda)
     releases(run)
     if args.graph and device.type == "cuda":
         graphs = warm_replica(handler, device, args.batch, executor, graphs=True).replica
@@ -91,23 +93,35 @@ def main(argv: list[str] | None = None) -> int:
             executor.launch(handler, graphs, items).wait()
 
         kind = "CUDA graphs" if isinstance(graphs, GraphedReplica) else "none: not graphable"
-        curve(f"the same with cuda_graphs ({kind}; docs/cuda-graphs.md)", replay, args.seconds)
+        curve(f"the same with cuda_graphs ({kind}; docs/cuda-graphs.md)", replay, args.seconds,
+              cuda)
         releases(replay)
     return 0
 
 
-def curve(title: str, run: Callable[[], None], seconds: float) -> None:
-    """``run``'s time alone, then next to a spinning thread at each switch interval."""
+def curve(title: str, run: Callable[[], None], seconds: float, cuda: bool = False) -> None:
+    """``run``'s time alone, then next to a spinning thread at each switch interval; on CUDA
+    (``cuda``) the launch and wait take the server's shorter one (``launching``,
+    app/process.py), so the server's 0.1 ms is also run without it."""
     batch_us(run, 1.0)  # warm up
     print(title)
     print(f"  alone: {batch_us(run, seconds):.0f} us a batch")
-    for interval in INTERVALS_S:
+    points = [(interval, "") for interval in INTERVALS_S]
+    if cuda:
+        points.append((INTERVALS_S[2], ", launch and wait at it too"))
+    for interval, note in points:
         spins = [0]
         start = time.perf_counter()
-        with spinning(interval, spins):
-            took = batch_us(run, seconds)
+        short = launching.interval_s
+        if note:
+            launching.interval_s = 1.0  # never below the interval set
+        try:
+            with spinning(interval, spins):
+                took = batch_us(run, seconds)
+        finally:
+            launching.interval_s = short
         spin_rate = spins[0] / (time.perf_counter() - start) / 1e6
-        print(f"  switch interval {interval * 1e3:.2f} ms: {took:.0f} us a batch, "
+        print(f"  switch interval {interval * 1e3:.2f} ms{note}: {took:.0f} us a batch, "
               f"spinner {spin_rate:.1f} M/s")
 
 
@@ -134,7 +148,7 @@ def releases(run: Callable[[], None], batches: int = 10, interval_s: float = 0.0
     it returned from, or else by the Python line it was in (a callable C object, a TorchScript
     forward among them, sends no C-call event of its own)."""
     slow: collections.Counter[str] = collections.Counter()
-    waited: collections.Counter[str] = collections.Counter()  # seconds, by place
+    waited: collections.defaultdict[str, float] = collections.defaultdict(float)  # s, by place
     last = [0.0]
 
     def hook(frame: FrameType, event: str, arg: Any) -> None:

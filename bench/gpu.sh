@@ -15,9 +15,10 @@
 # and with CUDA graphs, and on minilm's items: its ceiling and CPU a request without HTTP, and
 # which thread holds the GIL, printed by bench.gil_share; and bench.gil_switch on mlp and
 # minilm: a batch's time next to a thread that holds the GIL, by switch interval, and where it
-# let the GIL go, eager and as graphs); "switch" (about 1.5 minutes), mlp JSON and minilm at
-# EAGER_FRONTENDS front ends with the device process's GIL switch interval at 100 (the
-# server's), 20 and 5 us (bench/switch.py); "c1" (about 1 minute), at c=1 this build against
+# let the GIL go, eager and as graphs); "switch" (about 2 minutes), mlp JSON and minilm at
+# EAGER_FRONTENDS front ends with the device process's GIL switch interval at the server's (100
+# us, 5 while a device thread launches and waits: app/process.py), at 100 throughout, and at 20
+# throughout (bench/switch.py); "c1" (about 1 minute), at c=1 this build against
 # the first GPU run's (bench/ab.sh, both up at once), with one process and with its default
 # front ends (C1_FRONTENDS). With PROFILE=1 py-spy also records the device process at each
 # point of the first curve. Profiles go to $OUT/profiles.tgz (py-spy slows what it records: one
@@ -25,7 +26,7 @@
 # here, named in the device call's carry). A cold start of the machine takes about a minute
 # more.
 #   1:  OUT=$OUT bash bench/gpu.sh                                   (~7 minutes)
-#   2:  TESTS= CURVES="device switch" OUT=$OUT bash bench/gpu.sh     (~4 minutes)
+#   2:  TESTS= CURVES="device switch" OUT=$OUT bash bench/gpu.sh     (~4.5 minutes)
 # What ran before a timeout stays in $OUT/gpu.log. The tests are the modules with CUDA tests
 # and the API's predict path (TESTS="tests/unit tests/api": all of them, ~2 minutes).
 #
@@ -128,11 +129,14 @@ device_alone() {  # bench.device on mlp (x1, x32) and on minilm's items, with GI
 
 switch_sweep() {  # the device process's GIL switch interval (bench/switch.py), one run a point
   [[ " $CURVES " == *" switch "* ]] || return 0
-  for at in "mlp 256 100" "mlp 256 20" "mlp 256 5" "minilm 128 100" "minilm 128 20"; do
-    read -r workload batch us <<< "$at"
-    run_frontends "$workload at $EAGER_FRONTENDS front ends, c=256: GIL switch interval $us us" \
-      60 --frontends "$EAGER_FRONTENDS" --workload "$workload" --max-batch-size "$batch" \
-      --concurrency 256 --switch-interval-us "$us" --out "$OUT/switch-$workload-$us.json"
+  # the server's (100 us, a launch and wait at 5), launches at 100 too, then 20 us throughout
+  for at in "mlp 256 100 5" "mlp 256 100 100" "mlp 256 20 20" \
+            "minilm 128 100 5" "minilm 128 100 100" "minilm 128 20 20"; do
+    read -r workload batch us launch <<< "$at"
+    run_frontends "$workload, N=$EAGER_FRONTENDS, c=256: switch $us us, launch $launch us" \
+      60 --frontends "$EAGER_FRONTENDS" --workload "$workload" \
+      --max-batch-size "$batch" --concurrency 256 --switch-interval-us "$us" \
+      --launch-switch-us "$launch" --out "$OUT/switch-$workload-$us-$launch.json"
   done
 }
 

@@ -7,13 +7,19 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
 import torch
 
 from app import process
-from app.process import GIL_SWITCH_INTERVAL_S, freeze_startup_objects, tune_for_serving
+from app.process import (
+    GIL_SWITCH_INTERVAL_S,
+    ShortSwitch,
+    freeze_startup_objects,
+    tune_for_serving,
+)
 
 
 @pytest.fixture
@@ -64,4 +70,44 @@ def test_torch_runs_no_more_threads_than_the_usable_cores(
     monkeypatch.setattr(process, "usable_cores", lambda: 64)  # never more than torch's own
     tune_for_serving()
     assert torch.get_num_threads() == 2
+
+
+
+@pytest.mark.usefixtures("restored")
+def test_a_short_switch_holds_while_any_thread_is_inside() -> None:
+    """Two device threads' launches overlap: the interval is short until the last one leaves,
+    then the one before comes back; a shorter one set before is kept."""
+    sys.setswitchinterval(0.001)
+    short = ShortSwitch(0.00001)
+    first_in, second_out = threading.Event(), threading.Event()
+    seen: list[float] = []
+
+    def other() -> None:
+        with short:
+            first_in.set()
+            second_out.wait(5)
+            seen.append(sys.getswitchinterval())
+
+    thread = threading.Thread(target=other)
+    with short:
+        thread.start()
+        assert first_in.wait(5)
+        assert sys.getswitchinterval() == pytest.approx(0.00001)
+    second_out.set()  # this thread has left; the other is still inside
+    thread.join(5)
+    assert seen == [pytest.approx(0.00001)]
+    assert sys.getswitchinterval() == pytest.approx(0.001)
+
+    sys.setswitchinterval(0.000002)
+    with short:
+        assert sys.getswitchinterval() == pytest.approx(0.000002)
+    assert sys.getswitchinterval() == pytest.approx(0.000002)
+
+
+@pytest.mark.usefixtures("restored")
+def test_a_short_switch_is_left_on_an_error() -> None:
+    sys.setswitchinterval(0.001)
+    with pytest.raises(RuntimeError), ShortSwitch(0.00001):
+        raise RuntimeError("the launch failed")
+    assert sys.getswitchinterval() == pytest.approx(0.001)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch
 
 from app.models.builtin import mlp_handler
 from app.models.tensor import TensorHandler
+from app.process import launching
 from app.transfer import DeviceExecutor
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -89,3 +91,33 @@ def test_cuda_launches_overlap_and_match_the_cpu() -> None:
         assert seconds > 0
         np.testing.assert_allclose(np.stack(results), reference(handler, data),
                                    rtol=1e-3, atol=1e-4)
+
+
+def interval_seen(device: torch.device) -> tuple[float, float]:
+    """The GIL switch interval inside a forward launched on ``device``, and after its wait."""
+    seen: list[float] = []
+
+    def forward(batch: torch.Tensor) -> torch.Tensor:
+        seen.append(sys.getswitchinterval())
+        return batch * 2
+
+    handler = TensorHandler("twice", lambda d: forward, (4,))
+    launch = DeviceExecutor(device).launch(handler, forward, [np.ones(4, np.float32)])
+    launch.wait()
+    return seen[0], sys.getswitchinterval()
+
+
+def test_a_cpu_launch_keeps_the_switch_interval() -> None:
+    """On the CPU an op computes for long enough that the interval hardly matters
+    (app/process.py): the process's own holds."""
+    before = sys.getswitchinterval()
+    assert interval_seen(torch.device("cpu")) == (before, before)
+
+
+@pytest.mark.gpu
+@gpu
+def test_a_cuda_launch_runs_at_the_short_switch_interval() -> None:
+    before = sys.getswitchinterval()
+    inside, after = interval_seen(torch.device("cuda", 0))
+    assert inside == min(before, launching.interval_s)
+    assert after == before
