@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from types import FrameType
 from typing import Any
 
@@ -71,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=32, help="items a batch (32)")
     p.add_argument("--seconds", type=float, default=4.0, help="a point (4)")
     p.add_argument("--graph", action="store_true", help="CUDA: also the forward as a CUDA graph")
+    p.add_argument("--short-launch", action="store_true",
+                   help="on the CPU, run each batch at the short switch interval of a CUDA "
+                        "launch and wait (app/process.py), as a stand-in whose ops are as short "
+                        "as CUDA's")
+    p.add_argument("--pause-ms", type=float, default=0.0,
+                   help="on the CPU, sleep this long between a batch's launch and its wait, "
+                        "as a CUDA batch's sync lets the GIL go while the device computes (0)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     device = resolve_devices(args.devices)[0]
@@ -79,12 +87,22 @@ def main(argv: list[str] | None = None) -> int:
     items = handler.decode(handler.examples()[:1] * args.batch)
     executor = DeviceExecutor(device)
 
-    def run() -> None:
-        executor.launch(handler, replica, items).wait()
-
     cuda = device.type == "cuda"
+    # On CUDA the launch and the wait take the short interval themselves.
+    short: AbstractContextManager[None] = (
+        launching if args.short_launch and not cuda else contextlib.nullcontext())
+
+    pause_s = args.pause_ms / 1e3
+
+    def run() -> None:
+        with short:
+            launch = executor.launch(handler, replica, items)
+            if pause_s:
+                time.sleep(pause_s)  # a device computing, the GIL let go (a CUDA sync's)
+            launch.wait()
+
     curve(f"{args.workload} on {device}, batch {args.batch}, the server's launch and wait", run,
-          args.seconds, cuda)
+          args.seconds, cuda or args.short_launch)
     releases(run)
     if args.graph and device.type == "cuda":
         graphs = warm_replica(handler, device, args.batch, executor, graphs=True).replica
@@ -99,30 +117,36 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def curve(title: str, run: Callable[[], None], seconds: float, cuda: bool = False) -> None:
-    """``run``'s time alone, then next to a spinning thread at each switch interval; on CUDA
-    (``cuda``) the launch and wait take the server's shorter one (``launching``,
-    app/process.py), so the server's 0.1 ms is also run without it."""
+def curve(title: str, run: Callable[[], None], seconds: float, short: bool = False) -> None:
+    """``run``'s time alone, then next to a spinning thread at each switch interval; where its
+    launch and wait take the server's shorter one (``short``: on CUDA, ``launching`` in
+    app/process.py), the server's 0.1 ms is also run without it."""
     batch_us(run, 1.0)  # warm up
     print(title)
     print(f"  alone: {batch_us(run, seconds):.0f} us a batch")
     points = [(interval, "") for interval in INTERVALS_S]
-    if cuda:
+    if short:
         points.append((INTERVALS_S[2], ", launch and wait at it too"))
     for interval, note in points:
         spins = [0]
         start = time.perf_counter()
-        short = launching.interval_s
-        if note:
-            launching.interval_s = 1.0  # never below the interval set
-        try:
-            with spinning(interval, spins):
-                took = batch_us(run, seconds)
-        finally:
-            launching.interval_s = short
+        with long_launches() if note else contextlib.nullcontext(), spinning(interval, spins):
+            took = batch_us(run, seconds)
         spin_rate = spins[0] / (time.perf_counter() - start) / 1e6
         print(f"  switch interval {interval * 1e3:.2f} ms{note}: {took:.0f} us a batch, "
               f"spinner {spin_rate:.1f} M/s")
+
+
+@contextmanager
+def long_launches() -> Iterator[None]:
+    """Launches and waits at the interval set, not at the server's shorter one (``launching``,
+    app/process.py)."""
+    launch_s = launching.interval_s
+    launching.interval_s = 1.0  # never below the interval set
+    try:
+        yield
+    finally:
+        launching.interval_s = launch_s
 
 
 @contextmanager
@@ -162,7 +186,7 @@ def releases(run: Callable[[], None], batches: int = 10, interval_s: float = 0.0
             waited[place] += now - last[0]
         last[0] = time.perf_counter()
 
-    with spinning(interval_s):
+    with long_launches(), spinning(interval_s):  # each wait a whole interval, to be seen
         sys.setprofile(hook)
         try:
             for _ in range(batches):
