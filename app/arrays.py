@@ -8,6 +8,9 @@ from typing import Any
 
 import numpy as np
 
+# numpy lets the GIL go to copy an array of more elements than this (NPY_BEGIN_THREADS_THRESHOLDED).
+NUMPY_HOLDS_GIL = 500
+
 # A request's results, one an instance: a list, or where its rows were computed together, their
 # array (one block; its rows are the results).
 Results = Sequence[Any] | np.ndarray
@@ -27,6 +30,8 @@ def stack_rows(rows: list[np.ndarray]) -> np.ndarray:
 def stack_alike(rows: list[np.ndarray]) -> np.ndarray:
     """``stack_rows`` for rows the caller has checked: one shape, at least one dimension."""
     first = rows[0]
+    if first.size <= NUMPY_HOLDS_GIL:  # numpy's own loop is the faster, and keeps the GIL
+        return np.concatenate(rows).reshape(len(rows), *first.shape)
     out = np.empty((len(rows), *first.shape), dtype=first.dtype)
     if not concat_held(out.reshape(-1), rows):  # a row of another dtype: numpy promotes
         return np.concatenate(rows).reshape(len(rows), *first.shape)
@@ -67,7 +72,7 @@ def concat_held(out: np.ndarray, parts: Sequence[np.ndarray]) -> bool:
         end = at + part.size
         try:
             dst[at:end] = part  # type: ignore[call-overload]  # any buffer of dst's format
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, NotImplementedError):
             return False
         at = end
     return at == len(out)

@@ -18,6 +18,9 @@ from app.arrays import concat_held, copy_held, join_rows, stack_rows
     [np.arange(12, dtype=np.float32).reshape(3, 4)[:, 1]] * 2,  # strided views
     [np.float32(1.0), np.float32(2.0)],  # scalars: np.stack's own way
     [np.ones(3, dtype=np.float32), np.ones(3, dtype=np.float64)],  # promoted as np.stack does
+    # rows numpy would copy letting the GIL go: copied holding it (concat_held)
+    [np.arange(600, dtype=np.float32) * i for i in range(5)],
+    [np.ones(600, dtype=np.float32), np.ones(600, dtype=np.float64)],
 ])
 def test_it_is_np_stack(rows: list[np.ndarray]) -> None:
     got, want = stack_rows(rows), np.stack(rows)
