@@ -196,7 +196,8 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
                                      cpu_seconds(pid))
             batch, server_s, queue_s, batch_s = means(totals0, stage_totals(url))
             req_s = answered_s(r)
-            per_request = 1e6 / max(1.0, req_s * (t1 - t0))  # us per CPU second
+            answered = req_s * (t1 - t0)  # none: no CPU a request (nan), not all of it
+            per_request = 1e6 / answered if answered >= 1 else float("nan")  # us per CPU s
             device_us = (dev1 - dev0) * per_request if frontends > 1 else 0.0
             point = Point(frontends, c, req_s, req_s * args.instances, r["p50_us"] / 1000,
                           r["p99_us"] / 1000, r["http_errors"] + r["socket_errors"],
