@@ -134,9 +134,13 @@ class ArrivalRate:
 
     window: int = 16
     last: PendingRequest | None = None
-    gaps: deque[float] = field(default_factory=deque)
-    trips: deque[float] = field(default_factory=deque)
+    gaps: deque[float] = field(init=False)  # the last ``window`` of each
+    trips: deque[float] = field(init=False)
     answers: deque[float] = field(default_factory=lambda: deque(maxlen=4))
+
+    def __post_init__(self) -> None:
+        self.gaps = deque(maxlen=self.window)
+        self.trips = deque(maxlen=self.window)
 
     def observe(self, request: PendingRequest) -> None:
         last = self.last
@@ -147,13 +151,12 @@ class ArrivalRate:
         more = min(request.count, self.window) - 1  # a chunk's other requests came with it
         for answered in reversed(self.answers):
             if answered <= arrived:
-                for _ in range(1 + more):
-                    _push(self.trips, arrived - answered, self.window)
+                self.trips.extend([arrived - answered] * (1 + more))
                 break
         if last is not None and arrived >= last.enqueued_at:
-            _push(self.gaps, arrived - last.enqueued_at, self.window)
-        for _ in range(more):
-            _push(self.gaps, 0.0, self.window)
+            self.gaps.append(arrived - last.enqueued_at)
+        if more:
+            self.gaps.extend([0.0] * more)
 
     def answered(self, now: float) -> None:
         """A batch's answers were sent at ``now`` (the device thread's clock)."""
@@ -169,12 +172,6 @@ class ArrivalRate:
             return None
         trips = sorted(self.trips)
         return trips[(3 * len(trips)) // 4], now - self.answers[-1]
-
-
-def _push(window: deque[float], value: float, size: int) -> None:
-    window.append(value)
-    if len(window) > size:
-        window.popleft()
 
 
 @dataclass
