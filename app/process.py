@@ -53,9 +53,9 @@ class ShortSwitch:
     replay: microseconds each) and win it back from the event loop each time, which a busy loop
     holds until the waiter has waited a whole interval. Shortening it for the whole process
     would also cut the loop's and the device thread's Python work into slices that pass the GIL
-    back and forth (on the CPU box, 5 us for the whole device process served 0.55 x the
-    requests a second of 100 us, one run); only the launch and the wait, where a device thread
-    runs a few microseconds between two calls that let the GIL go, take the short one."""
+    back and forth (on the CPU box, 5 us for the whole device process served 0.55-1.06 x the
+    requests a second of 100 us: docs/benchmarks.md); only the launch and the wait, where a
+    device thread runs a few microseconds between two calls that let the GIL go, take it."""
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
