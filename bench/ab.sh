@@ -11,7 +11,8 @@
 # `python -m bench` runs them: then the event loop and the device thread of a server run on
 # different cores at once).
 set -euo pipefail
-old=$(realpath "$1"); new=$(realpath "$2")
+# shellcheck disable=SC2034  # both read as ${!side}
+old=$(realpath "$1") new=$(realpath "$2")
 C=${C:-64}; N=${N:-6}; W=${W:-linear}; D=${D:-cpu}; F=${F:-1}; PIN=${PIN:-1}
 OLD_F=${OLD_F-$F}; NEW_F=${NEW_F-$F}; URL_PATH=${URL_PATH:-/predict}
 server_cpu=(taskset -c 0); wrk_cpu=(taskset -c 1)
@@ -28,7 +29,7 @@ for side in old new; do
   dir=${!side}; port=$([ $side = old ] && echo 8101 || echo 8102)
   f=$([ $side = old ] && echo "$OLD_F" || echo "$NEW_F")
   (cd "$dir" && exec "${server_cpu[@]}" "$py" -m app serve --model "$W" --devices "$D" \
-     --port $port --log-level warning --torch-threads 1 ${f:+--frontends "$f"}) \
+     --port "$port" --log-level warning --torch-threads 1 ${f:+--frontends "$f"}) \
      > "$tmp/$side.log" 2>&1 &
   pid[$port]=$!
 done
@@ -39,7 +40,7 @@ for port in 8101 8102; do
     sleep 0.5
   done
 done
-for i in $(seq "$N"); do
+for _ in $(seq "$N"); do
   for port in 8101 8102; do
     before=$(loop_ticks "${pid[$port]}")
     out=$("${wrk_cpu[@]}" wrk -t1 -c"$C" -d3s -s "$lua" "http://127.0.0.1:$port$URL_PATH" \
