@@ -3,11 +3,14 @@
 # CUDA present, then the front-end curve (docs/frontends.md): N = 1, 2, 4, 8, 14 front ends at
 # c=256 on mlp (1 JSON instance a request, and c=1; 32 instances as v2 binary tensors) and
 # minilm, each with the model alone at its batch limit and the GPU's busy share, at the server's
-# default cuda_graphs (auto: on for mlp); both mlp workloads again eagerly at EAGER_FRONTENDS
-# front ends (docs/cuda-graphs.md); minilm's N=8 point with its (rows, length) CUDA graphs
+# default cuda_graphs (auto: on for mlp); mlp JSON and minilm again at EAGER_FRONTENDS front ends
+# with a CUDA launch and wait at the server's 100 us switch interval, not 5 (*-long-launch;
+# app/process.py; the eager points mlp-json-eager and mlp-binary32-eager run when named in
+# CURVES, docs/cuda-graphs.md); minilm's N=8 point with its (rows, length) CUDA graphs
 # (minilm-graphs, --cuda-graphs true) and again with the device process under py-spy
-# (minilm-profile); these single points read the model alone from their workload's curve. From the H200's times a point (2026-11-27: a curve's model alone
-# ~5 s, a server's start ~9 s, minilm's ~15, a point ~5) about 7 minutes with the install;
+# (minilm-profile); these single points read the model alone from their workload's curve.
+# From the H200's times a point (2026-11-27: a curve's model alone ~5 s, a server's start ~9 s,
+# minilm's ~15, a point ~5) about 7 minutes with the install;
 # not yet timed as one call.
 #
 # Three diagnostics run only when CURVES names them, in a second call at once (the machine stays
@@ -47,8 +50,8 @@ tests/unit/test_runtime.py \
 tests/unit/test_repository.py tests/unit/test_devices.py tests/api/test_predict.py}  # empty: none
 DEVICE_INSTANCES=${DEVICE_INSTANCES:-1 32}  # items a request in the device curve's runs
 PROFILE=${PROFILE:-0}  # 1: py-spy on the device process at each point of the mlp-json curve
-CURVES=${CURVES:-mlp-json mlp-binary32 mlp-binary32-eager mlp-json-eager minilm minilm-graphs minilm-profile}
-EAGER_FRONTENDS=${EAGER_FRONTENDS:-8}  # front ends of the eager curves
+CURVES=${CURVES:-mlp-json mlp-binary32 mlp-json-long-launch minilm minilm-long-launch minilm-graphs minilm-profile}
+EAGER_FRONTENDS=${EAGER_FRONTENDS:-8}  # front ends of the single points (the curves' best N)
 C1_FRONTENDS=${C1_FRONTENDS:-1 auto}  # this build's front ends in the c=1 comparison
 GRAPH_INSTANCES=${GRAPH_INSTANCES:-32}  # the device process alone with CUDA graphs: items a request
 OUT=${OUT:?OUT: where the logs and results go}
@@ -183,7 +186,12 @@ main() {
     --queue-capacity 16384 --concurrency 256 --cuda-graphs false
   point mlp-json-eager 60 --workload mlp --max-batch-size 256 --concurrency 256 \
     --cuda-graphs false
+  # mlp JSON and minilm with the launch and wait at the server's 100 us, not 5 (app/process.py)
+  point mlp-json-long-launch 60 --workload mlp --max-batch-size 256 --concurrency 256 \
+    --launch-switch-us 100
   curve minilm 170 --workload minilm --max-batch-size 128 --concurrency 256
+  point minilm-long-launch 100 --workload minilm --max-batch-size 128 --concurrency 256 \
+    --launch-switch-us 100
   # its (rows, length) CUDA graphs, opt-in until measured (app/text_graphs.py)
   point minilm-graphs 100 --workload minilm --max-batch-size 128 --concurrency 256 \
     --cuda-graphs true
