@@ -19,14 +19,21 @@ def admit_all(model: ServedModel, level: int, requests: list[tuple[Any, float, A
               ) -> list[PendingRequest | ServeError]:
     """Admit or refuse each of ``requests`` (items: a list, or their rows stacked in one
     array; a deadline; its answer) whole, as ``check_admissible`` and ``enqueue`` would one
-    after another."""
+    after another: one-item requests all at once where the gate says each would pass
+    (``Gate.admit_all``), else one by one."""
     try:
         gate = model.gate(level)
     except ServeError as exc:
         return [exc] * len(requests)
-    outcomes: list[PendingRequest | ServeError] = []
-    admitted: list[tuple[PendingRequest, Any]] = []
     now = time.monotonic()
+    if requests and all(len(items) == 1 for items, _, _ in requests) and gate.admit_all(
+            len(requests), min(deadline for _, deadline, _ in requests), now):
+        admitted = [(PendingRequest(answer, 1, deadline, now, level), items)
+                    for items, deadline, answer in requests]  # one-item requests, all passed
+        model.put_admitted(admitted, now)
+        return [request for request, _ in admitted]
+    outcomes: list[PendingRequest | ServeError] = []
+    admitted = []
     for items, deadline, answer in requests:
         refused = gate.refusal(len(items), deadline, now)
         if refused is None:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from app.errors import ServeError
-from app.intake import admit_rows
-from app.pending import RowsAnswer
+from app.intake import admit_all, admit_rows
+from app.pending import Answer, PendingRequest, RowsAnswer
 from app.runtime import InferenceService
 from tests.unit.test_bridge import GatedRows
 from tests.unit.test_runtime import running
@@ -67,3 +67,44 @@ async def test_rows_all_admitted_are_answered_as_one_block() -> None:
         results = await asyncio.wait_for(answered, 30)
         assert type(results) is np.ndarray
         np.testing.assert_array_equal(results, 2 * rows)
+
+
+async def requests_of(rows: np.ndarray, deadlines: list[float]
+                      ) -> tuple[list[tuple[Any, float, Answer]], list[asyncio.Future[Any]]]:
+    """One-item requests of ``rows`` for ``admit_all``, and a future for each one's answer."""
+    loop = asyncio.get_running_loop()
+    answered = [loop.create_future() for _ in deadlines]
+    requests = [([row], deadline, Answer(lambda a, f=f: f.set_result(a.result()), i))
+                for i, (row, deadline, f) in enumerate(zip(rows, deadlines, answered,
+                                                           strict=True))]
+    return requests, answered
+
+
+async def test_one_item_requests_that_all_pass_are_admitted_at_once() -> None:
+    async with running(GatedRows(), max_batch_size=8, queue_capacity=16,
+                       max_instances=8) as service:
+        model = service.repository.get()
+        rows = np.arange(8, dtype=np.float32).reshape(4, 2)
+        requests, answered = await requests_of(rows, [time.monotonic() + 30.0] * 4)
+        outcomes = admit_all(model, model.settings.default_level, requests)
+        assert all(isinstance(o, PendingRequest) and o.count == 1 for o in outcomes)
+        assert model.in_flight == 4
+        results = await asyncio.wait_for(asyncio.gather(*answered), 30)
+        np.testing.assert_array_equal(np.stack([r[0] for r in results]), 2 * rows)
+
+
+async def test_one_item_requests_refused_as_one_by_one_admission_refuses_them() -> None:
+    """Where one of them would miss its deadline, none is admitted at once: each passes the
+    gate in order, and only that one is refused (the deadline-aware refusal)."""
+    async with running(GatedRows(), max_batch_size=8, queue_capacity=16,
+                       max_instances=8) as service:
+        model = service.repository.get()
+        rows = np.arange(6, dtype=np.float32).reshape(3, 2)
+        now = time.monotonic()
+        requests, answered = await requests_of(rows, [now + 30.0, now - 1.0, now + 30.0])
+        first, refused, last = admit_all(model, model.settings.default_level, requests)
+        assert isinstance(first, PendingRequest) and isinstance(last, PendingRequest)
+        assert isinstance(refused, ServeError) and refused.status == 503
+        assert model.in_flight == 2
+        results = await asyncio.wait_for(asyncio.gather(answered[0], answered[2]), 30)
+        np.testing.assert_array_equal(np.stack([r[0] for r in results]), 2 * rows[[0, 2]])
