@@ -64,17 +64,17 @@ def concat_held(out: np.ndarray, parts: Sequence[np.ndarray]) -> bool:
     numpy lets the GIL go to copy any array of more than 500 elements, once a part; a device
     thread must then win it back from a busy event loop each time, up to a switch interval
     (``python -m bench.gil_switch``). A memoryview's copy keeps it."""
-    dst = memoryview(out)  # type: ignore[arg-type]  # numpy's arrays are buffers
     at = 0
-    for part in parts:
-        if part.ndim != 1:
-            part = part.reshape(-1)
-        end = at + part.size
-        try:
+    try:
+        dst = memoryview(out)  # type: ignore[arg-type]  # numpy's arrays are buffers
+        for part in parts:
+            if part.ndim != 1:
+                part = part.reshape(-1)
+            end = at + part.size
             dst[at:end] = part  # type: ignore[call-overload]  # any buffer of dst's format
-        except (ValueError, TypeError, NotImplementedError):
-            return False
-        at = end
+            at = end
+    except (ValueError, TypeError, NotImplementedError):  # a dtype no buffer holds too
+        return False
     return at == len(out)
 
 

@@ -44,14 +44,9 @@ buckets = grid
 def fill_rows(out: np.ndarray, items: list[np.ndarray]) -> None:
     """Write ``items`` (rows of ``out``'s row shape, or chunks of such rows: app/pending.py)
     into ``out``, in order, holding the GIL (``concat_held``), or else with one concatenation."""
-    if concat_held(out.reshape(-1), items):
-        return
-    if out.ndim == 1:  # scalar items: 0-d arrays do not concatenate
-        np.concatenate([np.atleast_1d(i) for i in items], out=out)
-        return
-    tail = out.shape[2:]
-    np.concatenate([i if i.ndim == out.ndim - 1 else i.reshape(-1, *tail) for i in items],
-                   out=out.reshape(-1, *tail))
+    flat = out.reshape(-1)
+    if not concat_held(flat, items):
+        np.concatenate([i.reshape(-1) for i in items], out=flat)
 
 
 class Outputs(Protocol):

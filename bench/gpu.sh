@@ -3,7 +3,7 @@
 # CUDA present, then the front-end curve (docs/frontends.md): N = 1, 2, 4, 8, 14 front ends at
 # c=256 on mlp (1 JSON instance a request, and c=1; 32 instances as v2 binary tensors) and
 # minilm, each with the model alone at its batch limit and the GPU's busy share, at the server's
-# default cuda_graphs (auto: on for mlp); mlp JSON and minilm again at EAGER_FRONTENDS front ends
+# default cuda_graphs (auto: on for mlp); mlp JSON and minilm again at POINT_FRONTENDS front ends
 # with a CUDA launch and wait at the server's 100 us switch interval, not 5 (*-long-launch;
 # app/process.py; the eager points mlp-json-eager and mlp-binary32-eager run when named in
 # CURVES, docs/cuda-graphs.md); minilm's N=8 point with its (rows, length) CUDA graphs
@@ -18,10 +18,11 @@
 # and with CUDA graphs, and on minilm's items: its ceiling and CPU a request without HTTP, and
 # which thread holds the GIL, printed by bench.gil_share; and bench.gil_switch on mlp and
 # minilm: a batch's time next to a thread that holds the GIL, by switch interval, and where it
-# let the GIL go, eager and as graphs); "switch" (about 2 minutes), mlp JSON and minilm at
-# EAGER_FRONTENDS front ends with the device process's GIL switch interval at the server's (100
-# us, 5 while a device thread launches and waits: app/process.py), at 100 throughout, and at 20
-# throughout (bench/switch.py); "c1" (about 1 minute), at c=1 this build against
+# let the GIL go, eager and as graphs); "switch" (about 1.5 minutes), mlp JSON and minilm at
+# POINT_FRONTENDS front ends with the device process's GIL switch interval at the server's (100
+# us, 5 while a device thread launches and waits: app/process.py) and at 20 throughout
+# (bench/switch.py; at 100 throughout: the first call's *-long-launch points); "c1" (about 1
+# minute), at c=1 this build against
 # the first GPU run's (bench/ab.sh, both up at once), with one process and with its default
 # front ends (C1_FRONTENDS). With PROFILE=1 py-spy also records the device process at each
 # point of the first curve. Profiles go to $OUT/profiles.tgz (py-spy slows what it records: one
@@ -29,7 +30,7 @@
 # here, named in the device call's carry). A cold start of the machine takes about a minute
 # more.
 #   1:  OUT=$OUT bash bench/gpu.sh                                   (~7 minutes)
-#   2:  TESTS= CURVES="device switch" OUT=$OUT bash bench/gpu.sh     (~4.5 minutes)
+#   2:  TESTS= CURVES="device switch" OUT=$OUT bash bench/gpu.sh     (~4 minutes)
 # What ran before a timeout stays in $OUT/gpu.log. The tests are the modules with CUDA tests
 # and the API's predict path (TESTS="tests/unit tests/api": all of them, ~2 minutes).
 #
@@ -51,7 +52,7 @@ tests/unit/test_repository.py tests/unit/test_devices.py tests/api/test_predict.
 DEVICE_INSTANCES=${DEVICE_INSTANCES:-1 32}  # items a request in the device curve's runs
 PROFILE=${PROFILE:-0}  # 1: py-spy on the device process at each point of the mlp-json curve
 CURVES=${CURVES:-mlp-json mlp-binary32 mlp-json-long-launch minilm minilm-long-launch minilm-graphs minilm-profile}
-EAGER_FRONTENDS=${EAGER_FRONTENDS:-8}  # front ends of the single points (the curves' best N)
+POINT_FRONTENDS=${POINT_FRONTENDS:-8}  # front ends of the single points (the curves' best N)
 C1_FRONTENDS=${C1_FRONTENDS:-1 auto}  # this build's front ends in the c=1 comparison
 GRAPH_INSTANCES=${GRAPH_INSTANCES:-32}  # the device process alone with CUDA graphs: items a request
 OUT=${OUT:?OUT: where the logs and results go}
@@ -89,11 +90,11 @@ curve() {  # name, seconds it may take, flags: N = FRONTENDS, with the model alo
     --out "$OUT/frontends-$name.json" "$@"
 }
 
-point() {  # name, seconds it may take, flags: N = EAGER_FRONTENDS (its curve has the model alone)
+point() {  # name, seconds it may take, flags: N = POINT_FRONTENDS (its curve has the model alone)
   local name=$1 limit=$2
   shift 2
   [[ " $CURVES " == *" $name "* ]] || return 0
-  run_frontends "front-end point: $name" "$limit" --frontends "$EAGER_FRONTENDS" \
+  run_frontends "front-end point: $name" "$limit" --frontends "$POINT_FRONTENDS" \
     --out "$OUT/frontends-$name.json" "$@"
 }
 
@@ -132,12 +133,12 @@ device_alone() {  # bench.device on mlp (x1, x32) and on minilm's items, with GI
 
 switch_sweep() {  # the device process's GIL switch interval (bench/switch.py), one run a point
   [[ " $CURVES " == *" switch "* ]] || return 0
-  # the server's (100 us, a launch and wait at 5), launches at 100 too, then 20 us throughout
-  for at in "mlp 256 100 5" "mlp 256 100 100" "mlp 256 20 20" \
-            "minilm 128 100 5" "minilm 128 100 100" "minilm 128 20 20"; do
+  # the server's (100 us, a launch and wait at 5), then 20 us throughout (launches at 100 too:
+  # the first call's *-long-launch points)
+  for at in "mlp 256 100 5" "mlp 256 20 20" "minilm 128 100 5" "minilm 128 20 20"; do
     read -r workload batch us launch <<< "$at"
-    run_frontends "$workload, N=$EAGER_FRONTENDS, c=256: switch $us us, launch $launch us" \
-      60 --frontends "$EAGER_FRONTENDS" --workload "$workload" \
+    run_frontends "$workload, N=$POINT_FRONTENDS, c=256: switch $us us, launch $launch us" \
+      60 --frontends "$POINT_FRONTENDS" --workload "$workload" \
       --max-batch-size "$batch" --concurrency 256 --switch-interval-us "$us" \
       --launch-switch-us "$launch" --out "$OUT/switch-$workload-$us-$launch.json"
   done
@@ -181,7 +182,7 @@ main() {
   device_alone  # only when named: which thread holds the GIL
   curve mlp-binary32 130 --workload mlp --max-batch-size 256 --instances 32 --binary \
     --queue-capacity 16384 --concurrency 256
-  # the same, and mlp JSON, eagerly (no CUDA graphs) at EAGER_FRONTENDS (the curves' best N)
+  # the same, and mlp JSON, eagerly (no CUDA graphs) at POINT_FRONTENDS, when named in CURVES
   point mlp-binary32-eager 60 --workload mlp --max-batch-size 256 --instances 32 --binary \
     --queue-capacity 16384 --concurrency 256 --cuda-graphs false
   point mlp-json-eager 60 --workload mlp --max-batch-size 256 --concurrency 256 \

@@ -155,8 +155,7 @@ class ArrivalRate:
                 break
         if last is not None and arrived >= last.enqueued_at:
             self.gaps.append(arrived - last.enqueued_at)
-        if more:
-            self.gaps.extend([0.0] * more)
+        self.gaps.extend([0.0] * more)
 
     def answered(self, now: float) -> None:
         """A batch's answers were sent at ``now`` (the device thread's clock)."""
