@@ -145,11 +145,13 @@ async def mixed_post(client: httpx.AsyncClient, kind: str,
     return kind, response
 
 
-async def test_mixed_levels_deadlines_and_leavers_are_each_answered_once() -> None:
+@pytest.mark.parametrize("frontends", ["1", "2"])
+async def test_mixed_levels_deadlines_and_leavers_are_each_answered_once(frontends: str) -> None:
     """Five times capacity of urgent, ordinary, short-deadline and leaving clients at once: each
     answer is right or a clean refusal, the server counts each request once, the urgent fare
-    better than the rest, and afterwards the server is idle and ready."""
-    args = ("--model", "tests.fakes:sleep_module", "--devices", "cpu",
+    better than the rest, and afterwards the server is idle and ready; with two front ends too,
+    whose clients leave and time out on either while one queue holds them all."""
+    args = ("--model", "tests.fakes:sleep_module", "--devices", "cpu", "--frontends", frontends,
             "--max-batch-size", str(MAX_BATCH), "--queue-capacity", "8", "--max-instances", "2",
             "--request-timeout-s", str(TIMEOUT_S), "--log-level", "warning")
     kinds = [kind for kind, (share, _, _) in MIXED.items() for _ in range(share)]
