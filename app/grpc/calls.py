@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, NoReturn, TypeAlias, TypeVar
 
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
@@ -81,7 +81,7 @@ class Calls:
                 if exc.retry_after_s is not None:
                     trailers.append(("retry-after", str(exc.retry_after_s)))
                 context.set_trailing_metadata(trailers)
-                await context.abort(code, exc.message)
+                await abort(context, code, exc.message)
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED
                 raise
@@ -89,7 +89,7 @@ class Calls:
                 errors_log.exception("gRPC %s failed", name)
                 code = grpc.StatusCode.INTERNAL
                 context.set_trailing_metadata(trailers)
-                await context.abort(code, "internal server error")
+                await abort(context, code, "internal server error")
             finally:
                 if code is grpc.StatusCode.OK:
                     context.set_trailing_metadata(trailers)
@@ -104,6 +104,17 @@ class Calls:
 
 
 calls = Calls()
+
+
+async def abort(context: Context, code: grpc.StatusCode, message: str) -> NoReturn:
+    """End the call with ``code``. A call that gRPC has ended meanwhile (its deadline passed, or
+    its client left, as the error came) can take no status: it ends as a cancelled call does,
+    quietly, where gRPC would log the failed send with a traceback."""
+    try:
+        await context.abort(code, message)
+    except grpc.aio.InternalError as exc:
+        raise asyncio.CancelledError from exc
+    raise AssertionError("unreachable: abort raises")
 
 
 @dataclass(frozen=True)

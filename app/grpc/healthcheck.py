@@ -10,7 +10,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from app.errors import ServeError
-from app.grpc.calls import SERVICE, Malformed, Metadata, calls, metadata_of
+from app.grpc.calls import SERVICE, Malformed, Metadata, abort, calls, metadata_of
 from app.grpc.control import Control
 
 WATCH_EVERY_S = 1.0  # how often a Watch reads the status it streams
@@ -45,7 +45,7 @@ class HealthServicer:
                     ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
         """The status now, then each change, until the client leaves."""
         if type(request) is Malformed:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
         last = None
         metadata = metadata_of(context)
         while True:
