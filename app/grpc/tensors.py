@@ -17,6 +17,7 @@ from app.api.v2.codec import (
     InferRequest,
     check_input,
     check_outputs,
+    check_served,
     from_binary,
     requested,
     rows_of,
@@ -53,6 +54,7 @@ def parse_infer(request: ModelInferRequest, max_rows: int, expected: TensorSpec,
     tensor = request.inputs[0]
     shape, datatype = list(tensor.shape), tensor.datatype
     check_input(tensor.name, shape, datatype, max_rows, model, expected)
+    check_served(tensor.parameters, f"input '{tensor.name}'")
     raw = request.raw_input_contents
     if raw:
         if len(raw) != 1:
@@ -66,6 +68,8 @@ def parse_infer(request: ModelInferRequest, max_rows: int, expected: TensorSpec,
         array = _typed(tensor.contents, datatype, shape, tensor.name)
     names = [out.name for out in request.outputs] or None
     check_outputs(names or [], model, outputs)
+    for out in request.outputs:
+        check_served(out.parameters, f"output '{out.name}'")
     params = request.parameters
     priority = whole_number_of(parameter_value(params["priority"]) if "priority" in params
                                else None, "parameter 'priority'")

@@ -20,6 +20,12 @@ from app.models.signature import DATATYPES, TensorSpec, datatype_of
 from app.payload import MAX_INT64, json_object, json_text, whole_number_of
 
 HEADER_LENGTH = "inference-header-content-length"
+# Parameters of protocol extensions this server does not serve (``GET /v2`` lists those it
+# does): a tensor that names one would otherwise be read from the request, or answered in full,
+# where its client expects its data elsewhere or a top-N list.
+SHARED_MEMORY = "Triton's shared-memory extensions (system_shared_memory, cuda_shared_memory)"
+UNSERVED = {"shared_memory_region": SHARED_MEMORY, "shared_memory_byte_size": SHARED_MEMORY,
+            "shared_memory_offset": SHARED_MEMORY, "classification": "the classification extension"}
 
 
 @dataclass
@@ -74,6 +80,7 @@ def _rows(tensor: dict[str, Any], binary: bytes, max_rows: int, model: str,
     name, shape, datatype = check_input(tensor.get("name"), tensor.get("shape"),
                                         tensor.get("datatype"), max_rows, model, expected)
     params = tensor.get("parameters") or {}
+    check_served(params, f"input '{name}'")
     size = params.get("binary_data_size") if isinstance(params, dict) else None
     if size is not None:
         if not isinstance(size, int) or isinstance(size, bool) or size != len(binary):
@@ -166,6 +173,7 @@ def _requested_outputs(
             raise InvalidInput("each requested output needs a string 'name'")
         names.append(name)
         params = out.get("parameters") or {}
+        check_served(params, f"output '{name}'")
         choice = params.get("binary_data") if isinstance(params, dict) else None
         if isinstance(choice, bool):
             binary[name] = choice
@@ -173,8 +181,21 @@ def _requested_outputs(
     return names, binary
 
 
+def check_served(params: Any, tensor: str) -> None:
+    """A tensor's parameters (a JSON object, or gRPC's map) name no extension this server does
+    not serve (``UNSERVED``)."""
+    for key in params if isinstance(params, dict) or hasattr(params, "keys") else ():
+        extension = UNSERVED.get(key)
+        if extension is not None:
+            raise InvalidInput(f"{tensor}: parameter '{key}' belongs to {extension}, which this "
+                               "server does not serve (GET /v2 lists the extensions it does)")
+
+
 def check_outputs(names: list[str], model: str, known: list[TensorSpec] | None) -> None:
-    """Every output a request names is one the model has (where its outputs are known)."""
+    """Every output a request names is one the model has (where its outputs are known), once."""
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise InvalidInput(f"output '{name}' is asked for twice")
     if known is None:
         return
     known_names = [spec.name for spec in known]

@@ -61,6 +61,18 @@ def test_bytes_rows_are_text_either_way() -> None:
                              contents=pb.InferTensorContents(int_contents=[1, 2, 3])),
                 r.parameters["timeout"].CopyFrom(pb.InferParameter(double_param=1.5))),
      InvalidInput, "parameter 'timeout' must be a whole number"),
+    (lambda r: r.inputs.add(name="INPUT0", datatype="INT8", shape=[1, 3], parameters={
+        "shared_memory_region": pb.InferParameter(string_param="region")}), InvalidInput,
+     "^input 'INPUT0': parameter 'shared_memory_region' belongs to Triton's shared-memory"),
+    (lambda r: (r.inputs.add(name="INPUT0", datatype="INT8", shape=[1, 3],
+                             contents=pb.InferTensorContents(int_contents=[1, 2, 3])),
+                r.outputs.add(name="OUTPUT0", parameters={
+                    "classification": pb.InferParameter(int64_param=2)})), InvalidInput,
+     "^output 'OUTPUT0': parameter 'classification' belongs to the classification extension"),
+    (lambda r: (r.inputs.add(name="INPUT0", datatype="INT8", shape=[1, 3],
+                             contents=pb.InferTensorContents(int_contents=[1, 2, 3])),
+                r.outputs.add(name="OUTPUT0"), r.outputs.add(name="OUTPUT0")), InvalidInput,
+     "^output 'OUTPUT0' is asked for twice$"),
 ])
 def test_mistakes_are_named(build: object, error: type[Exception], message: str) -> None:
     r = pb.ModelInferRequest(model_name="m")

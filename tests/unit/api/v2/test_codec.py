@@ -93,3 +93,32 @@ def test_a_bad_timeout_is_named_as_json_writes_it(timeout: object, shows: str) -
     with pytest.raises(InvalidInput, match=re.escape(
             f"parameter 'timeout' must be a whole number >= 0 (at most 2^63 - 1), got {shows}")):
         parse_request(body.encode(), None, 16, "m", INPUT)
+
+
+@pytest.mark.parametrize(("where", "key", "names"), [
+    ("input", "shared_memory_region", "Triton's shared-memory extensions"),
+    ("input", "shared_memory_byte_size", "Triton's shared-memory extensions"),
+    ("output", "shared_memory_offset", "Triton's shared-memory extensions"),
+    ("output", "classification", "the classification extension"),
+])
+def test_a_parameter_of_an_extension_not_served_is_refused(where: str, key: str,
+                                                           names: str) -> None:
+    """Read from the request, or answered in full, the tensor would be silently other than its
+    client expects: its data in a shared-memory region, or a top-N list."""
+    tensor = {"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}
+    payload: dict = {"inputs": [tensor]}
+    if where == "input":
+        tensor["parameters"] = {key: 1}
+    else:
+        payload["outputs"] = [{"name": "OUTPUT0", "parameters": {key: 1}}]
+    with pytest.raises(InvalidInput, match=f"^{where} '.*0': parameter '{key}' belongs to "
+                                           f"{names}.*which this server does not serve"):
+        parse_request(json.dumps(payload).encode(), None, 16, "m", INPUT)
+
+
+def test_an_output_asked_for_twice_is_refused() -> None:
+    payload = {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32",
+                           "data": [1, 2]}], "outputs": [{"name": "OUTPUT0"}] * 2}
+    for known in (None, [TensorSpec("OUTPUT0", "FP32", (2,))]):
+        with pytest.raises(InvalidInput, match="^output 'OUTPUT0' is asked for twice$"):
+            parse_request(json.dumps(payload).encode(), None, 16, "m", INPUT, known)
