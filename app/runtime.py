@@ -21,6 +21,7 @@ import torch
 from app.catalog import Catalog
 from app.config import Settings
 from app.devices import resolve_devices
+from app.errors import ConfigError
 from app.learning import busy_ratio, export_cost, measure_on
 from app.metrics import Metrics
 from app.models.base import ModelHandler
@@ -41,7 +42,8 @@ RESTART_DELAY_S = 1.0
 def build_service(settings: Settings, handler: ModelHandler | None = None) -> InferenceService:
     """The service for ``settings``: every entry point builds it here. Nothing starts yet.
 
-    Raises ConfigError (devices, the repository folder) or ModelLoadError (the model setting)."""
+    Raises ConfigError (devices, the repository folder, load_model) or ModelLoadError (the model
+    setting)."""
     devices = resolve_devices(settings.devices)
     if settings.model_repository is None and handler is None:
         handler = load_handler(settings.model, settings.model_name)
@@ -61,6 +63,12 @@ class InferenceService:
         self.tracing = tracing
         startup = settings.load_model if settings.model_control_mode == "explicit" else None
         if catalog.single:
+            (served,) = catalog.sources()
+            others = sorted(set(startup or ()) - {served})
+            if others:
+                raise ConfigError(f"load_model: {', '.join(others)} is not a model of this "
+                                  f"server, which serves '{served}' (the model setting); "
+                                  "model_repository serves several")
             startup = None  # the one --model always loads
         self.repository = ModelRepository(catalog, self, settings.model_control_mode, startup,
                                           settings.default_model)

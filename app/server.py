@@ -162,11 +162,7 @@ def serve(settings: Settings, fd: int | None = None) -> int:
     count = frontend_count(settings.frontends)
     if count > 1:
         return _serve_split(settings, count, fd)
-    # Bound here, not by uvicorn: a port in use is one line and exit 2. An inherited socket is
-    # wrapped with its real family (uvicorn's own --fd assumes AF_UNIX, which leaves
-    # TCP_NODELAY off and costs ~40 ms per small response to delayed ACKs).
-    listener = socket.socket(fileno=fd) if fd is not None else _listen(settings.host,
-                                                                       settings.port)
+    listener = _listener(settings, fd)
     with reserved(settings.host, settings.grpc_port):
         app = create_app(settings)
         service = app.state.service
@@ -202,8 +198,7 @@ def _drain_limit_s(settings: Settings) -> float:
 def _serve_split(settings: Settings, count: int, fd: int | None) -> int:
     """The device process: binds (or inherits) the listening socket, serves the whole app on
     a private Unix socket, and runs ``count`` front ends on the listening socket."""
-    listener = socket.socket(fileno=fd) if fd is not None else _listen(settings.host,
-                                                                       settings.port)
+    listener = _listener(settings, fd)
     private = tempfile.mkdtemp(prefix="batchserve-")
     device_socket = f"{private}/device.sock"
     try:
@@ -231,6 +226,25 @@ def _grpc_text(settings: Settings) -> str:
     if not settings.grpc_port:
         return ""
     return f" and grpc://{grpc_address(settings.host, settings.grpc_port)}"
+
+
+def _listener(settings: Settings, fd: int | None) -> socket.socket:
+    """The listening socket: inherited (``fd``) or bound here, not by uvicorn, so that a port in
+    use is one line and exit 2. An inherited socket is wrapped with its real family (uvicorn's
+    own --fd assumes AF_UNIX, which leaves TCP_NODELAY off and costs ~40 ms per small response
+    to delayed ACKs). ConfigError for an fd that is not a listening socket."""
+    if fd is None:
+        return _listen(settings.host, settings.port)
+    try:
+        listener = socket.socket(fileno=fd)
+        listening = listener.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ConfigError(f"fd {fd}: {reason}; pass a listening socket's descriptor") from None
+    if not listening:
+        listener.detach()  # the caller's descriptor, left open as it was
+        raise ConfigError(f"fd {fd} is a socket that is not listening")
+    return listener
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -172,6 +173,33 @@ def test_a_model_that_cannot_load_exits_1_without_a_traceback() -> None:
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "app", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=WAIT_S, env={**os.environ, **QUIET_ENV})
+
+
+@pytest.mark.parametrize("frontends", ["1", "2"])
+@pytest.mark.parametrize(("args", "says"), [
+    (["--fd", "99"], "fd 99: Bad file descriptor; pass a listening socket's descriptor"),
+    (["--fd", "2"], "fd 2: Socket operation on non-socket; pass a listening socket's"),
+    (["--fd", "{bound}"], "fd {bound} is a socket that is not listening"),
+    (["--model-control-mode", "explicit", "--load-model", "linear", "--load-model", "other"],
+     "load_model: other is not a model of this server, which serves 'linear'"),
+])
+def test_a_listener_or_start_up_model_it_cannot_have_is_one_line_and_exit_2(
+    frontends: str, args: list[str], says: str
+) -> None:
+    """An inherited descriptor that is not a listening socket, and a start-up model that is not
+    the one model served, are named, where one was a traceback and the other was ignored."""
+    with socket.socket() as bound:  # bound, never listening: passed as it is
+        bound.bind(("127.0.0.1", 0))
+        fd = str(bound.fileno())
+        command = [sys.executable, "-m", "app", "serve", "--model", "linear", "--devices", "cpu",
+                   "--port", "0", "--frontends", frontends,
+                   *(a.format(bound=fd) for a in args)]
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                              timeout=WAIT_S, env={**os.environ, **QUIET_ENV},
+                              pass_fds=(bound.fileno(),))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("batchserve: " + says.format(bound=fd)), lines
 
 
 @pytest.mark.parametrize(
