@@ -3,12 +3,14 @@ from (a TOML file, the environment, flags): app/sources.py."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ModelWrapValidatorHandler,
@@ -18,6 +20,7 @@ from pydantic import (
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
@@ -31,6 +34,20 @@ DEFAULT_QUEUE_CAPACITY = 1024
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 DEFAULT_MAX_INSTANCES = 256
 DAY_S = 86400.0  # the longest a timeout or lease may be: longer ones overflow timers and Redis
+
+
+def _names(value: Any) -> Any:
+    """A list of names as the environment gives it: names separated by commas, or a JSON
+    list."""
+    if not isinstance(value, str):
+        return value
+    if value.lstrip().startswith("["):
+        try:
+            return json.loads(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a JSON list; names separated by commas are "
+                             "one too") from None
+    return [name.strip() for name in value.split(",") if name.strip()]
 
 
 class BatchSettings(BaseModel):
@@ -160,15 +177,16 @@ class Settings(BaseSettings, BatchSettings):
     model_control_mode: Literal["none", "explicit"] = Field(
         "none", description="none: load every model at start; explicit: --load-model and the API"
     )
-    load_model: list[str] = Field(
-        [], description="explicit mode: a model to load at start (repeatable)"
+    load_model: Annotated[list[str], NoDecode, BeforeValidator(_names)] = Field(
+        [], description="explicit mode: a model to load at start (repeatable; in the "
+        "environment, names separated by commas)"
     )
     default_model: str | None = Field(
         None, description="the model POST /predict serves (default: the only one)"
     )
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1, description="largest request body")
     api_key: str | None = Field(
-        None, description="when set, inference and model control need 'Authorization: Bearer'"
+        None, min_length=1, description="when set, inference and model control need 'Authorization: Bearer'"
     )
     torch_threads: int | None = Field(
         None, ge=1, description="torch intra-op threads per process (default: torch's choice, at "
@@ -187,7 +205,7 @@ class Settings(BaseSettings, BatchSettings):
         "auto", description="front-end processes feeding one device process (1: one process; "
         "auto: 1 on 4 cores or fewer, else cores - 2, at most 8)",
     )
-    host: str = Field("127.0.0.1", description="address to bind")
+    host: str = Field("127.0.0.1", min_length=1, description="address to bind")
     port: int = Field(8000, ge=0, le=65535, description="port to bind (0: any free port)")
     grpc_port: int = Field(
         8001, ge=0, le=65535, description="port of the Open Inference Protocol over gRPC, on "

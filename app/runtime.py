@@ -66,8 +66,8 @@ class InferenceService:
             (served,) = catalog.sources()
             others = sorted(set(startup or ()) - {served})
             if others:
-                raise ConfigError(f"load_model: {', '.join(others)} is not a model of this "
-                                  f"server, which serves '{served}' (the model setting); "
+                raise ConfigError(f"load_model names {', '.join(others)}: this server serves "
+                                  f"one model, '{served}' (the model setting); "
                                   "model_repository serves several")
             startup = None  # the one --model always loads
         self.repository = ModelRepository(catalog, self, settings.model_control_mode, startup,

@@ -162,6 +162,32 @@ def test_load_model_needs_explicit_control() -> None:
     assert settings.load_model == ["a", "b"]
 
 
+@pytest.mark.parametrize(("value", "names"), [
+    ("a", ["a"]), ("a, b", ["a", "b"]), ('["a", "b"]', ["a", "b"]), ("", []),
+])
+def test_load_model_in_the_environment_is_names_by_commas_or_a_json_list(
+    monkeypatch: pytest.MonkeyPatch, value: str, names: list[str]
+) -> None:
+    monkeypatch.setenv("BATCHSERVE_LOAD_MODEL", value)
+    settings = load_settings(None, {"model_repository": "/tmp", "model_control_mode": "explicit"})
+    assert settings.load_model == names
+
+
+def test_load_model_that_is_no_list_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHSERVE_LOAD_MODEL", "[a")
+    with pytest.raises(ConfigError, match=r"load_model: '\[a' is not a JSON list"):
+        load_settings(None, {"model_repository": "/tmp", "model_control_mode": "explicit"})
+
+
+@pytest.mark.parametrize("name", ["host", "api_key"])
+def test_an_empty_host_or_key_is_refused(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Empty, a host would bind every interface and a key would let an empty token in: each is
+    more likely a variable its deployment left blank than a wish."""
+    monkeypatch.setenv("BATCHSERVE_" + name.upper(), "")
+    with pytest.raises(ConfigError, match=f"{name}: String should have at least 1 character"):
+        load_settings()
+
+
 def test_frontends_is_a_number_or_auto_and_auto_follows_the_cores() -> None:
     assert make_settings().frontends == "auto"
     assert make_settings(frontends=3).frontends == 3
