@@ -186,7 +186,8 @@ class Settings(BaseSettings, BatchSettings):
     )
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1, description="largest request body")
     api_key: str | None = Field(
-        None, min_length=1, description="when set, inference and model control need 'Authorization: Bearer'"
+        None, min_length=1,
+        description="when set, inference and model control need 'Authorization: Bearer'"
     )
     torch_threads: int | None = Field(
         None, ge=1, description="torch intra-op threads per process (default: torch's choice, at "
