@@ -7,8 +7,10 @@ import json
 import math
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -48,6 +50,13 @@ def _names(value: Any) -> Any:
             raise ValueError(f"{value!r} is not a JSON list; names separated by commas are "
                              "one too") from None
     return [name.strip() for name in value.split(",") if name.strip()]
+
+
+def _redis_url(value: str) -> str:
+    """A URL of a scheme redis-py connects with (it raises a traceback's ValueError later)."""
+    if urlsplit(value).scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"{value!r} is not a redis://, rediss:// or unix:// URL")
+    return value
 
 
 class BatchSettings(BaseModel):
@@ -219,7 +228,9 @@ class Settings(BaseSettings, BatchSettings):
         "OTEL_EXPORTER_OTLP_ENDPOINT if set, else no traces; needs the otel extra)",
     )
     # Job-queue mode (``batchserve worker``, app/jobs/)
-    redis_url: str = Field("redis://127.0.0.1:6379/0", description="job mode: the Redis server")
+    redis_url: Annotated[str, AfterValidator(_redis_url)] = Field(
+        "redis://127.0.0.1:6379/0", description="job mode: the Redis server"
+    )
     job_stream: str = Field("batchserve:jobs", description="job mode: stream of jobs")
     job_group: str = Field("batchserve", description="job mode: consumer group of the workers")
     job_lease_s: float = Field(

@@ -240,3 +240,10 @@ def test_a_switch_flag_refuses_other_words() -> None:
     assert str(err.value) == (
         "invalid settings: cuda_graphs: Input should be a valid boolean, unable to interpret "
         "input or Input should be 'auto' (given 'maybe')")
+
+
+def test_a_redis_url_redis_cannot_use_is_refused() -> None:
+    with pytest.raises(ConfigError, match="redis_url: 'localhost:6379' is not a redis://"):
+        load_settings(None, {"redis_url": "localhost:6379"})
+    for url in ("redis://h:1/0", "rediss://h", "unix:///run/redis.sock"):
+        assert load_settings(None, {"redis_url": url}).redis_url == url
