@@ -42,6 +42,11 @@ class PayloadTooLarge(ServeError):
     type = "payload_too_large"
 
 
+class UnsupportedEncoding(ServeError):
+    status = 415
+    type = "unsupported_encoding"
+
+
 class Unauthorized(ServeError):
     status = 401
     type = "unauthorized"

@@ -1,10 +1,18 @@
-"""Reading request bodies from ASGI, with the size limit enforced before the body is whole."""
+"""Reading request bodies from ASGI, with the size limit enforced before the body is whole, and
+inflating the ones sent compressed."""
 
 from __future__ import annotations
 
+import zlib
+
 from starlette.types import Receive
 
-from app.errors import PayloadTooLarge
+from app.errors import InvalidInput, PayloadTooLarge, UnsupportedEncoding
+
+# The Content-Encodings Triton takes (tritonclient's request_compression_algorithm sends them),
+# as zlib's window bits: gzip's header, or deflate's zlib one.
+ENCODINGS = {b"gzip": 16 + zlib.MAX_WBITS, b"x-gzip": 16 + zlib.MAX_WBITS,
+             b"deflate": zlib.MAX_WBITS}
 
 
 class ClientGone(Exception):
@@ -34,3 +42,26 @@ async def read_body(receive: Receive, limit: int, declared: bytes | None = None)
         chunks.append(chunk)
         if not more:
             return b"".join(chunks)
+
+
+def inflated(body: bytes, encoding: bytes | None, limit: int) -> bytes:
+    """``body`` as it was before its ``Content-Encoding`` (gzip or deflate), at most ``limit``
+    bytes once inflated: a small body cannot become a large one (PayloadTooLarge past it).
+    UnsupportedEncoding (415) for another encoding; InvalidInput for bytes that are not one."""
+    name = (encoding or b"").strip().lower()
+    if name in (b"", b"identity"):
+        return body
+    wbits = ENCODINGS.get(name)
+    if wbits is None:
+        raise UnsupportedEncoding(f"Content-Encoding {name.decode('latin-1')!r} is not one this "
+                                  "server takes: gzip, deflate or none")
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise InvalidInput(f"request body is not {name.decode()} data: {exc}") from None
+    if len(out) > limit:
+        raise PayloadTooLarge(f"request body inflates to more than the limit of {limit} bytes")
+    if not inflater.eof:
+        raise InvalidInput(f"request body ends before its {name.decode()} data does")
+    return out

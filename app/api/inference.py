@@ -20,7 +20,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from app.api.auth import check_auth
-from app.api.body import ClientGone, read_body
+from app.api.body import ClientGone, inflated, read_body
 from app.api.error_responses import format_of
 from app.arrays import Results
 from app.config import Settings
@@ -202,7 +202,9 @@ async def run_inference(
             raise missing
         deadline = arrived + request_timeout_s(headers.get(b"x-request-timeout"),
                                                model.settings.request_timeout_s)
-        body = await read_body(receive, settings.max_body_bytes, headers.get(b"content-length"))
+        body = inflated(await read_body(receive, settings.max_body_bytes,
+                                        headers.get(b"content-length")),
+                        headers.get(b"content-encoding"), settings.max_body_bytes)
         instances, context, asked = parse(model, body, headers)
         priority = asked.priority
         if priority is None:

@@ -35,7 +35,8 @@ from app.schemas import ErrorResponse, PredictRequest, PredictResponse
 _ERRORS = {
     401: "missing or wrong bearer token",
     404: "unknown model or version",
-    413: "body or instance count over the limit",
+    413: "body (once inflated) or instance count over the limit",
+    415: "a Content-Encoding other than gzip or deflate",
     422: "malformed body, instance or header",
     500: "the model failed on this request's batch",
     503: "busy, deadline (would be answered too late), loading, unloading or draining; see "

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import threading
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -128,6 +130,23 @@ async def test_content_type_is_not_trusted() -> None:
         r = await client.post("/predict", content="[1, 2, 3, 4]".encode("utf-16"),
                               headers={"Content-Type": "text/plain; charset=utf-16"})
         assert_error(r, 422, "invalid_input", "not valid JSON")
+
+
+async def test_a_compressed_body_is_inflated_within_the_limit() -> None:
+    """Content-Encoding gzip or deflate (as Triton takes them) is undone before the body is
+    read, and may not inflate past max_body_bytes; another encoding is a 415 naming those."""
+    body = b'{"instances": [[1, 2, 3, 4]]}'
+    async with app_client(make_settings(max_body_bytes=1000)) as client:
+        plain = (await client.post("/predict", content=body)).json()
+        for encoding, sent in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))):
+            r = await client.post("/predict", content=sent,
+                                  headers={"Content-Encoding": encoding})
+            assert r.status_code == 200 and r.json() == plain
+        r = await client.post("/predict", content=gzip.compress(b" " * 2000 + body),
+                              headers={"Content-Encoding": "gzip"})
+        assert_error(r, 413, "payload_too_large", "inflates to more than the limit of 1000")
+        r = await client.post("/predict", content=body, headers={"Content-Encoding": "zstd"})
+        assert_error(r, 415, "unsupported_encoding", "gzip, deflate or none")
 
 
 async def test_limits_get_413() -> None:

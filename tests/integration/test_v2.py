@@ -177,6 +177,23 @@ def test_tritonclients_timeout_is_the_requests_deadline(server) -> None:  # type
     assert refused.value.status() in ("503", "504"), refused.value
 
 
+@pytest.mark.parametrize("compression", ["gzip", "deflate"])
+def test_tritonclients_compressed_requests_are_inflated(server, compression: str) -> None:  # type: ignore[no-untyped-def]
+    """tritonclient's ``request_compression_algorithm`` sends the body compressed, as Triton
+    takes it; its ``response_compression_algorithm`` only asks, and a plain answer serves."""
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    for binary in (True, False):
+        inp = triton.InferInput("INPUT0", [2, 4], "FP32")
+        inp.set_data_from_numpy(x, binary_data=binary)
+        got = client_for(server.url).infer("linear", [inp],
+                                           request_compression_algorithm=compression,
+                                           response_compression_algorithm=compression)
+        np.testing.assert_allclose(got.as_numpy("OUTPUT0"), expected(x), rtol=1e-6)
+    r = httpx.post(server.url + "/v2/models/linear/infer", content=b"{}",
+                   headers={"content-encoding": "br"})
+    assert r.status_code == 415 and "gzip, deflate or none" in r.json()["error"]
+
+
 def test_errors_use_the_protocol_form(server) -> None:  # type: ignore[no-untyped-def]
     client = client_for(server.url)
     inp = triton.InferInput("INPUT0", [1, 3], "FP32")

@@ -102,6 +102,7 @@ _INFER_ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"description": text, "content": _ERROR_BODY}
     for status, text in [(400, "malformed request"), (401, "missing or wrong bearer token"),
                          (404, "unknown model"), (413, "body or rows over the limit"),
+                         (415, "a Content-Encoding other than gzip or deflate"),
                          (500, "the model failed on this request's batch"),
                          (503, "busy, deadline (would be answered too late), loading or "
                                "draining; see Retry-After"),
