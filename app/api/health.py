@@ -26,8 +26,9 @@ def _answer(body: dict[str, object]) -> Response:
     )
 
 
-@router.get(
+@router.api_route(
     "/health_check",
+    methods=["GET", "HEAD"],  # HEAD: a gateway's check that reads the status alone
     response_model=HealthResponse,
     responses={503: {"model": HealthResponse,
                      "description": "busy, loading, draining, unhealthy (or for ?model=: "

@@ -37,8 +37,9 @@ from app.version import __version__
 # Hop-by-hop headers and those the proxy's own answer sets.
 _DROPPED = {b"host", b"connection", b"content-length", b"transfer-encoding", b"keep-alive",
             REQUEST_ID_HEADER}
-_DROPPED_OUT = {"connection", "content-length", "transfer-encoding", "keep-alive",
-                REQUEST_ID_HEADER.decode()}
+# A front end's own server sends its date and name, and the length of what it sends.
+_DROPPED_OUT = {"connection", "content-length", "transfer-encoding", "keep-alive", "date",
+                "server", REQUEST_ID_HEADER.decode()}
 _REPOSITORY_PREFIX = "/v2/repository/"
 _VISIBLE = "".join(map(chr, range(0x21, 0x7F)))  # what a request target holds unescaped
 
@@ -78,6 +79,8 @@ class DeviceProxy:
         if scope["method"] == "POST" and path.startswith(_REPOSITORY_PREFIX):
             await self.service.link.sync()
         response = Response(answer.content, status_code=answer.status_code)
+        if scope["method"] == "HEAD" and "content-length" in answer.headers:
+            response.headers["content-length"] = answer.headers["content-length"]  # a GET's
         response.raw_headers.extend(
             (k.encode("latin-1"), v.encode("latin-1"))
             for k, v in answer.headers.multi_items() if k.lower() not in _DROPPED_OUT)

@@ -71,6 +71,31 @@ def test_admission_is_global_and_every_front_end_gives_one_answer(tmp_path: Path
         assert health == {"ready"}
 
 
+def test_answers_from_the_device_process_carry_one_date_and_head_keeps_the_connection() -> None:
+    """What a front end passes on from the device process (health, metadata) has the front
+    end's Date and Server only, and a HEAD check answers a GET's length with no body, so the
+    next request on the connection is read as one."""
+    with split_server("--model", "linear", "--devices", "cpu", "--frontends", "2") as (_, url):
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"HEAD /health_check HTTP/1.1\r\nHost: x\r\n\r\n"
+                         b"GET /health_check HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+    head, rest = data.split(b"\r\n\r\n", 1)
+    get, body = rest.split(b"\r\n\r\n", 1)
+    for answer in (head, get):
+        lines = answer.lower().split(b"\r\n")
+        assert lines[0].endswith(b"200 ok"), answer
+        assert [ln.split(b":")[0] for ln in lines[1:]].count(b"date") == 1, answer
+        assert [ln.split(b":")[0] for ln in lines[1:]].count(b"server") == 1, answer
+    length = int(dict(ln.split(b": ", 1) for ln in get.lower().split(b"\r\n")[1:])[
+        b"content-length"])
+    assert b"content-length: %d" % length in head.lower()
+    assert len(body) == length and b'"status":"ready"' in body
+
+
 def test_metrics_count_each_request_once_and_errors_match_one_process() -> None:
     with split_server("--model", "linear", "--devices", "cpu", "--frontends", "2") as (_, url):
         for i in range(10):
