@@ -26,9 +26,8 @@ def _answer(body: dict[str, object]) -> Response:
     )
 
 
-@router.api_route(
+@router.get(
     "/health_check",
-    methods=["GET", "HEAD"],  # HEAD: a gateway's check that reads the status alone
     response_model=HealthResponse,
     responses={503: {"model": HealthResponse,
                      "description": "busy, loading, draining, unhealthy (or for ?model=: "
@@ -45,6 +44,11 @@ async def health_check(service: ServiceDep, model: str | None = None) -> Respons
                     "queue_depth": sum(m["queue_depth"] for m in models),
                     "queue_capacity": sum(m["queue_capacity"] for m in models),
                     "models": models})
+
+
+# A gateway's check may read the status alone: HEAD, the GET's status and headers (no second
+# operation in the schema).
+router.add_api_route("/health_check", health_check, methods=["HEAD"], include_in_schema=False)
 
 
 def _model_state(model: ServedModel) -> dict[str, Any]:

@@ -73,8 +73,8 @@ def test_admission_is_global_and_every_front_end_gives_one_answer(tmp_path: Path
 
 def test_answers_from_the_device_process_carry_one_date_and_head_keeps_the_connection() -> None:
     """What a front end passes on from the device process (health, metadata) has the front
-    end's Date and Server only, and a HEAD check answers a GET's length with no body, so the
-    next request on the connection is read as one."""
+    end's Date and Server only and the client's Host in its URLs, and a HEAD check answers a
+    GET's length with no body, so the next request on the connection is read as one."""
     with split_server("--model", "linear", "--devices", "cpu", "--frontends", "2") as (_, url):
         host, port = url.removeprefix("http://").rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=10) as sock:
@@ -83,6 +83,9 @@ def test_answers_from_the_device_process_carry_one_date_and_head_keeps_the_conne
             data = b""
             while chunk := sock.recv(65536):
                 data += chunk
+        # A URL the device process's app builds (a redirect's) names the host the client used.
+        moved = httpx.get(url + "/health_check/", headers={"host": "example.com:8080"})
+        assert moved.headers["location"] == "http://example.com:8080/health_check"
     head, rest = data.split(b"\r\n\r\n", 1)
     get, body = rest.split(b"\r\n\r\n", 1)
     for answer in (head, get):
