@@ -19,7 +19,9 @@ from tests.conftest import (
     children,
     free_port,
     metric,
+    serve,
     split_server,
+    wait_ready,
     wait_until_sync,
 )
 
@@ -97,6 +99,53 @@ def test_answers_from_the_device_process_carry_one_date_and_head_keeps_the_conne
         b"content-length"])
     assert b"content-length: %d" % length in head.lower()
     assert len(body) == length and b'"status":"ready"' in body
+
+
+JSON = {"content-type": "application/json"}
+TENSOR = b'{"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]'
+SAME_ANSWERS = [  # (method, path, headers, body): what two front ends must answer as one process
+    ("GET", "/health_check?model=nope", {}, None), ("GET", "/health_check/", {}, None),
+    ("HEAD", "/health_check", {}, None), ("GET", "/v2", {}, None),
+    ("GET", "/v2/health/ready", {}, None), ("GET", "/v2/models/linear/config", {}, None),
+    ("GET", "/v2/models/linear/versions/2", {}, None), ("POST", "/v2/repository/index", {}, b""),
+    ("POST", "/v2/repository/models/linear/load", {}, b""), ("DELETE", "/v2/models/linear", {},
+                                                            None),
+    ("GET", "/predict", {}, None), ("GET", "/nope%2F..%2Fx", {}, None),
+    ("POST", "/predict", JSON, b'{"instances": [[1, 2, 3, 4]]}'),
+    ("POST", "/predict", JSON, b'{"instances": [[1, 2, 3]]}'),
+    ("POST", "/predict", {**JSON, "x-priority": "9"}, b'{"instances": [[1, 2, 3, 4]]}'),
+    ("POST", "/predict", {"content-encoding": "br"}, b"{}"),
+    ("POST", "/models/nope/predict", JSON, b'{"instances": [[1, 2, 3, 4]]}'),
+    ("POST", "/v2/models/linear/infer", JSON, TENSOR + b"}"),
+    ("POST", "/v2/models/linear/infer", JSON, TENSOR + b', "outputs": [{"name": "OUTPUT0", '
+                                                       b'"parameters": {"binary_data": true}}]}'),
+    ("POST", "/v2/models/linear/infer", JSON, TENSOR + b', "parameters": {"priority": 9}}'),
+    ("POST", "/v2/models/linear/infer", {"inference-header-content-length": "-1"}, b"{}"),
+]
+
+
+def test_every_answer_is_the_one_a_single_process_gives() -> None:
+    """Status, headers and body, through two front ends and from one process alike (their own
+    Date, request id and, in a redirect, port aside): what a front end answers itself and what
+    it passes on from the device process."""
+    linear = ("--model", "linear", "--devices", "cpu")
+    answers: list[list[tuple[int, list[tuple[str, str]], bytes]]] = []
+    for frontends in ("1", "2"):
+        with (split_server if frontends == "2" else serve)(*linear, "--frontends", frontends
+                                                            ) as (_, url):
+            wait_ready(url)
+            with httpx.Client(base_url=url, timeout=10) as client:
+                answers.append([_answer(client.request(method, path, headers=headers,
+                                                       content=body), url)
+                                for method, path, headers, body in SAME_ANSWERS])
+    for case, one, two in zip(SAME_ANSWERS, *answers, strict=True):
+        assert one == two, case
+
+
+def _answer(response: httpx.Response, url: str) -> tuple[int, list[tuple[str, str]], bytes]:
+    headers = sorted((k.lower(), v.replace(url, "URL")) for k, v in response.headers.multi_items()
+                     if k.lower() not in ("date", "x-request-id"))
+    return response.status_code, headers, response.content
 
 
 def test_metrics_count_each_request_once_and_errors_match_one_process() -> None:
