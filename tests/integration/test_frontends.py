@@ -102,7 +102,8 @@ def test_answers_from_the_device_process_carry_one_date_and_head_keeps_the_conne
 
 
 JSON = {"content-type": "application/json"}
-TENSOR = b'{"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]'
+TENSOR = (b'{"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", '
+          b'"data": [1, 2, 3, 4]}]')
 SAME_ANSWERS = [  # (method, path, headers, body): what two front ends must answer as one process
     ("GET", "/health_check?model=nope", {}, None), ("GET", "/health_check/", {}, None),
     ("HEAD", "/health_check", {}, None), ("GET", "/v2", {}, None),
