@@ -67,9 +67,12 @@ class Bridge:
         if self._watch is None:
             self._watch = asyncio.get_running_loop().create_task(self._watch_models())
         link.send_models(snapshot(self.service))
+        read = self.service.metrics.frontend_messages.inc
         try:
             while True:
-                self._handle(link, await inbox.read())
+                message = await inbox.read()
+                read()
+                self._handle(link, message)
         except ConnectionError:
             pass
         finally:

@@ -64,6 +64,7 @@ class Metrics:
     cost: Gauge
     frontends: Gauge
     frontend_restarts: Counter
+    frontend_messages: Counter
 
     def for_model(self, model: str, version: str) -> ModelMetrics:
         """The children of one model (version); ``model=""`` counts requests for no known model.
@@ -155,6 +156,13 @@ class Metrics:
             ),
             frontend_restarts=Counter(
                 "batchserve_frontend_restarts", "Front-end processes replaced after they died",
+                registry=r,
+            ),
+            frontend_messages=Counter(
+                "batchserve_frontend_messages",
+                "Messages the device process read from front ends (a message: what one pass of "
+                "a front end's event loop had to say; requests over messages, what a message "
+                "carries)",
                 registry=r,
             ),
         )

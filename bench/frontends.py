@@ -6,9 +6,10 @@ errors, the mean batch, the cores the whole server used (device process and fron
 CPU the device process's event loop spent per request (with N=1, the one process's loop), the
 GPU's busy share where the devices are CUDA, where a request's time went in the server (from
 /metrics), and the CPU a request of the front ends together (``fe us``; with N=1 the one
-process) and of the device process (``dev us``): which side bounds a curve that stops rising.
-``--offline`` adds the model called in-process at the max batch (bench.run's ceiling) for the
-ratios.
+process) and of the device process (``dev us``): which side bounds a curve that stops rising;
+and the requests a message from the front ends carried (``req/msg``), which sets most of what
+a request costs the device process. ``--offline`` adds the model called in-process at the max
+batch (bench.run's ceiling) for the ratios.
 
     python -m bench.frontends --workload linear --frontends 1,2 --concurrency 64
     python -m bench.frontends --workload mlp --instances 32 --binary --devices cuda \\
@@ -75,6 +76,9 @@ class Point:
     # process's: which side a curve's flat end is bound by.
     frontend_us: float = 0.0
     device_us: float = 0.0
+    # Requests a message from the front ends to the device process carried (what sets most of
+    # a request's cost there: docs/frontends.md); 0 with one process.
+    per_message: float = 0.0
 
 
 STAGES = ("batchserve_batch_size", "batchserve_request_duration_seconds",
@@ -82,8 +86,11 @@ STAGES = ("batchserve_batch_size", "batchserve_request_duration_seconds",
 
 
 def stage_totals(url: str) -> list[float]:
-    """Each of ``STAGES``' sum and count, from one read of /metrics."""
-    return scrape(url, *(f"{name}_{part}" for name in STAGES for part in ("sum", "count")))
+    """Each of ``STAGES``' sum and count, from one read of /metrics; then the requests and the
+    messages from the front ends (a pair of the same form: ``means`` gives requests a
+    message)."""
+    return scrape(url, *(f"{name}_{part}" for name in STAGES for part in ("sum", "count")),
+                  "batchserve_requests_total", "batchserve_frontend_messages_total")
 
 
 def means(before: list[float], after: list[float]) -> list[float]:
@@ -194,7 +201,8 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
                             env=env)
             cpu1, t1, loop1, dev1 = (tree_cpu(pids), time.monotonic(), cpu_seconds(pid, pid),
                                      cpu_seconds(pid))
-            batch, server_s, queue_s, batch_s = means(totals0, stage_totals(url))
+            batch, server_s, queue_s, batch_s, per_message = means(totals0, stage_totals(url))
+            per_message = per_message if frontends > 1 else 0.0  # one process: no messages
             req_s = answered_s(r)
             answered = req_s * (t1 - t0)  # none: no CPU a request (nan), not all of it
             per_request = 1e6 / answered if answered >= 1 else float("nan")  # us per CPU s
@@ -204,7 +212,7 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
                           batch, (cpu1 - cpu0) / (t1 - t0),
                           (loop1 - loop0) * per_request, sm.mean,
                           server_s * 1e3, queue_s * 1e3, batch_s * 1e3,
-                          (cpu1 - cpu0) * per_request - device_us, device_us)
+                          (cpu1 - cpu0) * per_request - device_us, device_us, per_message)
             print(row(point), flush=True)
             points.append(point)
     return points
@@ -212,7 +220,7 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
 
 HEAD = (f"{'front ends':>10}{'conc':>6}{'req/s':>10}{'items/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
         f"{'errors':>8}{'batch':>7}{'cores':>7}{'loop us':>8}{'GPU busy':>9}"
-        f"{'srv ms':>8}{'queue ms':>9}{'batch ms':>9}{'fe us':>7}{'dev us':>7}")
+        f"{'srv ms':>8}{'queue ms':>9}{'batch ms':>9}{'fe us':>7}{'dev us':>7}{'req/msg':>8}")
 
 
 def row(p: Point) -> str:
@@ -221,7 +229,8 @@ def row(p: Point) -> str:
             f"{p.p50_ms:>9.2f}{p.p99_ms:>9.2f}{p.errors:>8}{p.mean_batch:>7.1f}"
             f"{p.server_cpu:>7.2f}{p.device_loop_us:>8.1f}{sm}"
             f"{p.server_ms:>8.2f}{p.queue_ms:>9.2f}{p.batch_ms:>9.2f}"
-            f"{p.frontend_us:>7.0f}{p.device_us:>7.0f}")
+            f"{p.frontend_us:>7.0f}{p.device_us:>7.0f}"
+            + (f"{p.per_message:>8.1f}" if p.per_message else f"{'-':>8}"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -164,6 +164,9 @@ def test_metrics_count_each_request_once_and_errors_match_one_process() -> None:
         assert metric(url, "batchserve_requests_total", status="200") == 11
         assert metric(url, "batchserve_requests_total", status="422") == 1
         assert metric(url, "batchserve_requests_total", status="404") == 1
+        # Sent one at a time, the 11 computed came in 11 messages at least (counts and
+        # acknowledgements travel too).
+        assert metric(url, "batchserve_frontend_messages_total") >= 11
         metadata = fresh_get(url, "/v2/models/linear")
         assert metadata.status_code == 200 and metadata.json()["name"] == "linear"
         for path in ("/v2/models/a%0Ab", "/v2/models/%C2%A8%19/ready"):  # as one process answers
