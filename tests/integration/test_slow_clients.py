@@ -34,9 +34,12 @@ def read_all(sock: socket.socket) -> bytes:
     b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
     b"Content-Length: 1000\r\n\r\n{\"instances\": [[1",  # in its body
     b"POST /v2/models/linear/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{",
+    b"GET /health_check HTTP/1.1\r\nHost: x\r\n",  # a proxied path, with two front ends
 ])
-def test_a_stalled_request_is_answered_408_and_closed(sent: bytes) -> None:
-    with serve("--model", "linear", "--devices", "cpu", "--read-timeout-s", "0.5") as (_, url):
+@pytest.mark.parametrize("frontends", ["1", "2"])
+def test_a_stalled_request_is_answered_408_and_closed(sent: bytes, frontends: str) -> None:
+    with serve("--model", "linear", "--devices", "cpu", "--read-timeout-s", "0.5",
+               "--frontends", frontends) as (_, url):
         wait_ready(url)
         sock = raw(url)
         started = time.monotonic()
