@@ -16,9 +16,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.config import BatchSettings, ModelSettings, Settings, describe_errors
+from app.config import BatchSettings, ModelSettings, Settings
 from app.errors import ConfigError
 from app.models.base import ModelHandler
+from app.values import describe_errors
 
 MODEL_FILES = ("model.pt", "model.pt2")
 CONFIG_FILE = "config.toml"
@@ -68,6 +69,19 @@ class Catalog:
     def single(self) -> bool:
         """Serving the one ``--model`` setting, not a repository folder."""
         return self.root is None
+
+    def startup(self, names: list[str] | None) -> list[str] | None:
+        """The models to load at start: ``names`` (explicit mode's ``load_model``), or None for
+        every one. The single ``--model`` always loads; a name that is not it is a ConfigError."""
+        if not self.single:
+            return names
+        assert self._handler is not None
+        others = sorted(set(names or ()) - {self._handler.name})
+        if others:
+            raise ConfigError(f"load_model names {', '.join(others)}: this server serves one "
+                              f"model, '{self._handler.name}' (the model setting); "
+                              "model_repository serves several")
+        return None
 
     def sources(self) -> dict[str, ModelSource]:
         if self.root is None:

@@ -21,7 +21,6 @@ import torch
 from app.catalog import Catalog
 from app.config import Settings
 from app.devices import resolve_devices
-from app.errors import ConfigError
 from app.learning import busy_ratio, export_cost, measure_on
 from app.metrics import Metrics
 from app.models.base import ModelHandler
@@ -61,15 +60,8 @@ class InferenceService:
         self.devices = devices
         self.metrics = metrics
         self.tracing = tracing
-        startup = settings.load_model if settings.model_control_mode == "explicit" else None
-        if catalog.single:
-            (served,) = catalog.sources()
-            others = sorted(set(startup or ()) - {served})
-            if others:
-                raise ConfigError(f"load_model names {', '.join(others)}: this server serves "
-                                  f"one model, '{served}' (the model setting); "
-                                  "model_repository serves several")
-            startup = None  # the one --model always loads
+        startup = catalog.startup(settings.load_model
+                                  if settings.model_control_mode == "explicit" else None)
         self.repository = ModelRepository(catalog, self, settings.model_control_mode, startup,
                                           settings.default_model)
         self.workers: list[DeviceWorker] = []

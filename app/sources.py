@@ -10,8 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from app.config import CONFIG_ENV, ENV_PREFIX, Settings, describe_errors
+from app.config import CONFIG_ENV, ENV_PREFIX, Settings
 from app.errors import ConfigError
+from app.values import describe_errors
 
 
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:

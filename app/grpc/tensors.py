@@ -13,11 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from app.api.v2.checks import check_input, check_outputs, check_served
 from app.api.v2.codec import (
     InferRequest,
-    check_input,
-    check_outputs,
-    check_served,
     from_binary,
     requested,
     rows_of,

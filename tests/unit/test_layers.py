@@ -14,9 +14,9 @@ APP = Path(__file__).resolve().parents[2] / "app"
 
 LAYERS = [
     # shared, imported from anywhere
-    ["app.errors", "app.config", "app.sources", "app.state", "app.payload", "app.logs",
-     "app.process", "app.schemas", "app.wire", "app.links", "app.version", "app.arrays",
-     "app.framing"],
+    ["app.errors", "app.values", "app.config", "app.sources", "app.state", "app.payload",
+     "app.logs", "app.process", "app.schemas", "app.wire", "app.links", "app.version",
+     "app.arrays", "app.framing"],
     ["app.models", "app.devices", "app.pending", "app.bell", "app.scheduler", "app.tracing"],
     ["app.metrics"],
     ["app.transfer", "app.queues", "app.warmup", "app.facade", "app.graphs", "app.text_graphs"],

@@ -15,17 +15,12 @@ from typing import Any
 import numpy as np
 import orjson
 
-from app.errors import InvalidInput, PayloadTooLarge
+from app.api.v2.checks import check_input, check_outputs, check_served, unknown_output
+from app.errors import InvalidInput
 from app.models.signature import DATATYPES, TensorSpec, datatype_of
-from app.payload import MAX_INT64, json_object, json_text, whole_number_of
+from app.payload import json_object, json_text, whole_number_of
 
 HEADER_LENGTH = "inference-header-content-length"
-# Parameters of protocol extensions this server does not serve (``GET /v2`` lists those it
-# does): a tensor that names one would otherwise be read from the request, or answered in full,
-# where its client expects its data elsewhere or a top-N list.
-SHARED_MEMORY = "Triton's shared-memory extensions (system_shared_memory, cuda_shared_memory)"
-UNSERVED = {"shared_memory_region": SHARED_MEMORY, "shared_memory_byte_size": SHARED_MEMORY,
-            "shared_memory_offset": SHARED_MEMORY, "classification": "the classification extension"}
 
 
 @dataclass
@@ -97,35 +92,6 @@ def _rows(tensor: dict[str, Any], binary: bytes, max_rows: int, model: str,
     return rows_of(array, name, datatype)
 
 
-def check_input(name: Any, shape: Any, datatype: Any, max_rows: int, model: str,
-                expected: TensorSpec) -> tuple[str, list[int], str]:
-    """An input tensor's name, shape and datatype, checked against the model's one input (any
-    protocol: ``shape`` is a list of the request's sizes)."""
-    if not isinstance(name, str):
-        raise InvalidInput("input needs a string 'name'")
-    if name != expected.name:
-        raise InvalidInput(
-            f"unexpected inference input '{name}' for model '{model}'; it has '{expected.name}'"
-        )
-    if not isinstance(shape, list) or not shape:
-        raise InvalidInput(f"input '{name}': 'shape' must be a non-empty list of sizes")
-    for d in shape:
-        if not isinstance(d, int) or isinstance(d, bool) or not 0 <= d <= MAX_INT64:
-            raise InvalidInput(f"input '{name}': 'shape' must be a non-empty list of sizes "
-                               f"(whole numbers from 0 to 2^63 - 1); {json_text(d)} is not one")
-    if datatype != expected.datatype:
-        raise InvalidInput(
-            f"inference input '{name}' data-type is '{datatype}', but model '{model}' expects "
-            f"'{expected.datatype}'"
-        )
-    if shape[0] == 0:
-        raise InvalidInput(f"input '{name}': the batch dimension is 0; send at least one row")
-    if shape[0] > max_rows:
-        raise PayloadTooLarge(f"{shape[0]} rows is more than the limit of {max_rows} per request")
-    _check_item_shape(name, shape, expected)
-    return name, shape, datatype
-
-
 def rows_of(array: np.ndarray, name: str, datatype: str) -> list[Any]:
     """A checked input tensor's batch rows: arrays, or strings for BYTES."""
     rows = array.shape[0]
@@ -135,27 +101,6 @@ def rows_of(array: np.ndarray, name: str, datatype: str) -> list[Any]:
         row = int(np.argmin(np.isfinite(array).reshape(rows, -1).all(axis=1)))
         raise InvalidInput(f"input '{name}': row {row} holds a NaN or an infinity")
     return list(array)
-
-
-def _check_item_shape(name: str, shape: list[int], expected: TensorSpec) -> None:
-    """A row's shape must be the model's (where it declares one); a text row is one string."""
-    if expected.datatype == "BYTES":
-        if math.prod(shape[1:]) != 1:
-            raise InvalidInput(f"input '{name}': BYTES input must have one element per row")
-        return
-    want = expected.shape
-    if want is None or len(want) == len(shape) - 1 and all(
-        w in (-1, d) for w, d in zip(want, shape[1:], strict=True)
-    ):
-        return
-    raise InvalidInput(
-        f"unexpected shape for input '{name}': expected shape {_dims(want)}, "
-        f"got {_dims(tuple(shape[1:]))} per row"
-    )
-
-
-def _dims(shape: tuple[int, ...]) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
 def _requested_outputs(
@@ -179,33 +124,6 @@ def _requested_outputs(
             binary[name] = choice
     check_outputs(names, model, known)
     return names, binary
-
-
-def check_served(params: Any, tensor: str) -> None:
-    """A tensor's parameters (a JSON object, or gRPC's map) name no extension this server does
-    not serve (``UNSERVED``)."""
-    for key in params if isinstance(params, dict) or hasattr(params, "keys") else ():
-        extension = UNSERVED.get(key)
-        if extension is not None:
-            raise InvalidInput(f"{tensor}: parameter '{key}' belongs to {extension}, which this "
-                               "server does not serve (GET /v2 lists the extensions it does)")
-
-
-def check_outputs(names: list[str], model: str, known: list[TensorSpec] | None) -> None:
-    """Every output a request names is one the model has (where its outputs are known), once."""
-    for i, name in enumerate(names):
-        if name in names[:i]:
-            raise InvalidInput(f"output '{name}' is asked for twice")
-    if known is None:
-        return
-    known_names = [spec.name for spec in known]
-    for name in names:
-        if name not in known_names:
-            raise InvalidInput(unknown_output(name, model, known_names))
-
-
-def unknown_output(name: str, model: str, known: list[str]) -> str:
-    return f"unexpected inference output '{name}' for model '{model}'; it has {sorted(known)}"
 
 
 def _from_json(data: Any, datatype: str, shape: list[int], name: str) -> np.ndarray:

@@ -1,0 +1,88 @@
+"""How the settings' values are read and reconciled (app/config.py): the environment's lists
+and URLs, defaults that give way to what the user set, and a validation error as one line."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+DEFAULT_MAX_BATCH_SIZE = 32
+DEFAULT_MAX_WAIT_MS = 5.0
+DEFAULT_QUEUE_CAPACITY = 1024
+DEFAULT_REQUEST_TIMEOUT_S = 30.0
+DEFAULT_MAX_INSTANCES = 256
+DAY_S = 86400.0  # the longest a timeout or lease may be: longer ones overflow timers and Redis
+
+
+def listed_names(value: Any) -> Any:
+    """A list of names as the environment gives it: names separated by commas, or a JSON
+    list."""
+    if not isinstance(value, str):
+        return value
+    if value.lstrip().startswith("["):
+        try:
+            return json.loads(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a JSON list; names separated by commas are "
+                             "one too") from None
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+def redis_scheme(value: str) -> str:
+    """A URL of a scheme redis-py connects with (it raises a traceback's ValueError later)."""
+    if urlsplit(value).scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"{value!r} is not a redis://, rediss:// or unix:// URL")
+    return value
+
+
+def _number(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None  # not a number: the field's own validation reports it
+    return number if math.isfinite(number) else None
+
+
+def derive_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
+    """``given`` (the values set explicitly) plus defaults adjusted so that they never contradict
+    a value the user set: ``queue_capacity=4`` alone lowers the default ``max_instances`` to 4,
+    ``request_timeout_s=0.004`` alone lowers the default ``max_wait_ms`` to 2, and the other
+    way round. Two explicit values that contradict each other are left for the checks."""
+    out = dict(given)
+    capacity, instances = _number(given.get("queue_capacity")), _number(given.get("max_instances"))
+    if "max_instances" not in given and capacity is not None:
+        out["max_instances"] = max(1, int(min(DEFAULT_MAX_INSTANCES, capacity)))
+    if "queue_capacity" not in given and instances is not None:
+        out["queue_capacity"] = int(max(DEFAULT_QUEUE_CAPACITY, instances))
+    timeout_s, wait_ms = _number(given.get("request_timeout_s")), _number(given.get("max_wait_ms"))
+    if "max_wait_ms" not in given and timeout_s is not None and timeout_s > 0:
+        out["max_wait_ms"] = min(DEFAULT_MAX_WAIT_MS, timeout_s * 1000.0 / 2)
+    if "request_timeout_s" not in given and wait_ms is not None:
+        out["request_timeout_s"] = min(DAY_S, max(DEFAULT_REQUEST_TIMEOUT_S, 2 * wait_ms / 1000.0))
+    return out
+
+
+def describe_errors(exc: ValueError) -> str:
+    """One line naming every invalid setting of a validation error."""
+    errors = getattr(exc, "errors", None)
+    if errors is None:
+        return str(exc)
+    # A setting of several kinds (frontends: a number or auto) fails once per kind, each at
+    # (name, kind): one part a setting, its kinds' messages joined by "or".
+    found: dict[str, tuple[Any, list[str]]] = {}
+    for err in errors():
+        loc = err.get("loc", ())
+        msg = str(err.get("msg", "")).removeprefix("Value error, ")
+        name = str(loc[0]) if len(loc) == 2 and not isinstance(loc[1], int) else ".".join(
+            map(str, loc))
+        found.setdefault(name, (err.get("input"), []))[1].append(msg)
+    parts = []
+    for name, (given, msgs) in found.items():
+        if len(msgs) > 1:
+            parts.append(f"{name}: {' or '.join(msgs)} (given {given!r})")
+        else:
+            parts.append(f"{name}: {msgs[0]}" if name else msgs[0])
+    return "invalid settings: " + "; ".join(parts)
