@@ -24,11 +24,13 @@ from app.wire import GROUPED, PREFIX, decode, encode, pack
 SCRATCH_BYTES = 256 * 2**10
 # Messages an inbox holds unread before it stops reading its socket (it reads again at half).
 HELD_MESSAGES = 64
-# The longest an entry added with ``hold`` waits for a message to go with (a front end's
-# request counts: a scrape of /metrics asks for them at once, app/bridge.py). Short, since a
-# front end killed with SIGKILL loses what it holds; a message of their own 20 times a second
-# costs the device process nothing that matters.
+# How long entries added with ``hold`` (a front end's request counts) are gathered: then they
+# go with the next message, or alone after ``HELD_ALONE_S``. The device process counts about 20
+# lists a second per model and status from each front end, not one with each message it reads,
+# and no message goes for them alone while others go (a scrape of /metrics asks for them at
+# once, app/bridge.py). Short, since a front end killed with SIGKILL loses what it holds.
 HOLD_S = 0.05
+HELD_ALONE_S = 0.05  # how long after HOLD_S held entries wait for a message before going alone
 
 
 async def connect(sock: socket.socket) -> tuple[Inbox, asyncio.Transport]:
@@ -136,8 +138,10 @@ class Outbox:
         self._parts: dict[str, list[Any]] = {}
         self._values: dict[str, list[Any]] = {}
         self._groups: dict[str, dict[tuple[Any, ...], tuple[list[Any], list[Any]]]] = {}
+        self._held_groups: dict[str, dict[tuple[Any, ...], tuple[list[Any], list[Any]]]] = {}
         self._due = False
         self._held: asyncio.TimerHandle | None = None  # ``group(hold=True)``'s timer
+        self._ripe = False  # held entries go with the next message
 
     def add(self, kind: str, entry: Any, values: list[Any] | None = None) -> None:
         self._parts.setdefault(kind, []).append(entry)
@@ -166,16 +170,17 @@ class Outbox:
         """Add ``entry`` to this message's one entry of ``kind`` for ``key``, ``(*key,
         [entries])``, and its ``values`` to that group's (``grouped_values``): a front end's
         requests travel one group per model version and level, its request durations one list
-        per model and status. A kind is either grouped or not. With ``hold``, the entry sends
-        no message of its own: it goes with the next one, or after ``HOLD_S``."""
-        groups = self._groups.setdefault(kind, {})
+        per model and status. A kind is either grouped or not, held or not. With ``hold``, the
+        entry goes with the first message ``HOLD_S`` after the first held one, alone
+        ``HELD_ALONE_S`` later, or with a ``flush``."""
+        groups = (self._held_groups if hold else self._groups).setdefault(kind, {})
         held = groups.get(key)
         if held is None:
             held = groups[key] = ([], [])
             if not hold:
                 self._send_soon()
-            elif self._held is None and not self._due:
-                self._held = asyncio.get_running_loop().call_later(HOLD_S, self.flush)
+            elif self._held is None:
+                self._held = asyncio.get_running_loop().call_later(HOLD_S, self._ripen)
         held[0].append(entry)
         if values:
             held[1].extend(values)
@@ -186,22 +191,36 @@ class Outbox:
         if not waited and self._busy is not None and self._busy():
             asyncio.get_running_loop().call_soon(self._pass_done, True)
             return
-        self.flush()
+        self._send(held=False)
+
+    def _ripen(self) -> None:
+        """Held entries have waited ``HOLD_S``: they go with the next message, or alone."""
+        self._ripe = True
+        self._held = asyncio.get_running_loop().call_later(HELD_ALONE_S, self.flush)
 
     def flush(self) -> None:
+        """Send everything now, what is held too."""
+        self._send(held=True)
+
+    def _send(self, held: bool) -> None:
+        """Send this message; what is held too with ``held`` or once ripe."""
         self._due = False
-        if self._held is not None:
-            self._held.cancel()
-            self._held = None
         parts, values, groups = self._parts, self._values, self._groups
         self._parts, self._values, self._groups = {}, {}, {}
+        if held or self._ripe:
+            if self._held is not None:
+                self._held.cancel()
+                self._held = None
+            self._ripe = False
+            groups.update(self._held_groups)
+            self._held_groups = {}
         if not (parts or groups) or self._transport.is_closing():
             return
         message: dict[str, Any] = dict(parts)
         for kind, flat in values.items():
             message[kind + "_values"] = pack(flat)
-        for kind, held in groups.items():
-            message[kind] = [(*key, entries) for key, (entries, _) in held.items()]
-            if any(group_values for _, group_values in held.values()):
-                message[kind + GROUPED] = [pack(v) for _, v in held.values()]
+        for kind, keyed in groups.items():
+            message[kind] = [(*key, entries) for key, (entries, _) in keyed.items()]
+            if any(group_values for _, group_values in keyed.values()):
+                message[kind + GROUPED] = [pack(v) for _, v in keyed.values()]
         self._transport.writelines(encode(message))

@@ -105,8 +105,8 @@ class PendingRequest:
         # chunk (``admit_rows``, app/intake.py), whose rows keep their own deadlines and
         # cancellations (each row one request, answered on its own: ``BatchReport.answer``).
         self.count = 1
-        self.deadlines: np.ndarray | None = None
-        self.cancelled: np.ndarray | None = None
+        self.deadlines: Sequence[float] | None = None  # a row's each (one-row requests)
+        self.cancelled: np.ndarray | None = None  # a flag a row, from the first cancel
         self.earliest = deadline  # the soonest of ``deadlines``
         self.cancels = 0  # rows cancelled
 
@@ -116,7 +116,8 @@ class PendingRequest:
     def cancel_row(self, row: int) -> None:
         """One request of a chunk of rows has gone: its row is dropped, not computed; the
         chunk is cancelled once all are."""
-        assert self.cancelled is not None
+        if self.cancelled is None:  # set before ``cancels`` counts: device threads read both
+            self.cancelled = np.zeros(self.count, dtype=bool)
         if not self.cancelled[row]:
             self.cancelled[row] = True
             self.cancels += 1
@@ -155,12 +156,13 @@ def row_states(item: PendingItem, now: float) -> list[tuple[int, PendingItem]]:
     waits for them, their deadline has passed, or they were cancelled (rows past their deadline
     or cancelled are dropped, not computed, as the items of single requests are)."""
     request = item.request
-    assert request.deadlines is not None and request.cancelled is not None
+    assert request.deadlines is not None
     if request.earliest > now and not request.cancels:  # the usual case, without numpy
         return [(LIVE, item)]
     lo, hi = item.index, item.index + item.rows
-    state = np.where(request.deadlines[lo:hi] <= now, EXPIRED,
-                     np.where(request.cancelled[lo:hi], CANCELLED, LIVE))
+    cancelled = request.cancelled
+    state = np.where(np.asarray(request.deadlines[lo:hi]) <= now, EXPIRED,
+                     LIVE if cancelled is None else np.where(cancelled[lo:hi], CANCELLED, LIVE))
     if not state.any():
         return [(LIVE, item)]
     edges = [0, *(np.flatnonzero(np.diff(state)) + 1).tolist(), item.rows]
@@ -194,8 +196,7 @@ def rows_request(answer: Answer, deadlines: Sequence[float], now: float, level: 
     """One request standing for one-row requests, a row each, with their deadlines."""
     request = PendingRequest(answer, len(deadlines), max(deadlines), now, level)
     request.count = len(deadlines)
-    request.deadlines = np.asarray(deadlines, dtype=np.float64)
-    request.cancelled = np.zeros(len(deadlines), dtype=bool)
+    request.deadlines = deadlines
     request.earliest = min(deadlines)
     return request
 

@@ -62,7 +62,7 @@ class DeviceLink:
 
     def tally(self, kind: str, key: tuple[Any, ...], value: Any) -> None:
         """Send ``value`` in a message's one entry of ``kind`` for ``key`` (``Outbox.group``),
-        held for the next message that goes (counts for the metrics: a scrape asks for them)."""
+        held up to ``links.HOLD_S`` (counts for the metrics: a scrape asks for them)."""
         if self._outbox is not None and not self.gone:
             self._outbox.group(kind, key, value, hold=True)
 
@@ -148,8 +148,11 @@ class DeviceLink:
             self.snapshot = snapshots[-1]
             for callback in self.on_snapshot:
                 callback(self.snapshot)
-        for key in message.get("ack", ()):
-            self.send("acked", key)
+        acks = message.get("ack")
+        if acks and self._outbox is not None and not self.gone:
+            for key in acks:
+                self._outbox.add("acked", key)
+            self._outbox.flush()  # with the counts it holds: a scrape waits for them
         for token in message.get("synced", ()):
             waiter = self._syncs.get(token)
             if waiter is not None and not waiter.done():

@@ -60,27 +60,37 @@ def test_an_outbox_sends_one_message_per_pass_with_its_values_packed_and_grouped
     assert wire.values_of(message, "cancel") == []
 
 
-def test_held_entries_go_with_the_next_message_or_after_the_hold() -> None:
-    async def run() -> list[list[list[Any]]]:
+@pytest.mark.parametrize("hold_s, alone_s", [(3600.0, 3600.0), (0.01, 3600.0), (0.01, 0.01)])
+def test_held_entries_go_with_a_message_after_the_hold_alone_later_or_with_a_flush(
+        monkeypatch: pytest.MonkeyPatch, hold_s: float, alone_s: float) -> None:
+    monkeypatch.setattr(links, "HOLD_S", hold_s)
+    monkeypatch.setattr(links, "HELD_ALONE_S", alone_s)
+
+    async def run() -> list[dict[str, Any]]:
         writer = Writer()
         outbox = links.Outbox(writer)  # type: ignore[arg-type]
         outbox.group("answered", ("m", 200), 0.1, hold=True)
-        await asyncio.sleep(0)
-        alone = list(writer.chunks)  # nothing sent for a held entry alone
-        outbox.add("cancel", 3)
-        await asyncio.sleep(0)
-        along = list(writer.chunks)  # it goes with the next message
         outbox.group("answered", ("m", 200), 0.2, hold=True)
         await asyncio.sleep(0)
-        held = list(writer.chunks)  # alone again: held
-        await asyncio.sleep(4 * links.HOLD_S)
-        return [alone, along, held, list(writer.chunks)]
+        assert writer.chunks == []  # nothing sent for held entries alone
+        if hold_s < 1:  # past the hold
+            await asyncio.sleep(4 * (hold_s + min(alone_s, 1.0)))
+        outbox.add("cancel", 3)
+        await asyncio.sleep(0)
+        outbox.group("answered", ("m", 504), 0.3, hold=True)
+        outbox.add("acked", 1)
+        outbox.flush()  # at once, with what is held
+        return [decoded(chunk) for chunk in writer.chunks]
 
-    alone, along, held, late = asyncio.run(run())
-    assert alone == [] and len(along) == 1
-    assert decoded(along[0]) == {"cancel": [3], "answered": [("m", 200, [0.1])]}
-    assert held == along and len(late) == 2
-    assert decoded(late[1]) == {"answered": [("m", 200, [0.2])]}
+    sent = asyncio.run(run())
+    counts = {"answered": [("m", 200, [0.1, 0.2])]}
+    if hold_s > 1:  # the message goes without them, a flush with them
+        assert sent == [{"cancel": [3]},
+                        {"acked": [1], "answered": [("m", 200, [0.1, 0.2]), ("m", 504, [0.3])]}]
+    elif alone_s > 1:  # held past the hold: with the next message
+        assert sent == [{"cancel": [3], **counts}, {"acked": [1], "answered": [("m", 504, [0.3])]}]
+    else:  # no message to go with: alone
+        assert sent == [counts, {"cancel": [3]}, {"acked": [1], "answered": [("m", 504, [0.3])]}]
 
 
 def test_while_busy_a_message_waits_one_pass_for_the_next_passs_entries() -> None:

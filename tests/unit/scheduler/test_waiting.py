@@ -466,6 +466,15 @@ def test_a_chunk_of_one_row_requests_splits_into_runs_of_rows_alike() -> None:
     assert chunk.future.done()  # every row gone: the chunk is cancelled
 
 
+def test_a_chunk_with_rows_past_their_deadline_and_none_cancelled_splits_too() -> None:
+    chunk = rows_request(_Future(), (100.5, 1e9, 1e9), 100.0, 1)  # type: ignore[arg-type]
+    data = np.arange(6.0).reshape(3, 2)
+    live, expired, cancelled = split_live([PendingItem(chunk, 0, data, None, 3)], now=101.0)
+    assert [(i.index, i.rows) for i in expired] == [(0, 1)] and cancelled == []
+    assert [(i.index, i.rows) for i in live] == [(1, 2)]
+    np.testing.assert_array_equal(live[0].data, data[1:])
+
+
 def test_group_by_keeps_order_within_groups() -> None:
     groups = group_by([(1, "a"), (2, "b"), (1, "c")], key=lambda p: p[0])
     assert groups == [[(1, "a"), (1, "c")], [(2, "b")]]
