@@ -14,9 +14,10 @@
 # not yet timed as one call.
 #
 # Three diagnostics run only when CURVES names them, in a second call at once (the machine stays
-# warm 30 s): "device" (about 2.5 minutes), the device process alone (bench.device on mlp, eager
+# warm 30 s): "device" (about 3 minutes), the device process alone (bench.device on mlp, eager
 # and with CUDA graphs, and on minilm's items: its ceiling and CPU a request without HTTP, and
-# which thread holds the GIL, printed by bench.gil_share; and bench.gil_switch on mlp and
+# which thread holds the GIL, printed by bench.gil_share; on mlp with 32 synthetic front ends,
+# its event loop's CPU a message by step, bench/steps.py; and bench.gil_switch on mlp and
 # minilm: a batch's time next to a thread that holds the GIL, by switch interval, and where it
 # let the GIL go, eager and as graphs); "switch" (about 1.5 minutes), mlp JSON and minilm at
 # POINT_FRONTENDS front ends with the device process's GIL switch interval at the server's (100
@@ -30,7 +31,7 @@
 # here, named in the device call's carry). A cold start of the machine takes about a minute
 # more.
 #   1:  OUT=$OUT bash bench/gpu.sh                                   (~7 minutes)
-#   2:  TESTS= CURVES="device switch" OUT=$OUT bash bench/gpu.sh     (~4 minutes)
+#   2:  TESTS= CURVES="device switch" OUT=$OUT bash bench/gpu.sh     (~4.5 minutes)
 # What ran before a timeout stays in $OUT/gpu.log. The tests are the modules with CUDA tests
 # and the API's predict path (TESTS="tests/unit tests/api": all of them, ~2 minutes).
 #
@@ -115,6 +116,11 @@ device_alone() {  # bench.device on mlp (x1, x32) and on minilm's items, with GI
       echo "== device exit $?"
       "$PY" -m bench.gil_share "$OUT/profiles/device-mlp-x$n-k8-graphs.txt"
     done
+    echo "== the device process alone: mlp, 32 synthetic front ends (about 8 requests a" \
+      "message), its event loop's CPU a message by step"
+    timeout 60 "$PY" -m bench.device --workload mlp --devices "$DEVICES" --clients 32 \
+      --concurrency 256 --seconds 3 --rounds 1 --warmup-s 2 --steps
+    echo "== device exit $?"
     echo "== the device process alone: minilm's items, a stand-in forward, 8 front ends"
     timeout 60 "$PY" -m bench.device --workload minilm --devices "$DEVICES" --clients 8 \
       --concurrency 256 --seconds 3 --rounds 2 --warmup-s 2 --profile "$OUT/profiles"
