@@ -11,6 +11,7 @@ of its samples; this counts every call, at about 0.4 us a step.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,10 +47,22 @@ class Steps:
 
     spent: dict[str, list[int]] = field(default_factory=dict)  # label: [ns, calls]
     first_ns: int | None = None  # the loop thread's CPU at the first message
+    collected: list[int] = field(default_factory=lambda: [0, 0, 0])  # [ns, runs, started]
 
     def install(self) -> None:
         for _, owner, name, label in STEPS:
             setattr(owner, name, self._wrapped(getattr(owner, name), label))
+        gc.callbacks.append(self._collecting)
+
+    def _collecting(self, phase: str, info: dict[str, Any]) -> None:
+        """The collector's runs, on whichever thread allocated (mostly the loop): thread CPU."""
+        if self.first_ns is None:
+            return
+        if phase == "start":
+            self.collected[2] = time.thread_time_ns()
+        else:
+            self.collected[0] += time.thread_time_ns() - self.collected[2]
+            self.collected[1] += 1
 
     def _wrapped(self, f: Callable[..., Any], label: str) -> Callable[..., Any]:
         counts = self.spent.setdefault(label, [0, 0])
@@ -81,6 +94,9 @@ class Steps:
             top += ns if depth == 0 else 0
             lines.append(f"{'  ' * depth + label:<44}{calls:>10}{ns / max(1, calls) / 1e3:>11.1f}"
                          f"{ns / messages / 1e3:>10.1f}")
+        ns, runs, _ = self.collected
+        lines.append(f"{'garbage collection (in the steps and out)':<44}{runs:>10}"
+                     f"{ns / max(1, runs) / 1e3:>11.1f}{ns / messages / 1e3:>10.1f}")
         lines.append(f"{'the loop own (polling, callbacks, tasks)':<44}{'':>10}{'':>11}"
                      f"{(whole - top) / messages / 1e3:>10.1f}")
         lines.append(f"{'all, from the first message on':<44}{messages:>10}{'':>11}"
