@@ -77,7 +77,7 @@ class Bridge:
             pass
         finally:
             self._links.discard(link)
-            for _, pending, _, _ in list(link.waiting.values()):
+            for _, pending, _ in list(link.waiting.values()):
                 pending.future.cancel()
             for ack in link.acks.values():
                 if not ack.done():
@@ -123,11 +123,12 @@ class Bridge:
         for rid in message.get("cancel", ()):
             held = link.waiting.get(rid)
             if held is not None:
-                _, pending, _, row = held
-                if row is None:
-                    pending.future.cancel()
+                pending = held[1]
+                answer = pending.future
+                if isinstance(answer, RowsAnswer):  # its row of a chunk
+                    pending.cancel_row(answer.rids.index(rid))
                 else:
-                    pending.cancel_row(row)
+                    answer.cancel()
         for name, version, reason in message.get("rejected", ()):
             self._metrics(name, version).rejected(reason)
         for name, version, status, protocol, durations in message.get("answered", ()):
@@ -167,12 +168,10 @@ class Bridge:
             request, refused = admit_rows(model, level, values, deadlines, lambda kept: RowsAnswer(
                 link.done_rows, rids if kept is None else [rids[i] for i in kept],
                 log_ids if kept is None else [log_ids[i] for i in kept]))
-            if request is not None:
+            if request is not None:  # each request's row is its place in the answer's ids
                 answer = request.future
                 assert isinstance(answer, RowsAnswer)
-                held = zip(itertools.repeat(model), itertools.repeat(request), answer.log_ids,
-                           range(request.count), strict=False)  # (model, chunk, log id, row)
-                link.waiting.update(zip(answer.rids, held, strict=True))
+                link.waiting.update(dict.fromkeys(answer.rids, (model, request, None)))
             for i, refusal in refused:
                 link.outbox.add("results", (rids[i], error_fields(refusal), 0))
             return
@@ -187,15 +186,15 @@ class Bridge:
             if isinstance(outcome, ServeError):
                 link.outbox.add("results", (rid, error_fields(outcome), 0))
             else:
-                link.waiting[rid] = (model, outcome, log_id, None)
+                link.waiting[rid] = (model, outcome, log_id)
 
 
 @dataclass(eq=False)
 class _Link:
     outbox: Outbox
-    # Each admitted request's model, its place in the queue, its log id and, for a row of a
-    # chunk of one-row requests, its row.
-    waiting: dict[int, tuple[ServedModel, PendingRequest, str | None, int | None]] = field(
+    # Each admitted request's model, its place in the queue and its log id; the requests of a
+    # chunk of one-row requests share one entry (their log ids are their answer's).
+    waiting: dict[int, tuple[ServedModel, PendingRequest, str | None]] = field(
         default_factory=dict)
     sent: Snapshot | None = None  # the last snapshot sent
     acks: dict[int, asyncio.Future[None]] = field(default_factory=dict)
@@ -221,7 +220,7 @@ class _Link:
         held = self.waiting.pop(rid, None)
         log_id = None
         if held is not None:
-            model, pending, log_id, _ = held
+            model, pending, log_id = held
             model.finish(pending)
         if answer.cancelled():
             return  # the front end cancelled it, or went away

@@ -264,17 +264,18 @@ async def test_a_chunks_row_cancelled_or_past_its_deadline_is_dropped_uncomputed
     async with busy_rows(8, (9, rows[4])) as (handler, service, bridge, front, outbox):
         model = service.repository.get()
         soon, later = time.monotonic() + 0.2, time.monotonic() + 30.0
-        entries = [(i, soon if i == 2 else later, None, 1) for i in range(4)]
+        # request ids 10-13 (a front end's ids are not rows): 11 is cancelled, 12 expires
+        entries = [(10 + i, soon if i == 2 else later, None, 1) for i in range(4)]
         bridge._handle(front, grouped(service, entries, ("stacked", rows[:4])))
-        bridge._handle(front, {"cancel": [1]})
+        bridge._handle(front, {"cancel": [11]})
         assert model.in_flight == 5
-        await asyncio.sleep(0.3)  # request 2's deadline passes while it is queued
+        await asyncio.sleep(0.3)  # request 12's deadline passes while it is queued
         handler.gate.set()
         await wait_until(lambda: len(outbox.results()) == 4, "the others answered")
         answers = outbox.results()
-        assert 1 not in answers and answers[2] == (504, "timeout")
+        assert 11 not in answers and answers[12] == (504, "timeout")
         for i in (0, 3):
-            np.testing.assert_array_equal(np.stack(answers[i]), 2 * rows[i:i + 1])
+            np.testing.assert_array_equal(np.stack(answers[10 + i]), 2 * rows[i:i + 1])
         assert handler.shapes == [[(2,)], [(2,), (2,)]]
         assert model.in_flight == 0 and not front.waiting
         registry = service.metrics.registry
