@@ -152,13 +152,10 @@ class ServedModel(ModelFacade):
         if self.state is not ModelState.READY or self.server.draining or self.stranded:
             raise closed(self.health, self.name, self.reason)
         queue = self.queue
-        depth = queue.depth
-        neighbours = self._neighbours
-        sharing = 1 if len(neighbours) == 1 else sum(
-            1 for m in neighbours if m is self or m.queue.depth)
-        return Gate(self.name, self.settings.queue_capacity, level, self.room(level), depth,
-                    depth if level >= queue.levels else queue.depth_through(level),
-                    self.batch_limit, self.full_batch_s(), sharing, len(self.devices))
+        sharing = sum(1 for m in self._neighbours if m is self or m.queue.depth)
+        return Gate(self.name, self.settings.queue_capacity, level, self.room(level),
+                    queue.depth, queue.depth_through(level), self.batch_limit,
+                    self.full_batch_s(), sharing, len(self.devices))
 
     def check_admissible(self, n: int, level: int | None = None,
                          deadline: float | None = None) -> None:

@@ -149,10 +149,10 @@ class DeviceLink:
             for callback in self.on_snapshot:
                 callback(self.snapshot)
         acks = message.get("ack")
-        if acks and self._outbox is not None and not self.gone:
+        if acks:
             for key in acks:
-                self._outbox.add("acked", key)
-            self._outbox.flush()  # with the counts it holds: a scrape waits for them
+                self.send("acked", key)
+            self._flush()  # with the counts it holds: a scrape waits for them
         for token in message.get("synced", ()):
             waiter = self._syncs.get(token)
             if waiter is not None and not waiter.done():
@@ -166,6 +166,11 @@ class DeviceLink:
             return None
         request.timer.cancel()
         return request.future
+
+    def _flush(self) -> None:
+        """Send what waits to go now, what is held (``tally``) too."""
+        if self._outbox is not None and not self.gone:
+            self._outbox.flush()
 
     def _lost(self) -> None:
         """The device process is gone: everything waiting is answered 503 unhealthy."""
@@ -182,7 +187,6 @@ class DeviceLink:
 
     def close(self) -> None:
         """Send what is held (``tally``) and stop reading."""
-        if self._outbox is not None and not self.gone:
-            self._outbox.flush()
+        self._flush()
         if self._task is not None:
             self._task.cancel()
