@@ -210,7 +210,13 @@ main() {
 }
 
 main 2>&1 | tee -a "$OUT/gpu.log"
-# The device call brings back only a few files: the profiles travel as one archive.
+# The device call brings back at most 8 files: the profiles travel as one archive, the results
+# (JSON, the tests' XML) as another.
 if [ -d "$OUT/profiles" ]; then
   tar -czf "$OUT/profiles.tgz" -C "$OUT" profiles && rm -r "$OUT/profiles"
+fi
+results=$(cd "$OUT" && ls -- *.json *.xml 2>/dev/null)
+if [ -n "$results" ]; then
+  # shellcheck disable=SC2086 # $results: file names without spaces, word-split on purpose
+  (cd "$OUT" && tar -czf results.tgz $results && rm -- $results)
 fi
