@@ -88,10 +88,10 @@ class BatchSettings(BaseModel):
         "together (1: arrival order)",
     )
     cuda_graphs: bool | Literal["auto"] = Field(
-        "auto", description="on CUDA, run a fixed-shape tensor model's batches as CUDA graphs "
-        "captured at warm-up (auto: where the model qualifies, quietly eager where not; true: "
-        "the same, warning where not, and text models too, not yet measured; "
-        "docs/cuda-graphs.md)",
+        "auto", description="on CUDA, run a model's batches as CUDA graphs captured at warm-up "
+        "(a fixed-shape tensor model's, or a padded text model's by rows and length; auto: "
+        "where the model qualifies, quietly eager where not; true: the same, warning where "
+        "not; docs/cuda-graphs.md)",
     )
 
     _explicit: frozenset[str] = PrivateAttr(default=frozenset())

@@ -6,8 +6,8 @@ tensors of (items, length) (token ids, attention mask) and whose forward gives o
 a row per item. A batch is collated as ever, then written into its bucket's region of pinned
 buffers with numpy, zeros past its rows and tokens (padding id 0, mask 0); then an event, one
 copy in per input, the replay, the copy out, an event. The capture checks that the padding
-changes nothing. Kept apart from app/graphs.py's fixed-shape path, which a GPU has measured;
-this one is opt-in (``cuda_graphs = true``) until one has.
+changes nothing. Kept apart from app/graphs.py's fixed-shape path; both are taken under the
+default ``cuda_graphs = "auto"``.
 """
 
 from __future__ import annotations

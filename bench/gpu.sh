@@ -3,35 +3,31 @@
 # CUDA present, then the front-end curve (docs/frontends.md): N = 1, 2, 4, 8, 14 front ends at
 # c=256 on mlp (1 JSON instance a request, and c=1; 32 instances as v2 binary tensors) and
 # minilm, each with the model alone at its batch limit and the GPU's busy share, at the server's
-# default cuda_graphs (auto: on for mlp); mlp JSON and minilm again at POINT_FRONTENDS front ends
-# with a CUDA launch and wait at the server's 100 us switch interval, not 5 (*-long-launch;
-# app/process.py; the eager points mlp-json-eager and mlp-binary32-eager run when named in
-# CURVES, docs/cuda-graphs.md); minilm's N=8 point with its (rows, length) CUDA graphs
-# (minilm-graphs, --cuda-graphs true) and again with the device process under py-spy
-# (minilm-profile); these single points read the model alone from their workload's curve.
-# From the H200's times a point (2026-11-27: a curve's model alone ~5 s, a server's start ~9 s,
-# minilm's ~15, a point ~5) about 7 minutes with the install;
-# not yet timed as one call.
+# default cuda_graphs (auto: on for both; docs/cuda-graphs.md). Times on an H100 (2026-11-28,
+# from its files' times): the install and tests about 1 minute, mlp-json 2, mlp-binary32 1,
+# minilm 2 when eager (its graphs' capture at each of its five starts is not yet timed).
 #
-# Three diagnostics run only when CURVES names them, in a second call at once (the machine stays
-# warm 30 s): "device" (about 3 minutes), the device process alone (bench.device on mlp, eager
-# and with CUDA graphs, and on minilm's items: its ceiling and CPU a request without HTTP, and
-# which thread holds the GIL, printed by bench.gil_share; on mlp with 32 synthetic front ends,
-# its event loop's CPU a message by step, bench/steps.py; and bench.gil_switch on mlp and
-# minilm: a batch's time next to a thread that holds the GIL, by switch interval, and where it
-# let the GIL go, eager and as graphs); "switch" (about 1.5 minutes), mlp JSON and minilm at
-# POINT_FRONTENDS front ends with the device process's GIL switch interval at the server's (100
-# us, 5 while a device thread launches and waits: app/process.py) and at 20 throughout
-# (bench/switch.py; at 100 throughout: the first call's *-long-launch points); "c1" (about 1
-# minute), at c=1 this build against
-# the first GPU run's (bench/ab.sh, both up at once), with one process and with its default
-# front ends (C1_FRONTENDS). With PROFILE=1 py-spy also records the device process at each
-# point of the first curve. Profiles go to $OUT/profiles.tgz (py-spy slows what it records: one
-# process at c=256 read 3.8 k req/s profiled). Needs .carry/ from `python -m bench.carry` (made
-# here, named in the device call's carry). A cold start of the machine takes about a minute
-# more.
-#   1:  OUT=$OUT bash bench/gpu.sh                                   (~7 minutes)
-#   2:  TESTS= CURVES="device switch" OUT=$OUT bash bench/gpu.sh     (~4.5 minutes)
+# Single points at POINT_FRONTENDS front ends, run only when CURVES names them (their model
+# alone is their workload's curve's): mlp-json-long-launch and minilm-long-launch (a CUDA
+# launch and wait at the server's 100 us switch interval, not 5: app/process.py),
+# mlp-json-eager, mlp-binary32-eager and minilm-eager (--cuda-graphs false), minilm-profile
+# (the device process under py-spy); about a minute each. And three diagnostics: "device"
+# (about 3 minutes), the device process alone (bench.device on mlp, eager and with CUDA graphs,
+# and on minilm's items: its ceiling and CPU a request without HTTP, and which thread holds
+# the GIL, printed by bench.gil_share; on mlp with 32 synthetic front ends, its event loop's
+# CPU a message by step, bench/steps.py; and bench.gil_switch on mlp and minilm: a batch's
+# time next to a thread that holds the GIL, by switch interval, and where it let the GIL go,
+# eager and as graphs); "switch" (about 1.5 minutes), mlp JSON and minilm at POINT_FRONTENDS
+# front ends with the device process's GIL switch interval at the server's (100 us, 5 while a
+# device thread launches and waits) and at 20 throughout (bench/switch.py); "c1" (about 1
+# minute), at c=1 this build against the first GPU run's (bench/ab.sh, both up at once), with
+# one process and with its default front ends (C1_FRONTENDS). With PROFILE=1 py-spy also
+# records the device process at each point of the first curve. Profiles go to
+# $OUT/profiles.tgz, the results to $OUT/results.tgz (py-spy slows what it records: one process
+# at c=256 read 3.8 k req/s profiled). Needs .carry/ from `python -m bench.carry` (made here,
+# named in the device call's carry). A cold start of the machine takes about a minute more.
+#   1:  OUT=$OUT bash bench/gpu.sh                                        (~6-7 minutes)
+#   2:  TESTS= CURVES="minilm-eager c1 device" OUT=$OUT bash bench/gpu.sh  (~5 minutes)
 # What ran before a timeout stays in $OUT/gpu.log. The tests are the modules with CUDA tests
 # and the API's predict path (TESTS="tests/unit tests/api": all of them, ~2 minutes).
 #
@@ -52,7 +48,7 @@ tests/unit/test_runtime.py \
 tests/unit/test_repository.py tests/unit/test_devices.py tests/api/test_predict.py}  # empty: none
 DEVICE_INSTANCES=${DEVICE_INSTANCES:-1 32}  # items a request in the device curve's runs
 PROFILE=${PROFILE:-0}  # 1: py-spy on the device process at each point of the mlp-json curve
-CURVES=${CURVES:-mlp-json mlp-binary32 mlp-json-long-launch minilm minilm-long-launch minilm-graphs minilm-profile}
+CURVES=${CURVES:-mlp-json mlp-binary32 minilm}
 POINT_FRONTENDS=${POINT_FRONTENDS:-8}  # front ends of the single points (the curves' best N)
 C1_FRONTENDS=${C1_FRONTENDS:-1 auto}  # this build's front ends in the c=1 comparison
 GRAPH_INSTANCES=${GRAPH_INSTANCES:-32}  # the device process alone with CUDA graphs: items a request
@@ -140,7 +136,7 @@ device_alone() {  # bench.device on mlp (x1, x32) and on minilm's items, with GI
 switch_sweep() {  # the device process's GIL switch interval (bench/switch.py), one run a point
   [[ " $CURVES " == *" switch "* ]] || return 0
   # the server's (100 us, a launch and wait at 5), then 20 us throughout (launches at 100 too:
-  # the first call's *-long-launch points)
+  # the *-long-launch points)
   for at in "mlp 256 100 5" "mlp 256 20 20" "minilm 128 100 5" "minilm 128 20 20"; do
     read -r workload batch us launch <<< "$at"
     run_frontends "$workload, N=$POINT_FRONTENDS, c=256: switch $us us, launch $launch us" \
@@ -199,9 +195,9 @@ main() {
   curve minilm 170 --workload minilm --max-batch-size 128 --concurrency 256
   point minilm-long-launch 100 --workload minilm --max-batch-size 128 --concurrency 256 \
     --launch-switch-us 100
-  # its (rows, length) CUDA graphs, opt-in until measured (app/text_graphs.py)
-  point minilm-graphs 100 --workload minilm --max-batch-size 128 --concurrency 256 \
-    --cuda-graphs true
+  # without its (rows, length) CUDA graphs (app/text_graphs.py)
+  point minilm-eager 100 --workload minilm --max-batch-size 128 --concurrency 256 \
+    --cuda-graphs false
   # where the device process's time goes with the real encoder (the GIL's holders, py-spy)
   point minilm-profile 60 --workload minilm --max-batch-size 128 --concurrency 256 \
     --profile "$OUT/profiles"

@@ -210,21 +210,18 @@ def test_a_forward_that_gives_no_tensor_a_row_is_refused() -> None:
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("graphs", [True, "auto"])
-def test_minilm_on_cuda_as_graphs_when_asked_matches_eager(
+def test_minilm_on_cuda_as_graphs_matches_eager(
         graphs: bool | str, caplog: pytest.LogCaptureFixture) -> None:
     """MiniLM's (rows, length) graphs give the eager forward's embeddings, for batches of
-    several lengths; under the default (auto) it runs eagerly, saying why at info level."""
+    several lengths, asked for and under the default (auto)."""
     from app.models.minilm import MiniLMHandler
 
     handler = MiniLMHandler()
     device = torch.device("cuda", 0)
     with caplog.at_level(logging.INFO, logger="batchserve.warmup"):
         warm = warm_replica(handler, device, 16, DeviceExecutor(device), graphs=graphs)
-    if graphs == "auto":
-        assert not isinstance(warm.replica, TextGraphedReplica)
-        assert "text model's graphs are taken only with cuda_graphs = true" in caplog.text
-        return
     assert isinstance(warm.replica, TextGraphedReplica)
+    assert "captured as CUDA graphs" in caplog.text
     texts = ["Hi.", "A man is eating food.", "Dynamic batching " * 12]
     items = handler.decode(texts)
     results, _ = DeviceExecutor(device).launch(handler, warm.replica, items).wait()
