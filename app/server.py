@@ -1,7 +1,7 @@
 """``batchserve serve``: uvicorn around the app, with a drain phase for load balancers.
 
 One process (``--frontends 1``), or a device process with N front-end processes on one
-listening socket (docs/frontends.md): ``serve`` picks, ``run_frontend`` is a front end's.
+listening address (docs/frontends.md): ``serve`` picks, ``run_frontend`` is a front end's.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from app.frontend.app import create_frontend_app
 from app.frontend.remote import RemoteService
 from app.grpc.listener import GrpcListener, reserved
 from app.grpc.listener import address as grpc_address
+from app.listening import for_frontends, listening_socket, url_of
 from app.logs import configure_logging
 from app.main import create_app
 from app.process import freeze_startup_objects, tune_for_serving
@@ -162,14 +163,14 @@ def serve(settings: Settings, fd: int | None = None) -> int:
     count = frontend_count(settings.frontends)
     if count > 1:
         return _serve_split(settings, count, fd)
-    listener = _listener(settings, fd)
+    listener = listening_socket(settings.host, settings.port, fd, group=False)
     with reserved(settings.host, settings.grpc_port):
         app = create_app(settings)
         service = app.state.service
         grpc = GrpcListener(settings, service, lambda: httpx.ASGITransport(app=app)) \
             if settings.grpc_port else None
         server = DrainingServer(_config(settings, app), service, _drain_limit_s(settings), grpc)
-        log.info("listening on %s%s", _address(listener), _grpc_text(settings))
+        log.info("listening on %s%s", url_of(listener), _grpc_text(settings))
         server.run(sockets=[listener])
         return 0 if server.started and not server.fatal else 1
 
@@ -196,65 +197,34 @@ def _drain_limit_s(settings: Settings) -> float:
 
 
 def _serve_split(settings: Settings, count: int, fd: int | None) -> int:
-    """The device process: binds (or inherits) the listening socket, serves the whole app on
-    a private Unix socket, and runs ``count`` front ends on the listening socket."""
-    listener = _listener(settings, fd)
+    """The device process: binds (or inherits) the listening socket, and one more for each
+    other front end beside it where it can (app/listening.py), serves the whole app on a
+    private Unix socket, and runs ``count`` front ends, one on each listening socket."""
+    listener = listening_socket(settings.host, settings.port, fd, group=True)
+    listeners = for_frontends(listener, count)
     private = tempfile.mkdtemp(prefix="batchserve-")
     device_socket = f"{private}/device.sock"
     try:
         with reserved(settings.host, settings.grpc_port):
             app = create_app(settings, behind_frontends=True)
             service = app.state.service
-            frontends = Frontends(settings, count, listener, device_socket, Bridge(service))
+            frontends = Frontends(settings, listeners, device_socket, Bridge(service))
             server = DeviceServer(_config(settings, app, uds=device_socket), service,
                                   _drain_limit_s(settings), frontends)
-            log.info("listening on %s%s with %d front ends", _address(listener),
+            log.info("listening on %s%s with %d front ends", url_of(listener),
                      _grpc_text(settings), count)
             server.run()
             return 0 if server.started and not server.fatal else 1
     finally:
-        listener.close()
+        for sock in set(listeners):
+            sock.close()
         shutil.rmtree(private, ignore_errors=True)
-
-
-def _address(listener: socket.socket) -> str:
-    host, port = listener.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _grpc_text(settings: Settings) -> str:
     if not settings.grpc_port:
         return ""
     return f" and grpc://{grpc_address(settings.host, settings.grpc_port)}"
-
-
-def _listener(settings: Settings, fd: int | None) -> socket.socket:
-    """The listening socket: inherited (``fd``) or bound here, not by uvicorn, so that a port in
-    use is one line and exit 2. An inherited socket is wrapped with its real family (uvicorn's
-    own --fd assumes AF_UNIX, which leaves TCP_NODELAY off and costs ~40 ms per small response
-    to delayed ACKs). ConfigError for an fd that is not a listening socket."""
-    if fd is None:
-        return _listen(settings.host, settings.port)
-    try:
-        listener = socket.socket(fileno=fd)
-        listening = listener.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
-    except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise ConfigError(f"fd {fd}: {reason}; pass a listening socket's descriptor") from None
-    if not listening:
-        listener.detach()  # the caller's descriptor, left open as it was
-        raise ConfigError(f"fd {fd} is a socket that is not listening")
-    return listener
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    """The listening socket, bound once here for every front end; ConfigError if it cannot be."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        return socket.create_server((host, port), family=family, backlog=2048)
-    except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise ConfigError(f"cannot listen on {host}:{port}: {reason}") from None
 
 
 def run_frontend(settings: Settings, listener: socket.socket, link: socket.socket,

@@ -1,8 +1,9 @@
 """The device process's front ends: start N, replace one that dies, stop them all on drain.
 
-Each front end is ``python -m app.frontend.entry`` with the listening socket and one end of a
-socketpair (its link, served by ``Bridge``) inherited, and the settings pickled on its standard
-input. Runs on the device process's event loop.
+Each front end is ``python -m app.frontend.entry`` with its listening socket (app/listening.py;
+a replacement gets its predecessor's) and one end of a socketpair (its link, served by
+``Bridge``) inherited, and the settings pickled on its standard input. Runs on the device
+process's event loop.
 """
 
 from __future__ import annotations
@@ -44,11 +45,10 @@ def frontend_count(setting: int | str, cores: int | None = None) -> int:
 
 
 class Frontends:
-    def __init__(self, settings: Settings, count: int, listener: socket.socket,
+    def __init__(self, settings: Settings, listeners: list[socket.socket],
                  device_socket: str, bridge: Bridge) -> None:
         self.settings = settings
-        self.count = count
-        self.listener = listener
+        self.listeners = listeners  # one a front end, by index
         self.device_socket = device_socket
         self.bridge = bridge
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
@@ -56,7 +56,7 @@ class Frontends:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
-        for index in range(self.count):
+        for index in range(len(self.listeners)):
             self._spawn(index)
 
     @property
@@ -83,11 +83,12 @@ class Frontends:
 
     def _spawn(self, index: int) -> None:
         ours, theirs = socket.socketpair()
+        listen_fd = self.listeners[index].fileno()
         process = subprocess.Popen(
             [sys.executable, "-m", "app.frontend.entry",
-             "--listen-fd", str(self.listener.fileno()), "--link-fd", str(theirs.fileno()),
+             "--listen-fd", str(listen_fd), "--link-fd", str(theirs.fileno()),
              "--device-socket", self.device_socket],
-            stdin=subprocess.PIPE, pass_fds=(self.listener.fileno(), theirs.fileno()))
+            stdin=subprocess.PIPE, pass_fds=(listen_fd, theirs.fileno()))
         theirs.close()
         assert process.stdin is not None
         process.stdin.write(pickle.dumps(self.settings))

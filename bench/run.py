@@ -205,6 +205,8 @@ def listening(cmd: list[str], ready_path: str, env: dict[str, str],
 
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # as the server's own: its front ends each get a socket beside it (app/listening.py)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(1024)
     port = sock.getsockname()[1]

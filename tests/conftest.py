@@ -115,10 +115,13 @@ async def app_client(
             yield client
 
 
-def free_socket() -> socket.socket:
-    """A listening TCP socket on 127.0.0.1, port chosen by the kernel."""
+def free_socket(reuse_port: bool = False) -> socket.socket:
+    """A listening TCP socket on 127.0.0.1, port chosen by the kernel; with ``reuse_port`` in
+    a SO_REUSEPORT group, as the server binds its own for several front ends."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(2048)  # uvicorn's own default backlog
     return sock
@@ -188,12 +191,13 @@ def live_server(settings: Settings, handler: ModelHandler | None = None,
 @contextmanager
 def serve(
     *args: str, env: dict[str, str] | None = None, stderr: int | None = None,
-    wrap: tuple[str, ...] = (),
+    wrap: tuple[str, ...] = (), reuse_port: bool = False,
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """``python -m app serve`` as a real process on an inherited socket bound to a free
-    loopback port (started through ``wrap``, a command such as strace, if given). On exit
-    whatever is left of it is killed: its own process group, so a wrapped server goes too."""
-    sock = free_socket()
+    loopback port (``reuse_port``: see ``free_socket``), started through ``wrap`` (a command
+    such as strace) if given. On exit whatever is left of it is killed: its own process group,
+    so a wrapped server goes too."""
+    sock = free_socket(reuse_port)
     port = sock.getsockname()[1]
     proc = subprocess.Popen(
         [*wrap, sys.executable, "-m", "app", "serve", "--fd", str(sock.fileno()), *args],
@@ -222,11 +226,13 @@ def metric(url: str, name: str, **labels: str) -> float:
 
 
 @contextmanager
-def split_server(*args: str, env: dict[str, str] | None = None, stderr: int | None = None
-                 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def split_server(*args: str, env: dict[str, str] | None = None, stderr: int | None = None,
+                 shared: bool = False) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """``serve`` with two front ends (``args`` should say ``--frontends 2``), both linked to
-    the device process and ready."""
-    with serve(*args, env=env, stderr=stderr) as (proc, url):
+    the device process and ready: each on its own socket of a SO_REUSEPORT group, as when
+    the server binds its address itself, or with ``shared`` both on the one inherited
+    socket (app/listening.py)."""
+    with serve(*args, env=env, stderr=stderr, reuse_port=not shared) as (proc, url):
         wait_ready(url)
         wait_until_sync(lambda: metric(url, "batchserve_frontends_connected") == 2,
                         "two front ends linked")

@@ -1,7 +1,7 @@
 """The gRPC listener of one serving process, started and stopped with its HTTP server.
 
 Every process that serves HTTP inference (the single process, or each front end) serves gRPC
-too, on ``grpc_port`` of the same host. Front ends share the port as they share the HTTP socket:
+too, on ``grpc_port`` of the same host. Front ends share its port as they share the HTTP one:
 each binds it with ``SO_REUSEPORT`` and the kernel spreads connections among them, while the
 parent holds a bound (not listening) socket on it for the server's life, so the port stays the
 server's while a front end is replaced (``reserved``).

@@ -26,7 +26,8 @@ LAYERS = [
     ["app.runtime"],
     ["app.api", "app.grpc", "app.jobs", "app.snapshot"],
     ["app.main", "app.check", "app.bridge", "app.frontend"],
-    ["app.server", "app.supervisor", "app.frontend.entry", "app.connection", "app.cli",
+    ["app.server", "app.supervisor", "app.listening", "app.frontend.entry", "app.connection",
+     "app.cli",
      "app.__main__", "app"],
 ]
 
