@@ -8,7 +8,8 @@ GPU's busy share where the devices are CUDA, where a request's time went in the 
 /metrics), and the CPU a request of the front ends together (``fe us``; with N=1 the one
 process) and of the device process (``dev us``): which side bounds a curve that stops rising;
 and the requests a message from the front ends carried (``req/msg``), which sets most of what
-a request costs the device process. ``--offline`` adds the model called in-process at the max
+a request costs the device process; and the least and most busy front end's cores (``fe
+cores``: uneven when the connections are). ``--offline`` adds the model called in-process at the max
 batch (bench.run's ceiling) for the ratios.
 
     python -m bench.frontends --workload linear --frontends 1,2 --concurrency 64
@@ -79,6 +80,9 @@ class Point:
     # Requests a message from the front ends to the device process carried (what sets most of
     # a request's cost there: docs/frontends.md); 0 with one process.
     per_message: float = 0.0
+    # The least and the most busy front end, in cores: an uneven spread of the connections
+    # shows as one near 1.0 while another idles (docs/frontends.md, "Listening sockets").
+    frontend_cores: tuple[float, float] = (0.0, 0.0)
 
 
 STAGES = ("batchserve_batch_size", "batchserve_request_duration_seconds",
@@ -193,6 +197,7 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
                     env=env)
             totals0 = stage_totals(url)
             pids = tree(pid)
+            each0 = [tree_cpu([f]) for f in pids[1:]]
             cpu0, t0, loop0, dev0 = (tree_cpu(pids), time.monotonic(), cpu_seconds(pid, pid),
                                      cpu_seconds(pid))
             with SmSampler(args.devices) as sm, profiled(args.profile, pid, args.seconds,
@@ -201,6 +206,8 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
                             env=env)
             cpu1, t1, loop1, dev1 = (tree_cpu(pids), time.monotonic(), cpu_seconds(pid, pid),
                                      cpu_seconds(pid))
+            each = [(tree_cpu([f]) - c0) / (t1 - t0) for f, c0 in zip(pids[1:], each0,
+                                                                        strict=True)] or [0.0]
             batch, server_s, queue_s, batch_s, per_message = means(totals0, stage_totals(url))
             per_message = per_message if frontends > 1 else 0.0  # one process: no messages
             req_s = answered_s(r)
@@ -212,7 +219,8 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
                           batch, (cpu1 - cpu0) / (t1 - t0),
                           (loop1 - loop0) * per_request, sm.mean,
                           server_s * 1e3, queue_s * 1e3, batch_s * 1e3,
-                          (cpu1 - cpu0) * per_request - device_us, device_us, per_message)
+                          (cpu1 - cpu0) * per_request - device_us, device_us, per_message,
+                          (min(each), max(each)))
             print(row(point), flush=True)
             points.append(point)
     return points
@@ -220,7 +228,8 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
 
 HEAD = (f"{'front ends':>10}{'conc':>6}{'req/s':>10}{'items/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
         f"{'errors':>8}{'batch':>7}{'cores':>7}{'loop us':>8}{'GPU busy':>9}"
-        f"{'srv ms':>8}{'queue ms':>9}{'batch ms':>9}{'fe us':>7}{'dev us':>7}{'req/msg':>8}")
+        f"{'srv ms':>8}{'queue ms':>9}{'batch ms':>9}{'fe us':>7}{'dev us':>7}{'req/msg':>8}"
+        f"{'fe cores':>11}")
 
 
 def row(p: Point) -> str:
@@ -230,7 +239,9 @@ def row(p: Point) -> str:
             f"{p.server_cpu:>7.2f}{p.device_loop_us:>8.1f}{sm}"
             f"{p.server_ms:>8.2f}{p.queue_ms:>9.2f}{p.batch_ms:>9.2f}"
             f"{p.frontend_us:>7.0f}{p.device_us:>7.0f}"
-            + (f"{p.per_message:>8.1f}" if p.per_message else f"{'-':>8}"))
+            + (f"{p.per_message:>8.1f}" if p.per_message else f"{'-':>8}")
+            + (f"{p.frontend_cores[0]:>6.2f}-{p.frontend_cores[1]:.2f}" if p.per_message
+               else f"{'-':>11}"))
 
 
 def main(argv: list[str] | None = None) -> int:
