@@ -194,7 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_setting_flags(p_serve, skip=JOB_SETTINGS)
     p_serve.add_argument(
         "--fd", type=int, default=None,
-        help="serve on an inherited, already bound socket (file descriptor) instead of host:port",
+        help="serve on an inherited, already bound socket (file descriptor) instead of "
+             "host:port; several front ends each get a socket beside it if it was bound with "
+             "SO_REUSEPORT, else share it (docs/frontends.md)",
     )
     p_serve.set_defaults(func=serve)
     p_worker = sub.add_parser(
