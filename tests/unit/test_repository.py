@@ -239,12 +239,13 @@ async def test_two_models_on_one_gpu_and_unload_frees_its_memory(tmp_path: Path,
                                                                   graphs: str) -> None:
     """mlp (~76 MB of float32 weights) and linear share one GPU's device thread; unloading mlp
     gives its memory back (torch.cuda.memory_allocated), load after load, with its CUDA graphs
-    too. cuBLAS keeps a workspace for each (thread, stream) and kind of product it has run
-    (torch frees them only when the process ends): mlp's first batches make one that linear's
-    did not (on an H100, 2026-11-28: before 34.6 MB, loaded 110.4 MB, the weights' 75.8 MB
-    exactly, after the unload 69.2 MB, 33 MiB more, and no CUDA tensor left alive). So
-    ``before`` is taken after a first load, batches and unload, and every load after must give
-    all of its memory back; earlier tests' garbage is collected first."""
+    too. mlp's first load and batches leave 33 MiB for good with no CUDA tensor alive (on an
+    H100, 2026-11-28: before 34.6 MB, loaded 110.4 MB, the weights' 75.8 MB exactly, after the
+    unload 69.2 MB): a cuBLAS workspace, which torch keeps for each stream it has run a product
+    on (a probe there: 32.3 MiB for a product on a new stream, kept after the stream is gone,
+    freed only by torch._C._cuda_clearCublasWorkspaces). So ``before`` is taken after a first
+    load, batches and unload, and every load after must give all of its memory back; earlier
+    tests' garbage is collected first."""
     write_config(tmp_path, "mlp", f'model = "mlp"\ncuda_graphs = {graphs}\n')
     write_config(tmp_path, "lin", 'model = "linear"\n')
 
