@@ -7,6 +7,8 @@ message that is safe to show a client.
 
 from __future__ import annotations
 
+import os
+
 
 class BatchServeError(Exception):
     """Base of every error batchserve raises on purpose; ``message`` is one readable line."""
@@ -18,6 +20,11 @@ class BatchServeError(Exception):
 
 class ConfigError(BatchServeError):
     """Settings that cannot work together, or a config file that cannot be read."""
+
+
+def os_reason(exc: OSError) -> str:
+    """An OS error in words for a ConfigError's line: "Address already in use", not its repr."""
+    return os.strerror(exc.errno) if exc.errno else str(exc)
 
 
 class ModelLoadError(BatchServeError):

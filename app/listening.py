@@ -13,10 +13,9 @@ over its predecessor's, with the connections waiting in it.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 
-from app.errors import ConfigError
+from app.errors import ConfigError, os_reason
 
 log = logging.getLogger("batchserve")
 
@@ -35,7 +34,7 @@ def listening_socket(host: str, port: int, fd: int | None, group: bool) -> socke
         sock = socket.socket(fileno=fd)
         listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
     except OSError as exc:
-        raise ConfigError(f"fd {fd}: {_reason(exc)}; pass a listening socket's descriptor"
+        raise ConfigError(f"fd {fd}: {os_reason(exc)}; pass a listening socket's descriptor"
                           ) from None
     if not listening:
         sock.detach()  # the caller's descriptor, left open as it was
@@ -64,7 +63,7 @@ def for_frontends(sock: socket.socket, count: int) -> list[socket.socket]:
         for sibling in siblings:
             sibling.close()
         log.info("the front ends share one listening socket (another could not be bound "
-                 "beside it: %s)", _reason(exc))
+                 "beside it: %s)", os_reason(exc))
         return [sock] * count
     return [sock, *siblings]
 
@@ -85,8 +84,4 @@ def _listen(host: str, port: int, group: bool) -> socket.socket:
         return socket.create_server((host, port), family=family, backlog=BACKLOG,
                                     reuse_port=group)
     except OSError as exc:
-        raise ConfigError(f"cannot listen on {host}:{port}: {_reason(exc)}") from None
-
-
-def _reason(exc: OSError) -> str:
-    return os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ConfigError(f"cannot listen on {host}:{port}: {os_reason(exc)}") from None

@@ -23,7 +23,6 @@ whose tensor travels as binary data (Triton's binary tensor extension).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -109,12 +108,15 @@ def tree(pid: int) -> list[int]:
     return [pid, *(int(c) for c in children)]
 
 
-def tree_cpu(pids: list[int]) -> float:
-    total = 0.0
+def per_process_cpu(pids: list[int]) -> list[float]:
+    """Each process's CPU seconds so far (0 for one that has gone)."""
+    seconds = []
     for pid in pids:
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            total += cpu_seconds(pid)
-    return total
+        try:
+            seconds.append(cpu_seconds(pid))
+        except (FileNotFoundError, ProcessLookupError):
+            seconds.append(0.0)
+    return seconds
 
 
 @contextmanager
@@ -196,18 +198,16 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
             run_wrk(url, path_file, c, args.warmup_s, path, threads=min(c, args.threads),
                     env=env)
             totals0 = stage_totals(url)
-            pids = tree(pid)
-            each0 = [tree_cpu([f]) for f in pids[1:]]
-            cpu0, t0, loop0, dev0 = (tree_cpu(pids), time.monotonic(), cpu_seconds(pid, pid),
-                                     cpu_seconds(pid))
+            pids = tree(pid)  # the device process, then the front ends
+            each0, t0, loop0 = per_process_cpu(pids), time.monotonic(), cpu_seconds(pid, pid)
             with SmSampler(args.devices) as sm, profiled(args.profile, pid, args.seconds,
                                                          f"device-{args.workload}-n{frontends}-c{c}"):
                 r = run_wrk(url, path_file, c, args.seconds, path, threads=min(c, args.threads),
                             env=env)
-            cpu1, t1, loop1, dev1 = (tree_cpu(pids), time.monotonic(), cpu_seconds(pid, pid),
-                                     cpu_seconds(pid))
-            each = [(tree_cpu([f]) - c0) / (t1 - t0) for f, c0 in zip(pids[1:], each0,
-                                                                        strict=True)] or [0.0]
+            each1, t1, loop1 = per_process_cpu(pids), time.monotonic(), cpu_seconds(pid, pid)
+            cpu0, cpu1, dev0, dev1 = sum(each0), sum(each1), each0[0], each1[0]
+            each = [(c1 - c0) / (t1 - t0) for c0, c1 in zip(each0[1:], each1[1:],
+                                                             strict=True)] or [0.0]
             batch, server_s, queue_s, batch_s, per_message = means(totals0, stage_totals(url))
             per_message = per_message if frontends > 1 else 0.0  # one process: no messages
             req_s = answered_s(r)

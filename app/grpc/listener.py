@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2
 
 from app.api.inference import Serving
 from app.config import Settings
-from app.errors import ConfigError
+from app.errors import ConfigError, os_reason
 from app.grpc.calls import method_table
 from app.grpc.control import Control
 from app.grpc.healthcheck import HEALTH, HealthServicer
@@ -58,8 +58,8 @@ def _bind(host: str, port: int, shared: bool) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise ConfigError(f"cannot listen on {address(host, port)} for gRPC: {reason}") from None
+        raise ConfigError(f"cannot listen on {address(host, port)} for gRPC: "
+                          f"{os_reason(exc)}") from None
     return sock
 
 

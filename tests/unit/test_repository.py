@@ -249,7 +249,7 @@ async def test_two_models_on_one_gpu_and_unload_frees_its_memory(tmp_path: Path,
     write_config(tmp_path, "mlp", f'model = "mlp"\ncuda_graphs = {graphs}\n')
     write_config(tmp_path, "lin", 'model = "linear"\n')
 
-    async def load_serve_unload() -> int:
+    async def load_serve_unload(service: InferenceService) -> int:
         """mlp loaded, serving beside linear, unloaded: the memory it held while loaded."""
         await service.repository.load("mlp")
         loaded = torch.cuda.memory_allocated()
@@ -266,10 +266,10 @@ async def test_two_models_on_one_gpu_and_unload_frees_its_memory(tmp_path: Path,
                        load_model=["lin"]) as service:
         assert len(service.workers) == 1
         assert await call(service, "lin", [[1.0, 2, 3, 4]])
-        await load_serve_unload()
+        await load_serve_unload(service)
         before = torch.cuda.memory_allocated()
         for _ in range(2):
-            loaded = await load_serve_unload()
+            loaded = await load_serve_unload(service)
             assert loaded - before > 50 * 2**20
             assert torch.cuda.memory_allocated() - before < 2**20, (before, loaded,
                                                                      cuda_tensors())
