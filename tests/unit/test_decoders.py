@@ -109,25 +109,39 @@ def test_dense_instances_agree_with_the_json_path(body: bytes) -> None:
     instances = general_path(body, max_instances=4)
     assert instances is not None and len(instances) == len(dense)
     for row, instance in zip(dense, instances, strict=True):
-        assert row.dtype == np.float64 and row.shape == (3,)
+        assert row.dtype == np.float32 and row.shape == (3,) and np.isfinite(row).all()
         assert type(instance) is list and not any(type(v) is bool for v in instance)
-        assert np.array_equal(row, np.asarray(instance, dtype=np.float64))
+        assert np.array_equal(row, np.asarray(instance, dtype=np.float64).astype(np.float32))
 
 
 @pytest.mark.parametrize("instances", [
     [[1, 2.5, -3e2]],
-    [[0, -0.0, 1e-300], [4, 5, 6], [7, 8, 9], [1e308, 2, 9223372036854775808]],
+    [[0, -0.0, 1e-300], [4, 5, 6], [7, 8, 9], [3.4e38, -3.4e38, 9223372036854775808]],
 ])
 def test_dense_instances_take_flat_numbers(instances: list[Any]) -> None:
     for body in (dumps({"instances": instances}), dumps({"x": {"y": 1}, "instances": instances})):
         dense = dense_instances(body, 3, max_instances=4)
         assert dense is not None
-        assert np.array_equal(np.stack(dense), np.asarray(instances, dtype=np.float64))
+        assert np.array_equal(np.stack(dense), np.asarray(instances, dtype=np.float32))
+
+
+def test_a_tensor_model_takes_dense_rows_as_they_are(linear: TensorHandler) -> None:
+    """They are float32 and checked already; the general path gives the same rows."""
+    instances = [[float(i) * 0.37 - 50 for i in range(100)], [1e-30] * 100]
+    wide = TensorHandler("wide", lambda d: None, (100,))  # type: ignore[arg-type,return-value]
+    dense = dense_instances(dumps({"instances": instances}), 100, max_instances=4)
+    assert dense is not None
+    assert wide.decode(dense) is dense
+    assert np.array_equal(np.stack(dense), np.stack(wide.decode(instances)))
+    # Rows of another width are no tensor model's to take as they are: decoded as numbers.
+    with pytest.raises(InvalidInput, match=r"^instances\[0\]"):
+        linear.decode(dense)
 
 
 @pytest.mark.parametrize("body", [
     b'{"instances": [[1, 2, 3]]} x', b'{"instances": [[1, 2, 3],]}', b'{"instances": []}',
     b'{"instances": [[1, 2, NaN]]}', b'{"instances": [[1, 2, 1e400]]}',
+    b'{"instances": [[1, 2, 1e39]]}', b'{"instances": [[-3.5e38, 2, 3]]}',  # past float32
     b'{"instances": [[1, 2, true]]}', b'{"instances": [[1, 2, null]]}',
     b'{"instances": [[1, 2, "3"]]}', b'{"instances": [[1, 2, {}]]}',
     b'{"instances": [[1, 2]]}', b'{"instances": [1, 2, 3]}', b'[[1, 2, 3]]',
