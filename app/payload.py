@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
@@ -22,11 +21,6 @@ def parse_json(body: bytes) -> Any:
 
 
 F32_MAX = float(np.finfo(np.float32).max)
-# A parser kept for bodies up to this size (a thread's own: it holds one document at a time);
-# a new one costs a third of a 512-number body's parse. Larger bodies get their own, so no
-# parser keeps a large body's buffers.
-_KEPT_PARSER_BYTES = 64 * 1024
-_parsers = threading.local()
 
 
 class DenseRows(list[np.ndarray]):
@@ -37,22 +31,23 @@ class DenseRows(list[np.ndarray]):
 def dense_instances(body: bytes, width: int, max_instances: int) -> DenseRows | None:
     """The instances of ``{"instances": [...]}`` when every one is a flat array of ``width``
     numbers that float32 holds: float32 rows of one array, which simdjson parses from the body
-    straight into a buffer, building no Python number. Against ``parse_json`` and a numpy
-    conversion that is 1.6 x faster for one 512-number instance and 2-3 x for larger bodies
-    (docs/benchmarks.md, "Tried and measured, not kept").
+    straight into a buffer, building no Python number, and a tensor model's decode takes as
+    they are. Against ``parse_json`` and the model's decode that is 2.2 x faster for one
+    512-number instance and 3.5 x for larger bodies (docs/benchmarks.md, "Body parsing").
 
     None for anything else (other JSON, other lengths, other values, numbers past float32's
     range, no instances, more than ``max_instances``): ``parse_json`` and ``instances_of`` then
-    take the body and the model's decode names what is wrong. The numbers are never visited one by one: the body holds no ``[`` but the list's and
-    the rows', each row is an array of ``width`` elements, so none of them is an array, and
-    ``as_buffer`` refuses any that is not a number. (Where a body repeats the key
-    "instances", simdjson reads the first and orjson the last; RFC 8259 leaves that open.)"""
+    take the body, and the model's decode names what is wrong. The numbers are never visited
+    one by one: the body holds no ``[`` but the list's and the rows', each row is an array of
+    ``width`` elements, so none of them is an array, and ``as_buffer`` refuses any that is not
+    a number. (Where a body repeats the key "instances", simdjson reads the first and orjson
+    the last; RFC 8259 leaves that open.)"""
     if body.startswith(b"\xef\xbb\xbf"):  # simdjson skips a byte order mark; JSON has none
         return None
     if may_hold_booleans(body):  # simdjson reads true and false as 1 and 0: not numbers here
         return None
     try:
-        document = _parser(len(body)).parse(body)
+        document = simdjson.Parser().parse(body)
         if not isinstance(document, simdjson.Object):
             return None
         instances = document.get("instances")
@@ -66,20 +61,10 @@ def dense_instances(body: bytes, width: int, max_instances: int) -> DenseRows | 
                 return None
         flat = np.frombuffer(instances.as_buffer(of_type="d"), dtype=np.float64)
     except (ValueError, TypeError, RuntimeError):  # not JSON, not a number, too big an integer
-        return None  # (or a kept parser whose last document lives on: never here, but safe)
+        return None
     if not np.abs(flat).max() <= F32_MAX:
         return None
     return DenseRows(flat.astype(np.float32).reshape(n, width))
-
-
-def _parser(size: int) -> simdjson.Parser:
-    """This thread's kept parser for a body of ``size`` bytes, or a new one for a large body."""
-    if size > _KEPT_PARSER_BYTES:
-        return simdjson.Parser()
-    parser = getattr(_parsers, "parser", None)
-    if parser is None:
-        parser = _parsers.parser = simdjson.Parser()
-    return parser
 
 
 def may_hold_booleans(body: bytes) -> bool:

@@ -2,9 +2,10 @@
 
 ``general``: ``parse_json`` (orjson) and ``instances_of``, then the tensor handler's ``decode``
 (one numpy conversion of the Python numbers). ``dense``: ``dense_instances`` (simdjson straight
-into a float64 array), then the same ``decode``. Bodies hold flat instances of random numbers
-with four decimals, as ``python -m bench --workload mlp`` sends; calls alternate, and the
-medians are printed per shape, with each path's answer checked against the other's.
+into an array, float32 rows), then the same ``decode``, which takes them as they are. Bodies
+hold flat instances of random numbers with four decimals, as ``python -m bench --workload mlp``
+sends; calls alternate, and the medians are printed per shape, with each path's answer checked
+against the other's.
 
     python -m bench.parse [--calls N]
 """
