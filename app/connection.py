@@ -103,6 +103,10 @@ class OneWriteProtocol(HttpToolsProtocol):
 
     read_timeout_s: float | None = None
     _read_timer: asyncio.TimerHandle | None = None
+    # What is being read and since when (the loop's time): the connection till its first
+    # request begins ({}), then each request's scope till it is whole; None between requests
+    # (uvicorn's keep-alive timer bounds those).
+    _reading: tuple[float, Any] | None = None
     _in_head = True  # what arrives now is a request's line and headers
     _head_bytes = 0  # received since the last request's headers were whole
     # The body of a request whose Upgrade (h2c) is declined, read here (app/framing.py):
@@ -111,12 +115,20 @@ class OneWriteProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
-        self._start_read_timer({})  # a connection that never sends a request is cut off too
+        self._reading = (self.loop.time(), {})
+        self._arm_read_timer()  # a connection that never sends a request is cut off too
 
     def data_received(self, data: bytes) -> None:
+        """Reads ``data``; a request still incomplete after it gets its read timer now, not at
+        its start: most arrive whole in one read and never need one."""
         if self._declined is not None:  # a declined upgrade's body, after its headers
             self._read_declined(data)
-            return
+        else:
+            self._read(data)
+        if self._read_timer is None and self._reading is not None:
+            self._arm_read_timer()
+
+    def _read(self, data: bytes) -> None:
         counted = self._in_head
         if counted:
             self._head_bytes += len(data)
@@ -165,13 +177,16 @@ class OneWriteProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._start_read_timer(self.scope)
-
-    def _start_read_timer(self, scope: Any) -> None:
         self._cancel_read_timer()
-        if self.read_timeout_s is not None:
-            self._read_timer = self.loop.call_later(self.read_timeout_s, self._read_timed_out,
-                                                    scope)
+        self._reading = (self.loop.time(), self.scope)
+
+    def _arm_read_timer(self) -> None:
+        """Time what is being read (``_reading``) from when it began."""
+        if (self.read_timeout_s is not None and self._reading is not None
+                and not self.transport.is_closing()):
+            since, scope = self._reading
+            self._read_timer = self.loop.call_at(since + self.read_timeout_s,
+                                                 self._read_timed_out, scope)
 
     def on_headers_complete(self) -> None:
         self._in_head, self._head_bytes = False, 0
@@ -188,6 +203,7 @@ class OneWriteProtocol(HttpToolsProtocol):
         if self._declined is not None:  # llhttp ends a request that asks to upgrade here: its
             return  # body, read by _read_declined, is still to come
         self._cancel_read_timer()
+        self._reading = None
         self._in_head = True  # a next request's head may follow
         super().on_message_complete()
 

@@ -182,6 +182,53 @@ async def test_a_request_that_does_not_arrive_in_time_gets_408_and_is_closed(
         assert seen == ["http.disconnect"] and protocol.scope[READ_TIMED_OUT]
 
 
+class TimerCount:
+    """A loop that counts the timers set on it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.set = 0
+
+    def call_later(self, *args: Any) -> asyncio.TimerHandle:
+        self.set += 1
+        return self.loop.call_later(*args)
+
+    def call_at(self, *args: Any) -> asyncio.TimerHandle:
+        self.set += 1
+        return self.loop.call_at(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loop, name)
+
+
+async def test_a_request_read_whole_at_once_is_never_timed() -> None:
+    """Most requests arrive in one read: the connection's timer stops at their first byte and
+    none is set for them."""
+    protocol, transport = connect(protocol_for(5.0), answer, b"")
+    assert protocol._read_timer is not None  # the connection's, till a request begins
+    protocol.loop = timers = TimerCount(protocol.loop)
+    protocol.data_received(POST)
+    assert protocol._read_timer is None and timers.set == 0
+    await wait_until(lambda: protocol.cycle.response_complete, "the response")
+    assert transport.writes[0].startswith(b"HTTP/1.1 200 OK")
+
+
+async def test_a_request_in_pieces_is_timed_from_its_first_byte() -> None:
+    """Its bound is not moved by what comes later: a client trickling bytes is cut off at the
+    same moment as one that stalls."""
+    loop = asyncio.get_running_loop()
+    protocol, _ = connect(protocol_for(5.0), answer, b"")
+    started = loop.time()
+    protocol.data_received(POST[:10])
+    timer = protocol._read_timer
+    assert timer is not None and started + 5.0 <= timer.when() <= loop.time() + 5.0
+    await asyncio.sleep(0.01)
+    protocol.data_received(POST[10:20])
+    assert protocol._read_timer is timer and not timer.cancelled()
+    protocol.data_received(POST[20:])
+    assert timer.cancelled() and protocol._read_timer is None
+
+
 async def test_a_request_that_arrives_in_time_is_not_cut_off_while_the_app_works() -> None:
     async def slow(scope: Any, receive: Any, send: Any) -> None:
         await asyncio.sleep(0.15)  # longer than the read bound: the app's time does not count
