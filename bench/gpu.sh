@@ -168,6 +168,9 @@ main() {
     --format=csv
   "$PY" -c 'import os, sys, torch; print(sys.version.split()[0], "torch", torch.__version__,
     "cuda", torch.cuda.is_available(), "cores", os.cpu_count())'
+  # whether the cores are physical or hyperthreads: a front end's CPU a request depends on it
+  command -v lscpu >/dev/null && lscpu | grep -E \
+    '^(Model name|CPU\(s\)|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|NUMA node\(s\)):'
 
   if [ -n "$TESTS" ]; then
     echo "== tests: $TESTS (devices auto: CUDA where present)"
