@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import socket
-import tempfile
 import time
 import types
 from typing import Any, Protocol
@@ -28,7 +26,13 @@ from app.frontend.app import create_frontend_app
 from app.frontend.remote import RemoteService
 from app.grpc.listener import GrpcListener, reserved
 from app.grpc.listener import address as grpc_address
-from app.listening import for_frontends, listening_socket, url_of
+from app.listening import (
+    for_frontends,
+    listening_socket,
+    private_socket,
+    unix_address,
+    url_of,
+)
 from app.logs import configure_logging
 from app.main import create_app
 from app.process import freeze_startup_objects, tune_for_serving
@@ -175,7 +179,7 @@ def serve(settings: Settings, fd: int | None = None) -> int:
         return 0 if server.started and not server.fatal else 1
 
 
-def _config(settings: Settings, app: Any, **where: Any) -> uvicorn.Config:
+def _config(settings: Settings, app: Any) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=settings.host,
@@ -188,7 +192,6 @@ def _config(settings: Settings, app: Any, **where: Any) -> uvicorn.Config:
         limit_concurrency=settings.max_connections,
         access_log=False,  # app.api.access logs each request, with its request id
         timeout_graceful_shutdown=int(_drain_limit_s(settings)),
-        **where,
     )
 
 
@@ -202,23 +205,20 @@ def _serve_split(settings: Settings, count: int, fd: int | None) -> int:
     private Unix socket, and runs ``count`` front ends, one on each listening socket."""
     listener = listening_socket(settings.host, settings.port, fd, group=True)
     listeners = for_frontends(listener, count)
-    private = tempfile.mkdtemp(prefix="batchserve-")
-    device_socket = f"{private}/device.sock"
     try:
-        with reserved(settings.host, settings.grpc_port):
+        with reserved(settings.host, settings.grpc_port), private_socket() as (private, address):
             app = create_app(settings, behind_frontends=True)
             service = app.state.service
-            frontends = Frontends(settings, listeners, device_socket, Bridge(service))
-            server = DeviceServer(_config(settings, app, uds=device_socket), service,
-                                  _drain_limit_s(settings), frontends)
+            frontends = Frontends(settings, listeners, address, Bridge(service))
+            server = DeviceServer(_config(settings, app), service, _drain_limit_s(settings),
+                                  frontends)
             log.info("listening on %s%s with %d front ends", url_of(listener),
                      _grpc_text(settings), count)
-            server.run()
+            server.run(sockets=[private])
             return 0 if server.started and not server.fatal else 1
     finally:
         for sock in set(listeners):
             sock.close()
-        shutil.rmtree(private, ignore_errors=True)
 
 
 def _grpc_text(settings: Settings) -> str:
@@ -234,6 +234,7 @@ def run_frontend(settings: Settings, listener: socket.socket, link: socket.socke
     tune_for_serving()
     torch.set_num_threads(1)  # decoding only: the device process computes
     service = RemoteService(settings)
+    device_socket = unix_address(device_socket)
     app = create_frontend_app(service, link, device_socket)
     grpc = GrpcListener(settings, service, lambda: httpx.AsyncHTTPTransport(uds=device_socket),
                       service.link.sync) if settings.grpc_port else None
