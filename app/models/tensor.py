@@ -12,8 +12,7 @@ import torch
 from app.arrays import join_rows, stack_rows
 from app.errors import InvalidInput
 from app.models.base import ModelHandler, Replica, Tensors
-from app.payload import F32_MAX as _F32_MAX
-from app.payload import DenseRows
+from app.payload import F32_MAX, DenseRows
 
 Shape = tuple[int, ...]
 SMALL_REQUEST_VALUES = 64  # requests with at most this many numbers take the plain-Python check
@@ -22,7 +21,7 @@ SMALL_REQUEST_VALUES = 64  # requests with at most this many numbers take the pl
 def _number_array_schema(shape: Shape | None) -> dict[str, Any]:
     if shape is None:
         return {"description": "a number or a nested list of numbers (any shape)"}
-    schema: dict[str, Any] = {"type": "number", "minimum": -_F32_MAX, "maximum": _F32_MAX}
+    schema: dict[str, Any] = {"type": "number", "minimum": -F32_MAX, "maximum": F32_MAX}
     for dim in reversed(shape):
         schema = {"type": "array", "items": schema, "minItems": dim, "maxItems": dim}
     return schema
@@ -108,7 +107,7 @@ class TensorHandler(ModelHandler):
             if type(row) is not list or len(row) != width:
                 return None
             for v in row:  # bools are not numbers here; NaN fails the range check
-                if (type(v) is not float and type(v) is not int) or not -_F32_MAX <= v <= _F32_MAX:
+                if (type(v) is not float and type(v) is not int) or not -F32_MAX <= v <= F32_MAX:
                     return None
         return [np.array(row, dtype=np.float32) for row in instances]
 
@@ -125,7 +124,7 @@ class TensorHandler(ModelHandler):
             return None
         # Integers always fit float32's range; floats must be finite and within it (NaN fails
         # the comparison). A bad value sends the request item by item, which names it.
-        if kind == "f" and arr.size and not np.abs(arr).max() <= _F32_MAX:
+        if kind == "f" and arr.size and not np.abs(arr).max() <= F32_MAX:
             return None
         return list(arr.astype(np.float32, copy=False))
 
