@@ -3,11 +3,8 @@
 # CUDA present, then the front-end curve (docs/frontends.md): N = 1, 2, 4, 8, 14 front ends at
 # c=256 on mlp (1 JSON instance a request; 32 instances as v2 binary tensors) and
 # minilm, each with the model alone at its batch limit and the GPU's busy share, at the server's
-# default cuda_graphs (auto: on for both; docs/cuda-graphs.md). Times on an H100 (2026-11-28,
-# from its files' times): the install and tests 64 s, mlp-json 120 (with c=1 points, now in
-# "c1"), mlp-binary32 98, minilm 136 when eager; its graphs' capture adds about 10 s to each of
-# its five starts (a single point took about 49 s, its call's 72 s less the tests, against 39
-# eager): about 7.3 minutes in all, not yet timed as one.
+# default cuda_graphs (auto: on for both; docs/cuda-graphs.md). The whole took 374 s on an
+# H200 (2026-11-28, the machine's start not counted; its tests 38 s).
 #
 # Single points at POINT_FRONTENDS front ends, run only when CURVES names them (their model
 # alone is their workload's curve's): mlp-json-long-launch and minilm-long-launch (a CUDA
@@ -28,7 +25,7 @@
 # $OUT/profiles.tgz, the results to $OUT/results.tgz (py-spy slows what it records: one process
 # at c=256 read 3.8 k req/s profiled). Needs .carry/ from `python -m bench.carry` (made here,
 # named in the device call's carry). A cold start of the machine takes about a minute more.
-#   1:  OUT=$OUT bash bench/gpu.sh                                        (~7.3 minutes)
+#   1:  OUT=$OUT bash bench/gpu.sh                                        (~6.5 minutes)
 #   2:  TESTS= CURVES="minilm-eager c1 device" OUT=$OUT bash bench/gpu.sh  (~5 minutes)
 # What ran before a timeout stays in $OUT/gpu.log. The tests are the modules with CUDA tests
 # and the API's predict path (TESTS="tests/unit tests/api": all of them, ~2 minutes).
