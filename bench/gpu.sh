@@ -16,9 +16,11 @@
 # the GIL, printed by bench.gil_share; on mlp with 32 synthetic front ends, its event loop's
 # CPU a message by step, bench/steps.py; and bench.gil_switch on mlp and minilm: a batch's
 # time next to a thread that holds the GIL, by switch interval, and where it let the GIL go,
-# eager and as graphs); "switch" (about 1.5 minutes), mlp JSON and minilm at POINT_FRONTENDS
+# eager and as graphs); "switch" (about 3 minutes), mlp JSON and minilm at POINT_FRONTENDS
 # front ends with the device process's GIL switch interval at the server's (100 us, 5 while a
-# device thread launches and waits) and at 20 throughout (bench/switch.py); "c1" (about 1
+# device thread launches and waits) and at 100 throughout (bench/switch.py), alternating, two
+# rounds (the device loop's CPU a message that no step accounts for, 85.8 us on the H200
+# against 22.5 on the CPU box, may be GIL hand-offs at 5 us); "c1" (about 1
 # minute), at c=1 this build against the first GPU run's (bench/ab.sh, both up at once), with
 # one process and with its default front ends (C1_FRONTENDS). With PROFILE=1 py-spy also
 # records the device process at each point of the first curve. Profiles go to
@@ -132,16 +134,18 @@ device_alone() {  # bench.device on mlp (x1, x32) and on minilm's items, with GI
   fi
 }
 
-switch_sweep() {  # the device process's GIL switch interval (bench/switch.py), one run a point
+switch_sweep() {  # the device process's GIL switch interval (bench/switch.py): an A/B
   [[ " $CURVES " == *" switch "* ]] || return 0
-  # the server's (100 us, a launch and wait at 5), then 20 us throughout (launches at 100 too:
-  # the *-long-launch points)
-  for at in "mlp 256 100 5" "mlp 256 20 20" "minilm 128 100 5" "minilm 128 20 20"; do
-    read -r workload batch us launch <<< "$at"
-    run_frontends "$workload, N=$POINT_FRONTENDS, c=256: switch $us us, launch $launch us" \
-      60 --frontends "$POINT_FRONTENDS" --workload "$workload" \
-      --max-batch-size "$batch" --concurrency 256 --switch-interval-us "$us" \
-      --launch-switch-us "$launch" --out "$OUT/switch-$workload-$us-$launch.json"
+  # the server's (100 us, a launch and wait at 5) against 100 throughout (no shorter launch),
+  # alternating, two rounds
+  for round in 1 2; do
+    for at in "mlp 256 100 5" "mlp 256 100 100" "minilm 128 100 5" "minilm 128 100 100"; do
+      read -r workload batch us launch <<< "$at"
+      run_frontends "$workload, N=$POINT_FRONTENDS, c=256: switch $us us, launch $launch us" \
+        60 --frontends "$POINT_FRONTENDS" --workload "$workload" \
+        --max-batch-size "$batch" --concurrency 256 --switch-interval-us "$us" \
+        --launch-switch-us "$launch" --out "$OUT/switch-$workload-$us-$launch-$round.json"
+    done
   done
 }
 
