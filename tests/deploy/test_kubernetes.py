@@ -26,7 +26,16 @@ import yaml
 
 from app.cli import _settings, build_parser
 from app.config import Settings
-from tests.conftest import WAIT_S, app_client, make_settings, queued, serve, wait_ready, wait_until
+from tests.conftest import (
+    WAIT_S,
+    app_client,
+    free_port,
+    make_settings,
+    queued,
+    serve,
+    wait_ready,
+    wait_until,
+)
 from tests.deploy import custom_resources
 from tests.fakes import GatedHandler, SlowLoadHandler
 
@@ -264,6 +273,8 @@ def test_the_server_writes_only_where_the_pod_lets_it(tmp_path: Path) -> None:
 
     env = {name: local(value) for name, value in environment(docs, spec).items()}
     env.update(TMPDIR=writable, PYTHONDONTWRITEBYTECODE="1")  # the image has its .pyc files
+    # The pod's gRPC listener is a fixed port on every address; here a free loopback one.
+    env.update(BATCHSERVE_HOST="127.0.0.1", BATCHSERVE_GRPC_PORT=str(free_port()))
     traces = tmp_path / "strace"
     traces.mkdir()
     wrap = (strace, "-qq", "-f", "-ff", "--seccomp-bpf", "-o", str(traces / "t"),
