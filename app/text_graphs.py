@@ -43,12 +43,9 @@ TextRecord = Callable[[Replica, dict[str, torch.dtype], list[Key], torch.device]
 
 
 def lengths(longest: int) -> list[int]:
-    """The lengths captured: powers of two from MIN_LENGTH below ``longest``, and ``longest``."""
-    found, n = [], MIN_LENGTH
-    while n < longest:
-        found.append(n)
-        n *= 2
-    return [*found, longest]
+    """The lengths captured: as ``buckets`` from MIN_LENGTH (powers of two, halfway sizes from
+    FINE_FROM), and ``longest``."""
+    return buckets(longest, MIN_LENGTH) if longest > MIN_LENGTH else [longest]
 
 
 @dataclass(eq=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -126,6 +127,7 @@ def graphed(handler: ModelHandler, replica: Replica, executor: DeviceExecutor, l
             log.info("model %s on %s: cuda_graphs applies to CUDA devices only", name, device)
         return replica
     text = bool(items) and handler.length(items[0]) is not None
+    started = time.perf_counter()
     try:
         # On the loader's own stream, as its other work: cuBLAS keeps a workspace for each
         # (thread, stream) it meets, which a default-stream matmul here would leave behind.
@@ -142,8 +144,9 @@ def graphed(handler: ModelHandler, replica: Replica, executor: DeviceExecutor, l
         return replica
     lengths = (f" of lengths {', '.join(map(str, result.lengths))}"
                if isinstance(result, TextGraphedReplica) else "")
-    log.info("model %s on %s: forward captured as CUDA graphs for batches of %s%s", name,
-             device, ", ".join(map(str, result.sizes)), lengths)
+    log.info("model %s on %s: forward captured as CUDA graphs for batches of %s%s in %.1f s",
+             name, device, ", ".join(map(str, result.sizes)), lengths,
+             time.perf_counter() - started)
     if result.sizes[-1] < limit:
         log.log(refused, "model %s on %s: batches above %d run without CUDA graphs: a larger "
                 "one's ran out of device memory", name, device, result.sizes[-1])

@@ -67,11 +67,22 @@ def eager(replica: Replica, data: list[np.ndarray]) -> np.ndarray:
         return replica(torch.from_numpy(np.stack(data))).numpy()
 
 
-def test_buckets_are_powers_of_two_then_the_limit() -> None:
+# A graph's rows against the eager forward at the batch's own size: CPU kernels differ by batch
+# size in the last bits (1.5e-6 relative on an AMD EPYC); a row from another batch differs by
+# far more.
+SAME = {"rtol": 1e-5, "atol": 1e-6}
+
+
+def test_buckets_are_powers_of_two_with_halfway_sizes_from_16_then_the_limit() -> None:
     assert buckets(1) == [1]
     assert buckets(2) == [1, 2]
-    assert buckets(48) == [1, 2, 4, 8, 16, 32, 48]
-    assert buckets(256) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert buckets(16) == [1, 2, 4, 8, 16]
+    assert buckets(40) == [1, 2, 4, 8, 16, 24, 32, 40]
+    assert buckets(48) == [1, 2, 4, 8, 16, 24, 32, 48]
+    assert buckets(256) == [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256]
+    assert buckets(256, 16) == [16, 24, 32, 48, 64, 96, 128, 192, 256]
+    sizes = buckets(4096)  # past 16 rows no batch is padded by more than half
+    assert all(b <= 1.5 * n for n in range(17, 4097) for b in [min(s for s in sizes if s >= n)])
 
 
 def test_fill_rows_writes_rows_and_chunks_in_order() -> None:
@@ -101,7 +112,7 @@ def test_a_batch_through_its_bucket_matches_the_eager_forward(n: int) -> None:
     results, seconds = launch.wait()
     assert not buffers.busy and launch.graph is None  # released once
     assert seconds >= 0
-    np.testing.assert_allclose(np.stack(results), eager(plain, data), rtol=1e-6)
+    np.testing.assert_allclose(np.stack(results), eager(plain, data), **SAME)
 
 
 def test_chunks_among_rows_come_back_a_row_each() -> None:
@@ -110,7 +121,7 @@ def test_chunks_among_rows_come_back_a_row_each() -> None:
     data = rows(5, seed=3)
     items = [data[0], np.stack(data[1:4]), data[4]]  # a request's rows queued as one chunk
     results, _ = DeviceExecutor(CPU).launch(handler, replica, items, rows=5).wait()
-    np.testing.assert_allclose(np.stack(results), eager(plain, data), rtol=1e-6)
+    np.testing.assert_allclose(np.stack(results), eager(plain, data), **SAME)
 
 
 def test_with_both_buffers_in_flight_a_third_batch_runs_eagerly() -> None:
@@ -121,7 +132,7 @@ def test_with_both_buffers_in_flight_a_third_batch_runs_eagerly() -> None:
     launches = [executor.launch(handler, replica, data) for data in batches]
     assert [launch.graph is not None for launch in launches] == [True, True, False]
     for data, launch in zip(batches, launches, strict=True):
-        np.testing.assert_allclose(np.stack(launch.wait()[0]), eager(plain, data), rtol=1e-6)
+        np.testing.assert_allclose(np.stack(launch.wait()[0]), eager(plain, data), **SAME)
     assert replica.take(1) is not None  # every pair free again
 
 
@@ -133,7 +144,7 @@ def test_a_smaller_batch_after_a_larger_one_gets_only_its_own_rows() -> None:
         data = rows(n, seed=100 + n)
         results = executor.launch(handler, replica, data).wait()[0]
         assert len(results) == n
-        np.testing.assert_allclose(np.stack(results), eager(plain, data), rtol=1e-6)
+        np.testing.assert_allclose(np.stack(results), eager(plain, data), **SAME)
 
 
 class Double(torch.nn.Module):
@@ -159,7 +170,7 @@ def test_a_batch_larger_than_every_graph_runs_eagerly() -> None:
     data = rows(6)
     launch = DeviceExecutor(CPU).launch(handler, replica, data)
     assert launch.graph is None
-    np.testing.assert_allclose(np.stack(launch.wait()[0]), eager(plain, data), rtol=1e-6)
+    np.testing.assert_allclose(np.stack(launch.wait()[0]), eager(plain, data), **SAME)
 
 
 def test_the_buffers_are_free_again_when_the_split_fails() -> None:
@@ -216,7 +227,7 @@ def test_graphs_that_run_out_of_memory_stop_at_a_smaller_batch() -> None:
         data = rows(n, seed=n)
         launch = executor.launch(handler, replica, data)
         assert (launch.graph is not None) is graphed_batch
-        np.testing.assert_allclose(np.stack(launch.wait()[0]), eager(plain, data), rtol=1e-6)
+        np.testing.assert_allclose(np.stack(launch.wait()[0]), eager(plain, data), **SAME)
 
     def fits_none(replica: Replica, device_in: torch.Tensor,
                   sizes: list[int]) -> dict[int, Recorded]:

@@ -126,8 +126,9 @@ def eager(handler: Tokens, items: list[np.ndarray]) -> np.ndarray:
         return np.stack([replica(handler.collate([item]))[0].numpy() for item in items])
 
 
-def test_lengths_are_powers_of_two_from_16_then_the_longest() -> None:
-    assert lengths(256) == [16, 32, 64, 128, 256]
+def test_lengths_are_the_buckets_from_16_then_the_longest() -> None:
+    assert lengths(256) == [16, 24, 32, 48, 64, 96, 128, 192, 256]
+    assert lengths(40) == [16, 24, 32, 40]
     assert lengths(20) == [16, 20]
     assert lengths(16) == [16]
     assert lengths(8) == [8]
@@ -143,8 +144,8 @@ def test_a_batch_is_text_when_it_holds_integer_tensors_of_one_shape() -> None:
 
 def test_each_rows_and_length_bucket_is_captured() -> None:
     replica = graphed(Tokens())
-    assert replica.sizes == buckets(8) and replica.lengths == [16, 32]
-    assert replica.bucket(3, 17) == (4, 32)
+    assert replica.sizes == buckets(8) and replica.lengths == [16, 24, 32]
+    assert replica.bucket(3, 17) == (4, 24) and replica.bucket(3, 25) == (4, 32)
     assert replica.bucket(1, 1) == (1, 16)
     assert replica.bucket(9, 5) is None and replica.bucket(2, 33) is None
 
@@ -243,7 +244,7 @@ def test_minilm_qualifies_and_its_padding_changes_nothing() -> None:
     with torch.inference_mode():
         graphs = capture_text(handler, replica, CPU, 4, handler.decode(handler.examples()),
                               record_text_eager)
-    assert graphs.sizes == [1, 2, 4] and graphs.lengths == [16, 32, 64, 128, 256]
+    assert graphs.sizes == [1, 2, 4] and graphs.lengths == lengths(256)
     items = handler.decode(["Hi.", "A man is eating food.", "Dynamic batching " * 12])
     results, _ = DeviceExecutor(CPU).launch(handler, graphs, items).wait()
     with torch.inference_mode():
