@@ -14,14 +14,18 @@ working tree it receives may hold 64 MiB. So this writes, here:
   ``bench`` compares the server with the same weights on the CPU;
 - ``.carry/bin/wrk`` and the LuaJIT library it links;
 - ``.carry/first-gpu-build.tar.gz``: the server as the first GPU run measured it (one process,
-  before the front ends), which ``bench/gpu.sh`` runs beside this build at c=1.
+  before the front ends), which ``bench/gpu.sh`` runs beside this build at c=1;
+- ``.carry/base-build.tar.gz``, with ``--base COMMIT``: that commit's server, which
+  ``bench/gpu.sh``'s ``ab`` runs in turn with this build.
 
-``bench/gpu.sh`` installs and uses them there. Usage: ``python -m bench.carry``; it fails if
-``.carry/`` and the tracked files come to more than the 64 MiB the device call carries.
+``bench/gpu.sh`` installs and uses them there. Usage: ``python -m bench.carry [--base COMMIT]``;
+it fails if ``.carry/`` and the tracked files come to more than the 64 MiB the device call
+carries.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata as metadata
 import lzma
 import shutil
@@ -123,7 +127,19 @@ def wrk(bin_dir: Path, lib_dir: Path) -> None:
             shutil.copy(line.split("=>")[1].split()[0], lib_dir / LUAJIT)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", metavar="COMMIT", default=None,
+                        help="also pack this commit's server as .carry/base-build.tar.gz, for "
+                             "bench/gpu.sh's ab: the GPU's A/B of it against this build")
+    args = parser.parse_args(argv)
+    base = None
+    if args.base is not None:
+        found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", args.base + "^{commit}"],
+                               capture_output=True, text=True)
+        if found.returncode:
+            parser.error(f"--base {args.base}: no such commit here")
+        base = found.stdout.strip()
     shutil.rmtree(OUT, ignore_errors=True)
     for sub in ("whl", "site", "bin", "lib"):
         (OUT / sub).mkdir(parents=True)
@@ -134,11 +150,16 @@ def main() -> int:
     wrk(OUT / "bin", OUT / "lib")
     subprocess.run(["git", "archive", "--format=tar.gz", "-o", str(OUT / "first-gpu-build.tar.gz"),
                     FIRST_GPU_BUILD, "app", "config"], check=True)
+    if base is not None:
+        subprocess.run(["git", "archive", "--format=tar.gz", "-o", str(OUT / "base-build.tar.gz"),
+                        base, "app", "config"], check=True)
+        (OUT / "base-build.commit").write_text(base + "\n")
     size = sum(f.stat().st_size for f in OUT.rglob("*") if f.is_file())
     tracked = subprocess.run(["git", "ls-files", "-z"], capture_output=True, check=True).stdout
     tree = sum(Path(name).stat().st_size for name in tracked.decode().split("\0")
                if name and Path(name).is_file())
-    print(f"bench.carry: {len(requirements)} wheels, MiniLM in float16, wrk, {FIRST_GPU_BUILD}: "
+    print(f"bench.carry: {len(requirements)} wheels, MiniLM in float16, wrk, {FIRST_GPU_BUILD}"
+          f"{f', base {base[:10]}' if base else ''}: "
           f"{size / 2**20:.1f} MiB in {OUT}/, {tree / 2**20:.1f} MiB of tracked files")
     if size + tree > LIMIT_MIB * 2**20:
         print(f"bench.carry: more than the {LIMIT_MIB} MiB a device call carries", file=sys.stderr)

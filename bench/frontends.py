@@ -11,7 +11,8 @@ and the requests a message from the front ends carried (``req/msg``), which sets
 a request costs the device process; and the least and most busy front end's cores (``fe
 cores``: uneven when the connections are). ``--offline`` adds the model called in-process at
 the max batch (bench.run's ceiling), before the curve and after it, and the ratios against the
-higher reading.
+higher reading. ``--base DIR`` runs each point on that checkout too, in turn with this build,
+and gives this build's ratio to it (an A/B on a lent GPU: bench.carry --base packs the base).
 
     python -m bench.frontends --workload linear --frontends 1,2 --concurrency 64
     python -m bench.frontends --workload mlp --instances 32 --binary --devices cuda \\
@@ -83,6 +84,7 @@ class Point:
     # The least and the most busy front end, in cores: an uneven spread of the connections
     # shows as one near 1.0 while another idles (docs/frontends.md, "Listening sockets").
     frontend_cores: tuple[float, float] = (0.0, 0.0)
+    build: str = "this"  # or "base": the checkout of --base
 
 
 STAGES = ("batchserve_batch_size", "batchserve_request_duration_seconds",
@@ -178,7 +180,9 @@ def wait_for_frontends(url: str, count: int, timeout_s: float = 120) -> None:
     raise SystemExit(f"bench: {count} front ends did not connect")
 
 
-def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point]:
+def measure(args: argparse.Namespace, frontends: int, check: bool,
+            base: Path | None = None) -> list[Point]:
+    """Each concurrency's point at ``frontends``, on this build or the checkout ``base``."""
     flags = [*server_flags(args.workload, args.max_batch_size, args.devices, args.max_wait_ms,
                            args.torch_threads, frontends),
              "--queue-capacity", str(args.queue_capacity)]
@@ -190,7 +194,7 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
     if args.switch_interval_us is not None or args.launch_switch_us is not None:
         launcher = ("-m", "bench.switch", *(str(us) if us is not None else "-" for us in (
             args.switch_interval_us, args.launch_switch_us)))
-    with server_process(flags, launcher=launcher) as (url, pid), body(
+    with server_process(flags, str(base) if base else None, launcher) as (url, pid), body(
             args.workload, args.instances, args.binary) as (path_file, path, env):
         wait_for_frontends(url, frontends)
         if check:
@@ -221,7 +225,7 @@ def measure(args: argparse.Namespace, frontends: int, check: bool) -> list[Point
                           (loop1 - loop0) * per_request, sm.mean,
                           server_s * 1e3, queue_s * 1e3, batch_s * 1e3,
                           (cpu1 - cpu0) * per_request - device_us, device_us, per_message,
-                          (min(each), max(each)))
+                          (min(each), max(each)), "base" if base else "this")
             print(row(point), flush=True)
             points.append(point)
     return points
@@ -235,7 +239,8 @@ HEAD = (f"{'front ends':>10}{'conc':>6}{'req/s':>10}{'items/s':>10}{'p50 ms':>9}
 
 def row(p: Point) -> str:
     sm = f"{p.sm_util:>8.0f}%" if p.sm_util is not None else f"{'-':>9}"
-    return (f"{p.frontends:>10}{p.concurrency:>6}{p.req_s:>10.0f}{p.items_s:>10.0f}"
+    label = f"{p.frontends}{' base' if p.build == 'base' else ''}"
+    return (f"{label:>10}{p.concurrency:>6}{p.req_s:>10.0f}{p.items_s:>10.0f}"
             f"{p.p50_ms:>9.2f}{p.p99_ms:>9.2f}{p.errors:>8}{p.mean_batch:>7.1f}"
             f"{p.server_cpu:>7.2f}{p.device_loop_us:>8.1f}{sm}"
             f"{p.server_ms:>8.2f}{p.queue_ms:>9.2f}{p.batch_ms:>9.2f}"
@@ -251,6 +256,39 @@ def alone(args: argparse.Namespace, when: str) -> float:
     items_s = offline_items_s(args.workload, args.max_batch_size, 3.0, 8, device)
     print(f"offline at batch {args.max_batch_size}, {when}: {items_s:,.0f} items/s", flush=True)
     return items_s
+
+
+def summary(points: list[Point], counts: list[int], concurrency: list[int],
+            offline: float | None) -> None:
+    """Each point's median over the rounds; each N against the first, and with --base this
+    build against the base, as the median of the rounds' ratios."""
+    def at(build: str, n: int, c: int) -> list[Point]:
+        return [q for q in points if (q.build, q.frontends, q.concurrency) == (build, n, c)]
+
+    def ratio(label: str, before: list[Point], after: list[Point]) -> None:
+        ratios = [b.items_s / a.items_s for a, b in zip(before, after, strict=True)]
+        print(f"  {label}: {statistics.median(ratios):.3f} x"
+              + (f" (rounds: {', '.join(f'{r:.3f}' for r in ratios)})" if len(ratios) > 1
+                 else ""))
+
+    builds = sorted({q.build for q in points}, reverse=True)  # this, then base
+    print("medians:")
+    for build in builds:
+        for n in counts:
+            for c in concurrency:
+                mine = at(build, n, c)
+                items_s = statistics.median(q.items_s for q in mine)
+                print(f"  {build} N={n} c={c}: {items_s:,.0f} items/s, p99 "
+                      f"{statistics.median(q.p99_ms for q in mine):.2f} ms"
+                      + (f", {items_s / offline:.3f} x offline" if offline else ""))
+    for n in counts[1:]:
+        for c in concurrency:
+            ratio(f"c={c}: N={n} over N={counts[0]}", at("this", counts[0], c), at("this", n, c))
+    if "base" in builds:
+        for n in counts:
+            for c in concurrency:
+                ratio(f"c={c}, N={n}: this build over the base", at("base", n, c),
+                      at("this", n, c))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,10 +322,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="its interval while a device thread launches and waits for a CUDA "
                         "batch, instead of the server's 5 us (100: none shorter; "
                         "bench/switch.py)")
+    p.add_argument("--base", type=Path, default=None,
+                   help="a checkout to A/B against: each point on it, then on this build, the "
+                        "order turned each round (bench.carry --base packs one for the GPU)")
     p.add_argument("--out", type=Path, default=None, help="write the points here as JSON")
     p.add_argument("--profile", type=Path, default=None,
                    help="record the device process with py-spy at each point, into this folder")
     args = p.parse_args(argv)
+    if args.base is not None and (args.switch_interval_us, args.launch_switch_us) != (None, None):
+        p.error("--base runs the base's own server: not with bench/switch.py's intervals")
+    if args.base is not None and not (args.base / "app" / "__main__.py").is_file():
+        p.error(f"--base {args.base}: no batchserve checkout there (app/__main__.py)")
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     counts = [int(n) for n in args.frontends.split(",")]
     print(f"== {args.workload}, {args.instances} instance(s) a request"
@@ -300,32 +345,18 @@ def main(argv: list[str] | None = None) -> int:
         readings.append(alone(args, "before the curve"))
     print(HEAD, flush=True)
     points: list[Point] = []
+    builds = [args.base, None] if args.base else [None]  # an A/B: the base first, in turn
     for round_ in range(args.rounds):
         for n in counts if round_ % 2 == 0 else counts[::-1]:
-            points.extend(measure(args, n, check=not points))
+            for build in builds if round_ % 2 == 0 else builds[::-1]:
+                points.extend(measure(args, n, check=not points, base=build))
     if args.offline:
         readings.append(alone(args, "after it"))
     # The higher reading: one model-alone figure moved by a third between readings on the
     # H200, and a ratio against the lower would flatter the server.
     offline = max(readings) if readings else None
-    if args.rounds > 1 or len(counts) > 1:
-        print("medians:")
-        for n in counts:
-            for c in args.concurrency:
-                mine = [q for q in points if q.frontends == n and q.concurrency == c]
-                print(f"  N={n} c={c}: {statistics.median(q.items_s for q in mine):,.0f} "
-                      f"items/s, p99 {statistics.median(q.p99_ms for q in mine):.2f} ms"
-                      + (f", {statistics.median(q.items_s for q in mine) / offline:.3f} x "
-                         "offline" if offline else ""))
-        for n in counts[1:]:
-            for c in args.concurrency:
-                ratios = [b.items_s / a.items_s for a, b in zip(
-                    [q for q in points if q.frontends == counts[0] and q.concurrency == c],
-                    [q for q in points if q.frontends == n and q.concurrency == c],
-                    strict=True)]
-                print(f"  c={c}: N={n} over N={counts[0]}: {statistics.median(ratios):.3f} x"
-                      + (f" (rounds: {', '.join(f'{r:.3f}' for r in ratios)})"
-                         if len(ratios) > 1 else ""))
+    if args.rounds > 1 or len(counts) > 1 or args.base:
+        summary(points, counts, args.concurrency, offline)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"settings": vars(args), "offline_items_s": offline,

@@ -20,7 +20,9 @@
 # front ends with the device process's GIL switch interval at the server's (100 us, 5 while a
 # device thread launches and waits) and at 100 throughout (bench/switch.py), alternating, two
 # rounds (the device loop's CPU a message that no step accounts for, 85.8 us on the H200
-# against 22.5 on the CPU box, may be GIL hand-offs at 5 us); "c1" (about 1
+# against 22.5 on the CPU box, may be GIL hand-offs at 5 us); "ab" (about 2 minutes a
+# workload), AB_WORKLOADS at POINT_FRONTENDS front ends, this build and the base that
+# `python -m bench.carry --base COMMIT` packed, in turn, two rounds; "c1" (about 1
 # minute), at c=1 this build against the first GPU run's (bench/ab.sh, both up at once), with
 # one process and with its default front ends (C1_FRONTENDS). With PROFILE=1 py-spy also
 # records the device process at each point of the first curve. Profiles go to
@@ -52,6 +54,7 @@ PROFILE=${PROFILE:-0}  # 1: py-spy on the device process at each point of the ml
 CURVES=${CURVES:-mlp-json mlp-binary32 minilm}
 POINT_FRONTENDS=${POINT_FRONTENDS:-8}  # front ends of the single points (the curves' best N)
 C1_FRONTENDS=${C1_FRONTENDS:-1 auto}  # this build's front ends in the c=1 comparison
+AB_WORKLOADS=${AB_WORKLOADS:-minilm mlp-json}  # ab's: mlp-json, mlp-binary32, minilm
 GRAPH_INSTANCES=${GRAPH_INSTANCES:-32}  # the device process alone with CUDA graphs: items a request
 OUT=${OUT:?OUT: where the logs and results go}
 mkdir -p "$OUT"
@@ -149,6 +152,30 @@ switch_sweep() {  # the device process's GIL switch interval (bench/switch.py): 
   done
 }
 
+ab_compare() {  # this build against the base that bench.carry --base packed, in turn
+  [[ " $CURVES " == *" ab "* ]] || return 0
+  if [ ! -f .carry/base-build.tar.gz ]; then
+    echo "== ab: no .carry/base-build.tar.gz (python -m bench.carry --base COMMIT)"
+    return 0
+  fi
+  rm -rf /tmp/base-build && mkdir /tmp/base-build
+  tar -xzf .carry/base-build.tar.gz -C /tmp/base-build
+  local flags base
+  base=$(cat .carry/base-build.commit)
+  for w in $AB_WORKLOADS; do
+    case $w in
+      mlp-json) flags=(--workload mlp --max-batch-size 256);;
+      mlp-binary32) flags=(--workload mlp --max-batch-size 256 --instances 32 --binary
+                           --queue-capacity 16384);;
+      minilm) flags=(--workload minilm --max-batch-size 128);;
+      *) echo "== ab: no workload $w"; continue;;
+    esac
+    run_frontends "ab: $w, N=$POINT_FRONTENDS, c=256: this build against $base" 240 \
+      --frontends "$POINT_FRONTENDS" --concurrency 256 \
+      --rounds 2 --base /tmp/base-build --out "$OUT/ab-$w.json" "${flags[@]}"
+  done
+}
+
 c1_compare() {  # c=1: the first GPU run's build against this one
   if [[ " $CURVES " == *" c1 "* ]] && [ -f .carry/first-gpu-build.tar.gz ]; then
     rm -rf /tmp/first-gpu-build && mkdir /tmp/first-gpu-build
@@ -208,6 +235,7 @@ main() {
   point minilm-profile 60 --workload minilm --max-batch-size 128 --concurrency 256 \
     --profile "$OUT/profiles"
   switch_sweep
+  ab_compare
   c1_compare
 }
 
