@@ -31,6 +31,8 @@
 # named in the device call's carry). A cold start of the machine takes about a minute more.
 #   1:  OUT=$OUT bash bench/gpu.sh                                        (~6.5 minutes)
 #   2:  TESTS= CURVES="minilm-eager c1 device" OUT=$OUT bash bench/gpu.sh  (~5 minutes)
+#   3:  (here: python -m bench.carry --base COMMIT)
+#       TESTS= CURVES="ab c1" OUT=$OUT bash bench/gpu.sh                  (~5 minutes)
 # What ran before a timeout stays in $OUT/gpu.log. The tests are the modules with CUDA tests
 # and the API's predict path (TESTS="tests/unit tests/api": all of them, ~2 minutes).
 #
