@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +18,7 @@ from app import process
 from app.process import (
     GIL_SWITCH_INTERVAL_S,
     ShortSwitch,
+    freeze_loaded_objects,
     freeze_startup_objects,
     tune_for_serving,
 )
@@ -46,6 +48,40 @@ def test_what_is_alive_at_start_up_leaves_the_collectors_reach() -> None:
     kept = [object() for _ in range(1000)]
     freeze_startup_objects()
     assert gc.get_freeze_count() >= len(kept)
+
+
+@pytest.mark.usefixtures("restored")
+def test_what_a_later_load_leaves_alive_is_frozen_once_start_up_froze() -> None:
+    gc.unfreeze()
+    loaded = [[i] for i in range(1000)]  # lists: objects the collector tracks
+    assert freeze_loaded_objects() == 0 and gc.get_freeze_count() == 0  # tests, tools
+    freeze_startup_objects()
+    at_start = gc.get_freeze_count()
+    assert at_start >= len(loaded)
+    later = [[i] for i in range(1000)]
+    assert freeze_loaded_objects() >= len(later)
+    assert gc.get_freeze_count() >= at_start + len(later)
+
+
+class Node:
+    other: Node | None = None
+
+
+@pytest.mark.usefixtures("restored")
+def test_the_start_up_freeze_collects_garbage_a_load_froze() -> None:
+    gc.unfreeze()
+    freeze_startup_objects()
+    node = Node()
+    node.other = node  # a cycle: only a collection frees it
+    gc.collect(1)
+    gc.collect(1)  # now in the oldest generation, which a load's freeze does not collect
+    gone = weakref.ref(node)
+    del node
+    freeze_loaded_objects()
+    gc.collect()
+    assert gone() is not None  # frozen: out of the collector's reach
+    freeze_startup_objects()
+    assert gone() is None
 
 
 @pytest.mark.skipif(shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2,
