@@ -50,8 +50,9 @@ def freeze_loaded_objects() -> int:
     """In a process that froze its start-up objects: what a model loaded since left alive (its
     replicas, and the libraries its code imported: 213,000 objects for MiniLM loaded into a
     server started on another model) out of the collector's reach too, as at start-up.
-    Otherwise each full collection scans them again, 90 ms here with the GIL held, and under
-    load one comes every few seconds (one in 20 s at 400 requests a second on the CPU box).
+    Otherwise each full collection scans them again, 90-107 ms here with the GIL held, and
+    under load they keep coming (one or two in 20 s at 400 requests a second on the CPU box,
+    more at higher rates: ``python -m bench.gc_pauses``).
     Only the young generations are collected first (under a millisecond; a full collection
     would stall every request in flight): garbage the load left in the old one stays (none
     for MiniLM). Returns how many objects it froze; none where nothing was frozen at start-up
