@@ -39,29 +39,29 @@ def freeze_startup_objects() -> None:
     """Move everything alive once the models are warm (torch, the models, modules: ~200k
     objects) out of the collector's reach, so full collections scan only request garbage; over
     the whole heap each took 70-100 ms, stalling the event loop (docs/benchmarks.md,
-    "Tried and measured, not kept"). What ``freeze_loaded_objects`` froze before is collected
-    with the rest first."""
+    "Tried and measured, not kept"). What was frozen before is collected with the rest first:
+    nothing frozen is garbage."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()
 
 
 def freeze_loaded_objects() -> int:
-    """In a process that froze its start-up objects: what a model loaded since left alive (its
-    replicas, and the libraries its code imported: 213,000 objects for MiniLM loaded into a
-    server started on another model) out of the collector's reach too, as at start-up.
-    Otherwise each full collection scans them again, 90-107 ms here with the GIL held, and
-    under load they keep coming (one or two in 20 s at 400 requests a second on the CPU box,
-    more at higher rates: ``python -m bench.gc_pauses``).
-    Only the young generations are collected first (under a millisecond; a full collection
-    would stall every request in flight): garbage the load left in the old one stays (none
-    for MiniLM). Returns how many objects it froze; none where nothing was frozen at start-up
+    """In a process that froze its start-up objects: the same again once a model is loaded,
+    so what its load left alive (its replicas, and the libraries its code imported: 213,000
+    objects for MiniLM loaded into a server started on another model) is out of the
+    collector's reach too. Otherwise each full collection scans them again, 90-107 ms here
+    with the GIL held, and under load they keep coming (one or two in 20 s at 400 requests a
+    second on the CPU box, more at higher rates: ``python -m bench.gc_pauses``). This one
+    full collection (256 ms there: the whole heap) comes once a load, beside the four or five
+    the load itself sets off; freezing without it would keep whatever garbage the old
+    generation held for good.
+    Returns how many more objects are frozen; none where nothing was frozen at start-up
     (tests, tools)."""
     before = gc.get_freeze_count()
     if not before:
         return 0
-    gc.collect(1)
-    gc.freeze()
+    freeze_startup_objects()
     return gc.get_freeze_count() - before
 
 

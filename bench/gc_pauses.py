@@ -5,8 +5,8 @@
 ``minilm`` is loaded through the repository API once it is ready (``--at-start``: loaded at
 start, with the rest); then wrk sends one sentence a request to ``minilm`` for ``--seconds``,
 and every full (oldest-generation) collection the process ran during that load is printed: its
-milliseconds and what it collected. ``--base DIR`` runs the server of another checkout (a
-``git worktree``): the same measure before a change.
+milliseconds and what it collected (and those while minilm loaded). ``--base DIR`` runs the
+server of another checkout (a ``git worktree``): the same measure before a change.
 
 A process freezes what is alive once it is ready (app/process.py), so full collections scan
 only what came after; a model loaded later brings its own libraries' objects (MiniLM's
@@ -75,9 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         cwd = str(args.base.resolve()) if args.base else None
         with server_process(flags, cwd, ("-c", SERVE)) as (url, _), \
                 body_file([TEXTS[0]]) as body:
+            loading = len(pauses(log))
             if not args.at_start:
                 loaded = httpx.post(url + "/v2/repository/models/embed/load", timeout=300)
                 loaded.raise_for_status()
+            in_load = pauses(log)[loading:]
             run_wrk(url, body, args.concurrency, 2, "/models/embed/predict")  # warm-up
             before = len(pauses(log))
             result = run_wrk(url, body, args.concurrency, args.seconds, "/models/embed/predict")
@@ -87,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{f' ({args.base})' if args.base else ''}: {req_s:,.0f} req/s, p99 "
           f"{result['p99_us'] / 1000:.1f} ms; {len(during)} full collections in "
           f"{args.seconds:.0f} s")
+    if in_load:
+        print(f"  while it loaded: {len(in_load)} full collections, "
+              + ", ".join(f"{ms:.1f}" for ms, _, _ in in_load) + " ms")
     for ms, collected, frozen in during:
         print(f"  {ms:8.2f} ms, {collected:,} collected, {frozen:,} objects frozen")
     if during:

@@ -68,18 +68,31 @@ class Node:
 
 
 @pytest.mark.usefixtures("restored")
-def test_the_start_up_freeze_collects_garbage_a_load_froze() -> None:
+def test_a_load_freezes_no_garbage() -> None:
+    """Garbage already in the oldest generation (which young collections leave) is collected
+    before the freeze, not frozen for good."""
     gc.unfreeze()
     freeze_startup_objects()
     node = Node()
     node.other = node  # a cycle: only a collection frees it
     gc.collect(1)
-    gc.collect(1)  # now in the oldest generation, which a load's freeze does not collect
+    gc.collect(1)  # now in the oldest generation
     gone = weakref.ref(node)
     del node
     freeze_loaded_objects()
+    assert gone() is None
+
+
+@pytest.mark.usefixtures("restored")
+def test_garbage_frozen_before_is_collected_by_the_next_freeze() -> None:
+    gc.unfreeze()
+    node = Node()
+    node.other = node
+    gc.freeze()  # alive when frozen, garbage since
+    gone = weakref.ref(node)
+    del node
     gc.collect()
-    assert gone() is not None  # frozen: out of the collector's reach
+    assert gone() is not None  # out of the collector's reach
     freeze_startup_objects()
     assert gone() is None
 
