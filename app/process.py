@@ -46,23 +46,21 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-def freeze_loaded_objects() -> int:
-    """In a process that froze its start-up objects: the same again once a model is loaded,
-    so what its load left alive (its replicas, and the libraries its code imported: 213,000
-    objects for MiniLM loaded into a server started on another model) is out of the
-    collector's reach too. Otherwise each full collection scans them again, 90-107 ms here
-    with the GIL held, and under load they keep coming (one or two in 20 s at 400 requests a
-    second on the CPU box, more at higher rates: ``python -m bench.gc_pauses``). This one
-    full collection (256 ms there: the whole heap) comes once a load, beside the four or five
-    the load itself sets off; freezing without it would keep whatever garbage the old
-    generation held for good.
-    Returns how many more objects are frozen; none where nothing was frozen at start-up
-    (tests, tools)."""
-    before = gc.get_freeze_count()
-    if not before:
-        return 0
+def refreeze() -> int | None:
+    """In a process that froze its start-up objects, once a model is loaded or unloaded: the
+    same again, so that what a load left alive (its replicas, and the libraries its code
+    imported: 213,000 objects for MiniLM loaded into a server started on another model) is out
+    of the collector's reach too, and what an unload left as garbage is collected. Otherwise
+    each full collection scans a loaded model's objects again, 90-130 ms here with the GIL
+    held, and under load they keep coming (one or two in 20 s at 400 requests a second on the
+    CPU box, more at higher rates: ``python -m bench.gc_pauses``). This one full collection
+    (256 ms there: the whole heap) comes once a change, beside the four or five a load sets off
+    itself. Returns how many objects are frozen; None where nothing was frozen at start-up
+    (tests, tools), which it leaves so."""
+    if not gc.get_freeze_count():
+        return None
     freeze_startup_objects()
-    return gc.get_freeze_count() - before
+    return gc.get_freeze_count()
 
 
 class ShortSwitch:

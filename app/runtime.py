@@ -25,7 +25,7 @@ from app.learning import busy_ratio, export_cost, measure_on
 from app.metrics import Metrics
 from app.models.base import ModelHandler
 from app.models.registry import load_handler
-from app.process import freeze_loaded_objects, usable_cores
+from app.process import refreeze, usable_cores
 from app.repository import ModelRepository
 from app.served import ServedModel
 from app.state import ModelState, ServerState
@@ -218,10 +218,10 @@ class InferenceService:
         attached: asyncio.Future[None] = self._loop.create_future()
         worker.attach(model, warm, _settle(attached))
         await attached
-        frozen = freeze_loaded_objects()
-        if frozen:
-            log.debug("model %s version %s: %d objects of its load frozen", model.name,
-                      model.version, frozen)
+        frozen = refreeze()
+        if frozen is not None:
+            log.debug("model %s version %s: loaded on %s; %d objects frozen", model.name,
+                      model.version, worker.label, frozen)
         self._share_devices(model)
         if model.stranded:
             self._check_stranded()
@@ -254,6 +254,10 @@ class InferenceService:
         await asyncio.gather(*waits)
         model.serve_with([], [])
         self._share_devices()
+        frozen = refreeze()  # what only the model held is garbage now, frozen or not
+        if frozen is not None:
+            log.debug("model %s version %s: unloaded; %d objects frozen", model.name,
+                      model.version, frozen)
 
     # ---- state -----------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from app.links import Inbox
 from app.logs import request_id
 from app.models.base import ModelHandler
 from app.models.registry import load_handler
-from app.process import freeze_loaded_objects, usable_cores
+from app.process import refreeze, usable_cores
 from app.repository import pick
 from app.snapshot import ModelEntry, Snapshot
 from app.tracing import Tracing
@@ -117,9 +117,9 @@ class RemoteRepository:
                 handler = self._handlers[key] = load_handler(entry.spec, entry.name)
             except BatchServeError as exc:
                 log.error("model %s: %s", entry.name, exc.message)
-            frozen = freeze_loaded_objects()
-            if frozen:
-                log.debug("model %s: %d objects of its handler frozen", entry.name, frozen)
+            frozen = refreeze()
+            if frozen is not None:
+                log.debug("model %s: handler built; %d objects frozen", entry.name, frozen)
         return handler
 
 

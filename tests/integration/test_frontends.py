@@ -222,11 +222,12 @@ def test_load_and_unload_through_any_front_end_act_on_the_one_repository(
 
 
 @pytest.mark.parametrize("frontends", [1, 2])
-def test_what_a_load_leaves_alive_is_frozen_in_every_process(tmp_path: Path,
-                                                             frontends: int) -> None:
+def test_each_process_refreezes_its_heap_after_a_load_and_an_unload(tmp_path: Path,
+                                                                   frontends: int) -> None:
     """A model loaded once the server is up leaves its objects out of the collector's reach,
-    as those alive at start-up are (app/process.py): in the device process (or the one
-    process) and in each front end, which builds the model's handler."""
+    as those alive at start-up are (app/process.py), and its unload has its garbage collected:
+    in the device process (or the one process), and in each front end, which builds the
+    model's handler."""
     for name in ("lin", "other"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.toml").write_text('model = "linear"\n')
@@ -234,21 +235,28 @@ def test_what_a_load_leaves_alive_is_frozen_in_every_process(tmp_path: Path,
     args = ("--model-repository", str(tmp_path), "--devices", "cpu", "--model-control-mode",
             "explicit", "--load-model", "lin", "--frontends", str(frontends),
             "--log-level", "debug")
+
+    def lines(pattern: str) -> int:
+        return len(re.findall(pattern, log.read_text()))
+
     with log.open("wb") as out, (split_server if frontends > 1 else serve)(
             *args, stderr=out.fileno()) as (_, url):
         wait_ready(url)
         # every process has frozen its start-up objects (logged as it says it is ready)
-        wait_until_sync(lambda: log.read_text().count(" ready in ") == 1 + (frontends > 1)
-                        * frontends, "each process's start-up freeze")
-        assert "objects of its" not in log.read_text()
+        processes = 1 + (frontends if frontends > 1 else 0)
+        wait_until_sync(lambda: lines(" ready in ") == processes, "each start-up freeze")
+        assert lines(r"objects frozen") == 0  # lin loaded before: nothing to do again
         with httpx.Client(timeout=60) as client:
             assert client.post(url + "/v2/repository/models/other/load").status_code == 200
-        loaded = re.compile(r"model other version 1: \d+ objects of its load frozen")
-        wait_until_sync(lambda: len(loaded.findall(log.read_text())) == 1, "the load's freeze")
+        wait_until_sync(lambda: lines(r"model other version 1: loaded on cpu; \d+ objects "
+                                      "frozen") == 1, "the load's freeze")
         if frontends > 1:
-            built = re.compile(r"model other: \d+ objects of its handler frozen")
-            wait_until_sync(lambda: len(built.findall(log.read_text())) == frontends,
-                            "each front end's freeze")
+            wait_until_sync(lambda: lines(r"model other: handler built; \d+ objects frozen")
+                            == frontends, "each front end's freeze")
+        with httpx.Client(timeout=60) as client:
+            assert client.post(url + "/v2/repository/models/other/unload").status_code == 200
+        wait_until_sync(lambda: lines(r"model other version 1: unloaded; \d+ objects "
+                                      "frozen") == 1, "the unload's freeze")
 
 
 def test_sigterm_answers_everything_accepted_then_exits_0(tmp_path: Path) -> None:

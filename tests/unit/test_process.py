@@ -18,8 +18,8 @@ from app import process
 from app.process import (
     GIL_SWITCH_INTERVAL_S,
     ShortSwitch,
-    freeze_loaded_objects,
     freeze_startup_objects,
+    refreeze,
     tune_for_serving,
 )
 
@@ -54,13 +54,12 @@ def test_what_is_alive_at_start_up_leaves_the_collectors_reach() -> None:
 def test_what_a_later_load_leaves_alive_is_frozen_once_start_up_froze() -> None:
     gc.unfreeze()
     loaded = [[i] for i in range(1000)]  # lists: objects the collector tracks
-    assert freeze_loaded_objects() == 0 and gc.get_freeze_count() == 0  # tests, tools
+    assert refreeze() is None and gc.get_freeze_count() == 0  # tests, tools
     freeze_startup_objects()
     at_start = gc.get_freeze_count()
     assert at_start >= len(loaded)
     later = [[i] for i in range(1000)]
-    assert freeze_loaded_objects() >= len(later)
-    assert gc.get_freeze_count() >= at_start + len(later)
+    assert refreeze() == gc.get_freeze_count() >= at_start + len(later)
 
 
 class Node:
@@ -68,7 +67,7 @@ class Node:
 
 
 @pytest.mark.usefixtures("restored")
-def test_a_load_freezes_no_garbage() -> None:
+def test_a_refreeze_freezes_no_garbage() -> None:
     """Garbage already in the oldest generation (which young collections leave) is collected
     before the freeze, not frozen for good."""
     gc.unfreeze()
@@ -79,12 +78,13 @@ def test_a_load_freezes_no_garbage() -> None:
     gc.collect(1)  # now in the oldest generation
     gone = weakref.ref(node)
     del node
-    freeze_loaded_objects()
+    refreeze()
     assert gone() is None
 
 
 @pytest.mark.usefixtures("restored")
 def test_garbage_frozen_before_is_collected_by_the_next_freeze() -> None:
+    """As what only an unloaded model held, frozen at start-up or at its load."""
     gc.unfreeze()
     node = Node()
     node.other = node
