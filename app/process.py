@@ -3,9 +3,13 @@ shorter GIL switch interval of a CUDA launch (``launching``)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
+import logging
 import sys
 import threading
+from collections.abc import Iterator
 from types import TracebackType
 
 import torch
@@ -14,6 +18,10 @@ from loky import cpu_count
 GIL_SWITCH_INTERVAL_S = 0.0001
 # While a device thread launches a CUDA batch and waits for it (app/transfer.py).
 LAUNCH_SWITCH_INTERVAL_S = 0.000005
+# While a model loads into a serving process, what exists is frozen this often (``refrozen``).
+LOADING_FREEZE_S = 0.1
+
+log = logging.getLogger("batchserve")
 
 
 def usable_cores() -> int:
@@ -61,6 +69,35 @@ def refreeze() -> int | None:
         return None
     freeze_startup_objects()
     return gc.get_freeze_count()
+
+
+@contextlib.contextmanager
+def refrozen(what: str, loop: asyncio.AbstractEventLoop | None = None) -> Iterator[None]:
+    """Around a model's load or unload: ``refreeze`` once it is over, however it ends, logged
+    (debug) as ``what``. With ``loop`` (a load on a loader thread, the loop serving on), what
+    exists is also frozen every LOADING_FREEZE_S while it runs, so that each full collection
+    its allocations set off scans only what came since, not all the load has made so far;
+    ``refreeze`` collects whatever of it is garbage at the end. Nothing where nothing was
+    frozen at start-up (tests, tools)."""
+    if not gc.get_freeze_count():
+        yield
+        return
+    ticking: asyncio.TimerHandle | None = None
+
+    def tick() -> None:
+        nonlocal ticking
+        gc.freeze()
+        assert loop is not None
+        ticking = loop.call_later(LOADING_FREEZE_S, tick)
+
+    if loop is not None:
+        ticking = loop.call_later(LOADING_FREEZE_S, tick)
+    try:
+        yield
+    finally:
+        if ticking is not None:
+            ticking.cancel()
+        log.debug("after %s: %d objects frozen", what, refreeze())
 
 
 class ShortSwitch:

@@ -25,7 +25,7 @@ from app.learning import busy_ratio, export_cost, measure_on
 from app.metrics import Metrics
 from app.models.base import ModelHandler
 from app.models.registry import load_handler
-from app.process import refreeze, usable_cores
+from app.process import refrozen, usable_cores
 from app.repository import ModelRepository
 from app.served import ServedModel
 from app.state import ModelState, ServerState
@@ -206,7 +206,11 @@ class InferenceService:
         log.info("model %s version %s: loading and warming up on %s", model.name,
                  model.version, worker.label)
         started = time.monotonic()
-        warm = await loader.warm(model.handler, model.batch_limit, model.settings.cuda_graphs)
+        # Frozen as it is made: no full collection scans the load's objects (app/process.py).
+        with refrozen(f"model {model.name} version {model.version}'s load on {worker.label}",
+                      self._loop):
+            warm = await loader.warm(model.handler, model.batch_limit,
+                                     model.settings.cuda_graphs)
         log.info("model %s version %s: warm on %s in %.1f s", model.name, model.version,
                  worker.label, time.monotonic() - started)
         if warm.batch_limit < model.batch_limit:
@@ -218,10 +222,6 @@ class InferenceService:
         attached: asyncio.Future[None] = self._loop.create_future()
         worker.attach(model, warm, _settle(attached))
         await attached
-        frozen = refreeze()
-        if frozen is not None:
-            log.debug("model %s version %s: loaded on %s; %d objects frozen", model.name,
-                      model.version, worker.label, frozen)
         self._share_devices(model)
         if model.stranded:
             self._check_stranded()
@@ -248,16 +248,14 @@ class InferenceService:
         assert self._loop is not None
         holders = [w for w in self.workers if w.holds(model)]
         waits: list[asyncio.Future[None]] = []
-        for worker in holders:
-            waits.append(self._loop.create_future())
-            worker.detach(model, _settle(waits[-1]))
-        await asyncio.gather(*waits)
-        model.serve_with([], [])
-        self._share_devices()
-        frozen = refreeze()  # what only the model held is garbage now, frozen or not
-        if frozen is not None:
-            log.debug("model %s version %s: unloaded; %d objects frozen", model.name,
-                      model.version, frozen)
+        # What only the model held is garbage once it is gone, frozen or not.
+        with refrozen(f"model {model.name} version {model.version}'s unload"):
+            for worker in holders:
+                waits.append(self._loop.create_future())
+                worker.detach(model, _settle(waits[-1]))
+            await asyncio.gather(*waits)
+            model.serve_with([], [])
+            self._share_devices()
 
     # ---- state -----------------------------------------------------------------------------------
 

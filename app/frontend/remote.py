@@ -23,7 +23,7 @@ from app.links import Inbox
 from app.logs import request_id
 from app.models.base import ModelHandler
 from app.models.registry import load_handler
-from app.process import refreeze, usable_cores
+from app.process import refrozen, usable_cores
 from app.repository import pick
 from app.snapshot import ModelEntry, Snapshot
 from app.tracing import Tracing
@@ -114,12 +114,10 @@ class RemoteRepository:
         handler = self._handlers.get(key)
         if handler is None:
             try:
-                handler = self._handlers[key] = load_handler(entry.spec, entry.name)
+                with refrozen(f"model {entry.name}'s handler"):
+                    handler = self._handlers[key] = load_handler(entry.spec, entry.name)
             except BatchServeError as exc:
                 log.error("model %s: %s", entry.name, exc.message)
-            frozen = refreeze()
-            if frozen is not None:
-                log.debug("model %s: handler built; %d objects frozen", entry.name, frozen)
         return handler
 
 

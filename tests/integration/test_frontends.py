@@ -248,14 +248,14 @@ def test_each_process_refreezes_its_heap_after_a_load_and_an_unload(tmp_path: Pa
         assert lines(r"objects frozen") == 0  # lin loaded before: nothing to do again
         with httpx.Client(timeout=60) as client:
             assert client.post(url + "/v2/repository/models/other/load").status_code == 200
-        wait_until_sync(lambda: lines(r"model other version 1: loaded on cpu; \d+ objects "
-                                      "frozen") == 1, "the load's freeze")
+        wait_until_sync(lambda: lines(r"after model other version 1's load on cpu: \d+ "
+                                      "objects frozen") == 1, "the load's freeze")
         if frontends > 1:
-            wait_until_sync(lambda: lines(r"model other: handler built; \d+ objects frozen")
+            wait_until_sync(lambda: lines(r"after model other's handler: \d+ objects frozen")
                             == frontends, "each front end's freeze")
         with httpx.Client(timeout=60) as client:
             assert client.post(url + "/v2/repository/models/other/unload").status_code == 200
-        wait_until_sync(lambda: lines(r"model other version 1: unloaded; \d+ objects "
+        wait_until_sync(lambda: lines(r"after model other version 1's unload: \d+ objects "
                                       "frozen") == 1, "the unload's freeze")
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,9 +20,11 @@ import torch
 from app import process
 from app.process import (
     GIL_SWITCH_INTERVAL_S,
+    LOADING_FREEZE_S,
     ShortSwitch,
     freeze_startup_objects,
     refreeze,
+    refrozen,
     tune_for_serving,
 )
 
@@ -95,6 +100,51 @@ def test_garbage_frozen_before_is_collected_by_the_next_freeze() -> None:
     assert gone() is not None  # out of the collector's reach
     freeze_startup_objects()
     assert gone() is None
+
+
+@pytest.mark.asyncio
+@pytest.mark.usefixtures("restored")
+async def test_a_load_is_frozen_as_it_goes_and_refrozen_at_the_end(
+        caplog: pytest.LogCaptureFixture) -> None:
+    gc.unfreeze()
+    freeze_startup_objects()
+    at_start = gc.get_freeze_count()
+    caplog.set_level(logging.DEBUG, "batchserve")
+    with refrozen("the load", asyncio.get_running_loop()):
+        made = [[i] for i in range(1000)]
+        await asyncio.sleep(3 * LOADING_FREEZE_S)  # the loop serves on meanwhile
+        assert gc.get_freeze_count() >= at_start + len(made)  # frozen while it runs
+        node = Node()
+        node.other = node
+        gc.freeze()
+        gone = weakref.ref(node)
+        del node
+    assert gone() is None  # collected at the end
+    assert re.search(r"after the load: \d+ objects frozen", caplog.text)
+
+
+@pytest.mark.asyncio
+@pytest.mark.usefixtures("restored")
+async def test_a_failed_load_is_refrozen_too() -> None:
+    gc.unfreeze()
+    freeze_startup_objects()
+    node = Node()
+    node.other = node
+    gone = weakref.ref(node)
+    with pytest.raises(RuntimeError), refrozen("a load", asyncio.get_running_loop()):
+        gc.freeze()
+        del node
+        raise RuntimeError("its weights are corrupt")
+    assert gone() is None
+
+
+def test_nothing_is_frozen_around_a_load_where_start_up_froze_nothing(
+        caplog: pytest.LogCaptureFixture) -> None:
+    gc.unfreeze()
+    caplog.set_level(logging.DEBUG, "batchserve")
+    with refrozen("a load in a test"):
+        pass
+    assert gc.get_freeze_count() == 0 and "objects frozen" not in caplog.text
 
 
 @pytest.mark.skipif(shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2,
