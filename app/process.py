@@ -59,12 +59,11 @@ def refreeze() -> int | None:
     same again, so that what a load left alive (its replicas, and the libraries its code
     imported: 213,000 objects for MiniLM loaded into a server started on another model) is out
     of the collector's reach too, and what an unload left as garbage is collected. Otherwise
-    each full collection scans a loaded model's objects again, 90-130 ms here with the GIL
-    held, and under load they keep coming (one or two in 20 s at 400 requests a second on the
-    CPU box, more at higher rates: ``python -m bench.gc_pauses``). This one full collection
-    (256 ms there: the whole heap) comes once a change, beside the four or five a load sets off
-    itself. Returns how many objects are frozen; None where nothing was frozen at start-up
-    (tests, tools), which it leaves so."""
+    each full collection scans a loaded model's objects again, 107-144 ms here with the GIL
+    held, and under load they keep coming (one in 20 s at 400 requests a second on the CPU
+    box, more at higher rates: ``python -m bench.gc_pauses``). This one full collection
+    (223-266 ms there: the whole heap) comes once a change. Returns how many objects are
+    frozen; None where nothing was frozen at start-up (tests, tools), which it leaves so."""
     if not gc.get_freeze_count():
         return None
     freeze_startup_objects()
@@ -75,10 +74,10 @@ def refreeze() -> int | None:
 def refrozen(what: str, loop: asyncio.AbstractEventLoop | None = None) -> Iterator[None]:
     """Around a model's load or unload: ``refreeze`` once it is over, however it ends, logged
     (debug) as ``what``. With ``loop`` (a load on a loader thread, the loop serving on), what
-    exists is also frozen every LOADING_FREEZE_S while it runs, so that each full collection
-    its allocations set off scans only what came since, not all the load has made so far;
-    ``refreeze`` collects whatever of it is garbage at the end. Nothing where nothing was
-    frozen at start-up (tests, tools)."""
+    exists is also frozen every LOADING_FREEZE_S while it runs, so that the full collections
+    its allocations set off scan only what came since, not all the load has made so far (for
+    MiniLM: none came, against four of 19-124 ms); ``refreeze`` collects whatever of it is
+    garbage at the end. Nothing where nothing was frozen at start-up (tests, tools)."""
     if not gc.get_freeze_count():
         yield
         return
