@@ -177,7 +177,8 @@ def server_flags(workload: str, max_batch: int, devices: str = "cpu", max_wait_m
 
 @contextmanager
 def server(workload: str, max_batch: int, args: argparse.Namespace) -> Iterator[tuple[str, int]]:
-    flags = server_flags(workload, max_batch, args.devices, args.max_wait_ms, args.torch_threads)
+    flags = server_flags(workload, max_batch, args.devices, args.max_wait_ms, args.torch_threads,
+                         args.frontends)
     with server_process(flags) as started:
         yield started
 
@@ -411,6 +412,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--instances", type=int, default=1, help="instances per request")
+    parser.add_argument("--frontends", type=int, default=1,
+                        help="the server's front ends (1: one process)")
     parser.add_argument("--configs", default="batchserve,unbatched")
     parser.add_argument("--rounds", type=int, default=1,
                         help="repeat the sweep; each ratio is the median of the rounds' (1)")

@@ -5,7 +5,8 @@
 2. Offer ``soak_share`` (80 %) of that, open loop, from an asyncio client: requests of
    ``soak_instances`` instances each, so the client sends few requests and stays off the
    server's CPU.
-3. Every window (10 s) record the server's RSS and the window's p50/p99 and errors.
+3. Every window (10 s) record the server's RSS (with ``--frontends N``, its processes' together)
+   and the window's p50/p99 and errors.
 Targets (issue 5): RSS growth under 5 % after warm-up, p99 drift under 20 %, both comparing the
 median of the first three windows after warm-up with the median of the last three.
 """
@@ -49,10 +50,16 @@ class SoakReport:
 
 
 def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    """The resident memory of process ``pid`` and its children (a split server's front ends)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    total = 0.0
+    for each in [pid, *map(int, children)]:
+        try:
+            lines = Path(f"/proc/{each}/status").read_text().splitlines()
+        except FileNotFoundError:  # a front end replaced meanwhile
+            continue
+        total += sum(int(line.split()[1]) for line in lines if line.startswith("VmRSS:")) / 1024
+    return total
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -94,9 +101,9 @@ async def open_loop(url: str, body: bytes, rate: float, seconds: float, pid: int
                       f"p99 {windows[-1].p99_ms:7.2f} ms errors {errors}", flush=True)
                 errors = 0
                 next_window += window_s
-            delay = start + i / rate - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            # Always yield, so the requests already sent run even when this client falls
+            # behind the rate (each window's request count then shows it).
+            await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
             task = asyncio.create_task(one())
             tasks.add(task)
             task.add_done_callback(tasks.discard)
