@@ -191,9 +191,10 @@ def measure(args: argparse.Namespace, frontends: int, check: bool,
         flags += ["--model", args.model, "--model-name", args.workload]
     points = []
     launcher: tuple[str, ...] = ("-m", "app")
-    if args.switch_interval_us is not None or args.launch_switch_us is not None:
+    if (args.switch_interval_us, args.launch_switch_us, args.blocking_sync) != (None, None, False):
         launcher = ("-m", "bench.switch", *(str(us) if us is not None else "-" for us in (
-            args.switch_interval_us, args.launch_switch_us)))
+            args.switch_interval_us, args.launch_switch_us)),
+            "blocking" if args.blocking_sync else "-")
     with server_process(flags, str(base) if base else None, launcher) as (url, pid), body(
             args.workload, args.instances, args.binary) as (path_file, path, env):
         wait_for_frontends(url, frontends)
@@ -322,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="its interval while a device thread launches and waits for a CUDA "
                         "batch, instead of the server's 5 us (100: none shorter; "
                         "bench/switch.py)")
+    p.add_argument("--blocking-sync", action="store_true",
+                   help="the device threads wait for a CUDA batch asleep, not spinning "
+                        "(bench/switch.py)")
     p.add_argument("--base", type=Path, default=None,
                    help="a checkout to A/B against: each point on it, then on this build, the "
                         "order turned each round (bench.carry --base packs one for the GPU)")
@@ -329,8 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=Path, default=None,
                    help="record the device process with py-spy at each point, into this folder")
     args = p.parse_args(argv)
-    if args.base is not None and (args.switch_interval_us, args.launch_switch_us) != (None, None):
-        p.error("--base runs the base's own server: not with bench/switch.py's intervals")
+    if args.base is not None and (args.switch_interval_us, args.launch_switch_us,
+                                  args.blocking_sync) != (None, None, False):
+        p.error("--base runs the base's own server: not with bench/switch.py's settings")
     if args.base is not None and not (args.base / "app" / "__main__.py").is_file():
         p.error(f"--base {args.base}: no batchserve checkout there (app/__main__.py)")
     args.concurrency = [int(c) for c in args.concurrency.split(",")]

@@ -22,7 +22,10 @@
 # rounds (the device loop's CPU a message that no step accounts for, 85.8 us on the H200
 # against 22.5 on the CPU box, may be GIL hand-offs at 5 us); "ab" (about 2 minutes a
 # workload), AB_WORKLOADS at POINT_FRONTENDS front ends, this build and the base that
-# `python -m bench.carry --base COMMIT` packed, in turn, two rounds; "c1" (about 1
+# `python -m bench.carry --base COMMIT` packed, in turn, two rounds; "sync" (about 3
+# minutes), mlp JSON and minilm at POINT_FRONTENDS with the device threads' wait for a batch
+# spinning (CUDA's default with one context) and asleep (bench/switch.py), alternating, two
+# rounds (a spinning wait holds a core the front ends could use); "c1" (about 1
 # minute), at c=1 this build against the first GPU run's (bench/ab.sh, both up at once), with
 # one process and with its default front ends (C1_FRONTENDS). With PROFILE=1 py-spy also
 # records the device process at each point of the first curve. Profiles go to
@@ -33,6 +36,7 @@
 #   2:  TESTS= CURVES="minilm-eager c1 device" OUT=$OUT bash bench/gpu.sh  (~5 minutes)
 #   3:  (here: python -m bench.carry --base COMMIT)
 #       TESTS= CURVES="ab c1" OUT=$OUT bash bench/gpu.sh                  (~5 minutes)
+#   4:  TESTS= CURVES="sync switch" OUT=$OUT bash bench/gpu.sh            (~6 minutes)
 # What ran before a timeout stays in $OUT/gpu.log. The tests are the modules with CUDA tests
 # and the API's predict path (TESTS="tests/unit tests/api": all of them, ~2 minutes).
 #
@@ -139,6 +143,10 @@ device_alone() {  # bench.device on mlp (x1, x32) and on minilm's items, with GI
   fi
 }
 
+point_limit() {  # seconds a single point may take: minilm captures 99 CUDA graphs first
+  if [ "$1" = minilm ]; then echo 90; else echo 60; fi
+}
+
 switch_sweep() {  # the device process's GIL switch interval (bench/switch.py): an A/B
   [[ " $CURVES " == *" switch "* ]] || return 0
   # the server's (100 us, a launch and wait at 5) against 100 throughout (no shorter launch),
@@ -147,9 +155,25 @@ switch_sweep() {  # the device process's GIL switch interval (bench/switch.py): 
     for at in "mlp 256 100 5" "mlp 256 100 100" "minilm 128 100 5" "minilm 128 100 100"; do
       read -r workload batch us launch <<< "$at"
       run_frontends "$workload, N=$POINT_FRONTENDS, c=256: switch $us us, launch $launch us" \
-        60 --frontends "$POINT_FRONTENDS" --workload "$workload" \
+        "$(point_limit "$workload")" --frontends "$POINT_FRONTENDS" --workload "$workload" \
         --max-batch-size "$batch" --concurrency 256 --switch-interval-us "$us" \
         --launch-switch-us "$launch" --out "$OUT/switch-$workload-$us-$launch-$round.json"
+    done
+  done
+}
+
+sync_sweep() {  # a device thread's wait for its batch: spinning (CUDA's default) or asleep
+  [[ " $CURVES " == *" sync "* ]] || return 0
+  local blocking
+  for round in 1 2; do
+    for at in "mlp 256 spin" "mlp 256 blocking" "minilm 128 spin" "minilm 128 blocking"; do
+      read -r workload batch sync <<< "$at"
+      blocking=()
+      [ "$sync" = blocking ] && blocking=(--blocking-sync)
+      run_frontends "$workload, N=$POINT_FRONTENDS, c=256: the wait $sync" \
+        "$(point_limit "$workload")" \
+        --frontends "$POINT_FRONTENDS" --workload "$workload" --max-batch-size "$batch" \
+        --concurrency 256 "${blocking[@]}" --out "$OUT/sync-$workload-$sync-$round.json"
     done
   done
 }
@@ -237,6 +261,7 @@ main() {
   point minilm-profile 60 --workload minilm --max-batch-size 128 --concurrency 256 \
     --profile "$OUT/profiles"
   switch_sweep
+  sync_sweep
   ab_compare
   c1_compare
 }
