@@ -26,6 +26,7 @@ import yaml
 
 from app.cli import _settings, build_parser
 from app.config import Settings
+from app.supervisor import AUTO_LIMIT, frontend_count
 from tests.conftest import (
     WAIT_S,
     app_client,
@@ -218,6 +219,9 @@ def test_each_overlays_pods_are_guarded_and_sized(overlay: str, dockerfile: str,
     else:
         assert tag == "cuda" and spec["resources"]["limits"]["nvidia.com/gpu"] == "1"
         assert settings.devices == "cuda"
+        # Its CPU limit is what auto counts (a quota): enough for all the front ends it runs.
+        cores = int(spec["resources"]["limits"]["cpu"])
+        assert settings.frontends == "auto" and frontend_count("auto", cores) == AUTO_LIMIT
 
 
 WRITE_CALLS = ("openat", "open", "creat", "mkdir", "mkdirat", "rename", "renameat", "renameat2",
