@@ -77,15 +77,15 @@ def refrozen(what: str, loop: asyncio.AbstractEventLoop | None = None) -> Iterat
     exists is also frozen every LOADING_FREEZE_S while it runs, so that the full collections
     its allocations set off scan only what came since, not all the load has made so far (for
     MiniLM: none came, against four of 19-124 ms); ``refreeze`` collects whatever of it is
-    garbage at the end. Nothing where nothing was frozen at start-up (tests, tools)."""
-    if not gc.get_freeze_count():
-        yield
-        return
+    garbage at the end. Both only once the process has frozen its start-up objects, which may
+    happen while a load runs (one asked for as the server says it is ready); nothing in tests
+    and tools, which never do."""
     ticking: asyncio.TimerHandle | None = None
 
     def tick() -> None:
         nonlocal ticking
-        gc.freeze()
+        if gc.get_freeze_count():
+            gc.freeze()
         assert loop is not None
         ticking = loop.call_later(LOADING_FREEZE_S, tick)
 
@@ -96,7 +96,9 @@ def refrozen(what: str, loop: asyncio.AbstractEventLoop | None = None) -> Iterat
     finally:
         if ticking is not None:
             ticking.cancel()
-        log.debug("after %s: %d objects frozen", what, refreeze())
+        frozen = refreeze()
+        if frozen is not None:
+            log.debug("after %s: %d objects frozen", what, frozen)
 
 
 class ShortSwitch:

@@ -138,6 +138,23 @@ async def test_a_failed_load_is_refrozen_too() -> None:
     assert gone() is None
 
 
+@pytest.mark.asyncio
+@pytest.mark.usefixtures("restored")
+async def test_a_load_under_way_when_start_up_freezes_is_refrozen_at_its_end(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A load asked for as the server says it is ready may begin before the start-up freeze."""
+    gc.unfreeze()
+    caplog.set_level(logging.DEBUG, "batchserve")
+    with refrozen("the early load", asyncio.get_running_loop()):
+        await asyncio.sleep(2 * LOADING_FREEZE_S)
+        assert gc.get_freeze_count() == 0  # nothing frozen before the start-up freeze
+        freeze_startup_objects()
+        made = [[i] for i in range(1000)]
+    collected = {id(o) for o in gc.get_objects()}  # the generations: frozen objects are not
+    assert not any(id(x) in collected for x in [made, *made])
+    assert re.search(r"after the early load: \d+ objects frozen", caplog.text)
+
+
 def test_nothing_is_frozen_around_a_load_where_start_up_froze_nothing(
         caplog: pytest.LogCaptureFixture) -> None:
     gc.unfreeze()
