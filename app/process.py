@@ -62,7 +62,7 @@ def refreeze() -> int | None:
     each full collection scans a loaded model's objects again, 107-144 ms here with the GIL
     held, and under load they keep coming (one in 20 s at 400 requests a second on the CPU
     box, more at higher rates: ``python -m bench.gc_pauses``). This one full collection
-    (223-266 ms there: the whole heap) comes once a change. Returns how many objects are
+    (223-327 ms there: the whole heap) comes once a change. Returns how many objects are
     frozen; None where nothing was frozen at start-up (tests, tools), which it leaves so."""
     if not gc.get_freeze_count():
         return None
