@@ -77,7 +77,8 @@ def refrozen(what: str, loop: asyncio.AbstractEventLoop | None = None) -> Iterat
     exists is also frozen every LOADING_FREEZE_S while it runs, so that the full collections
     its allocations set off scan only what came since, not all the load has made so far (for
     MiniLM: none came, against four of 19-124 ms); ``refreeze`` collects whatever of it is
-    garbage at the end. Both only once the process has frozen its start-up objects, which may
+    garbage at the end, and what the requests in flight at a tick left as cyclic garbage since
+    (held until then). Both only once the process has frozen its start-up objects, which may
     happen while a load runs (one asked for as the server says it is ready); nothing in tests
     and tools, which never do."""
     ticking: asyncio.TimerHandle | None = None
