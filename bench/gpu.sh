@@ -4,7 +4,8 @@
 # c=256 on mlp (1 JSON instance a request; 32 instances as v2 binary tensors) and
 # minilm, each with the model alone at its batch limit and the GPU's busy share, at the server's
 # default cuda_graphs (auto: on for both; docs/cuda-graphs.md). The whole took 374 s on an
-# H200 (2026-11-28, the machine's start not counted; its tests 38 s).
+# H200 (2026-11-28, the machine's start not counted; its tests 38 s), before the finer CUDA
+# graph buckets: each minilm server now captures 99 graphs, not 40 (not timed on a GPU yet).
 #
 # Single points at POINT_FRONTENDS front ends, run only when CURVES names them (their model
 # alone is their workload's curve's): mlp-json-long-launch and minilm-long-launch (a CUDA
