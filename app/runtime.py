@@ -206,7 +206,6 @@ class InferenceService:
         log.info("model %s version %s: loading and warming up on %s", model.name,
                  model.version, worker.label)
         started = time.monotonic()
-        # Frozen as it is made: no full collection scans the load's objects (app/process.py).
         with refrozen(f"model {model.name} version {model.version}'s load on {worker.label}",
                       self._loop):
             warm = await loader.warm(model.handler, model.batch_limit,
@@ -248,7 +247,6 @@ class InferenceService:
         assert self._loop is not None
         holders = [w for w in self.workers if w.holds(model)]
         waits: list[asyncio.Future[None]] = []
-        # What only the model held is garbage once it is gone, frozen or not.
         with refrozen(f"model {model.name} version {model.version}'s unload"):
             for worker in holders:
                 waits.append(self._loop.create_future())

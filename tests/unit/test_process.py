@@ -71,6 +71,18 @@ class Node:
     other: Node | None = None
 
 
+def frozen_garbage() -> weakref.ref[Node]:
+    """A cycle frozen while alive and garbage since: only a freeze's own collection frees it."""
+    node = Node()
+    node.other = node
+    gc.freeze()
+    gone = weakref.ref(node)
+    del node
+    gc.collect()
+    assert gone() is not None  # out of the collector's reach
+    return gone
+
+
 @pytest.mark.usefixtures("restored")
 def test_a_refreeze_freezes_no_garbage() -> None:
     """Garbage already in the oldest generation (which young collections leave) is collected
@@ -91,13 +103,7 @@ def test_a_refreeze_freezes_no_garbage() -> None:
 def test_garbage_frozen_before_is_collected_by_the_next_freeze() -> None:
     """As what only an unloaded model held, frozen at start-up or at its load."""
     gc.unfreeze()
-    node = Node()
-    node.other = node
-    gc.freeze()  # alive when frozen, garbage since
-    gone = weakref.ref(node)
-    del node
-    gc.collect()
-    assert gone() is not None  # out of the collector's reach
+    gone = frozen_garbage()
     freeze_startup_objects()
     assert gone() is None
 
@@ -114,11 +120,7 @@ async def test_a_load_is_frozen_as_it_goes_and_refrozen_at_the_end(
         made = [[i] for i in range(1000)]
         await asyncio.sleep(3 * LOADING_FREEZE_S)  # the loop serves on meanwhile
         assert gc.get_freeze_count() >= at_start + len(made)  # frozen while it runs
-        node = Node()
-        node.other = node
-        gc.freeze()
-        gone = weakref.ref(node)
-        del node
+        gone = frozen_garbage()
     assert gone() is None  # collected at the end
     assert re.search(r"after the load: \d+ objects frozen", caplog.text)
 
@@ -128,12 +130,8 @@ async def test_a_load_is_frozen_as_it_goes_and_refrozen_at_the_end(
 async def test_a_failed_load_is_refrozen_too() -> None:
     gc.unfreeze()
     freeze_startup_objects()
-    node = Node()
-    node.other = node
-    gone = weakref.ref(node)
     with pytest.raises(RuntimeError), refrozen("a load", asyncio.get_running_loop()):
-        gc.freeze()
-        del node
+        gone = frozen_garbage()
         raise RuntimeError("its weights are corrupt")
     assert gone() is None
 
