@@ -50,7 +50,8 @@ from app.models.tensor import TensorHandler
 from app.process import freeze_startup_objects, tune_for_serving
 from app.runtime import build_service
 from app.state import ModelState
-from bench.frontends import profiled
+from bench.frontends import PROFILE_HZ, profiled, profiled_s
+from bench.gil_share import shares
 from bench.run import cpu_seconds, instance_for
 from bench.steps import Steps
 
@@ -123,9 +124,7 @@ async def device(args: argparse.Namespace) -> list[tuple[float, float, float, fl
             n0, t0, b0 = _count(answered), time.monotonic(), _batches(registry, args.workload)
             loop0, all0 = cpu_seconds(os.getpid(), os.getpid()), cpu_seconds(os.getpid())
             into = args.profile if i == 0 else None  # py-spy on this process, the first round
-            with profiled(into, os.getpid(), args.seconds, f"device-{args.workload}-"
-                          f"x{args.instances}-k{args.clients}"
-                          f"{'-graphs' if args.cuda_graphs else ''}"):
+            with profiled(into, os.getpid(), args.seconds, profile_name(args)):
                 await asyncio.sleep(args.seconds)
             n1, t1, b1 = _count(answered), time.monotonic(), _batches(registry, args.workload)
             loop1, all1 = cpu_seconds(os.getpid(), os.getpid()), cpu_seconds(os.getpid())
@@ -195,6 +194,22 @@ async def client(args: argparse.Namespace) -> None:
     await asyncio.gather(*(loop(items(j)) for j in range(args.concurrency)))
 
 
+def profile_name(args: argparse.Namespace) -> str:
+    return (f"device-{args.workload}-x{args.instances}-k{args.clients}"
+            f"{'-graphs' if args.cuda_graphs else ''}")
+
+
+def gil_us(args: argparse.Namespace, rate: float) -> dict[str, float]:
+    """Each thread kind's time holding the GIL a request in the profiled round, from py-spy's
+    samples (``--profile``); empty where there are none."""
+    path = args.profile / f"{profile_name(args)}.txt"
+    if not path.exists():
+        return {}
+    per_thread, _ = shares(path.read_text().splitlines())
+    requests = rate * profiled_s(args.seconds)
+    return {thread: n / PROFILE_HZ / requests * 1e6 for thread, n in per_thread.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workload", choices=["linear", "mlp", "minilm"], default="linear")
@@ -213,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="serve with cuda_graphs (docs/cuda-graphs.md)")
     p.add_argument("--profile", type=Path, default=None,
                    help="py-spy's GIL samples of this process in the first round, into this "
-                        "folder (python -m bench.gil_share reads them)")
+                        "folder (python -m bench.gil_share reads them), and the time each "
+                        "thread kind held the GIL a request")
     p.add_argument("--steps", action="store_true",
                    help="print the event loop's CPU a message by step (bench/steps.py)")
     p.add_argument("--client-fd", type=int, default=None, help=argparse.SUPPRESS)
@@ -233,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"median: {statistics.median(r[0] for r in rounds):,.0f} req/s, loop "
           f"{statistics.median(r[1] for r in rounds):.1f} us/req, process "
           f"{statistics.median(r[2] for r in rounds):.1f} us/req")
+    if args.profile is not None and rounds:
+        held = gil_us(args, rounds[0][0])
+        print("GIL held a request, round 1: " + (", ".join(
+            f"{thread} {us:.2f} us" for thread, us in sorted(held.items())) or "no samples"))
     return 0
 
 

@@ -145,6 +145,14 @@ def body(workload: str, instances: int, binary: bool) -> Iterator[tuple[str, str
         os.unlink(f.name)
 
 
+PROFILE_HZ = 250  # py-spy's samples a second (``profiled``)
+
+
+def profiled_s(seconds: float) -> int:
+    """How long ``profiled`` samples a block of ``seconds``."""
+    return max(1, int(seconds) - 1)
+
+
 @contextmanager
 def profiled(into: Path | None, pid: int, seconds: float, name: str) -> Iterator[None]:
     """py-spy's samples of process ``pid`` while the block runs, each thread's while it holds
@@ -158,7 +166,8 @@ def profiled(into: Path | None, pid: int, seconds: float, name: str) -> Iterator
         return
     into.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--duration",
-                             str(max(1, int(seconds) - 1)), "--rate", "250", "--threads", "--gil",
+                             str(profiled_s(seconds)), "--rate", str(PROFILE_HZ), "--threads",
+                             "--gil",
                              "--format", "raw", "--nonblocking",
                              "--output", str(into / f"{name}.txt")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -27,6 +27,9 @@ class Writer:
     def is_closing(self) -> bool:
         return False
 
+    def get_extra_info(self, name: str) -> None:
+        return None  # no socket: everything goes through ``writelines``
+
 
 def test_an_outbox_sends_one_message_per_pass_with_its_values_packed_and_grouped() -> None:
     async def run() -> list[list[Any]]:
@@ -225,3 +228,51 @@ def test_two_ends_of_a_socket_exchange_long_and_short_messages(loop: str) -> Non
 
     got = uvloop.run(run()) if loop == "uvloop" else asyncio.run(run())
     assert all(same(a, b) for a, b in zip(got, [*MESSAGES, {"cancel": [9]}], strict=True))
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_an_outboxs_messages_arrive_whole_and_in_order_when_the_socket_takes_part(
+        loop: str) -> None:
+    """Each message is written straight to the socket; with a send buffer far smaller than the
+    long messages, the socket takes part of one, the transport the rest, and the messages
+    after it wait behind that rest, so the peer reads every one whole and in order."""
+    sent: list[tuple[str, Any, list[Any]]] = [
+        ("cancel", 1, []), ("v", "long", [LONG]), ("cancel", 2, []), ("v", "twice", [LONG * 2]),
+        ("cancel", 3, [])]
+
+    async def run() -> tuple[list[Any], list[int]]:
+        a, b = socket.socketpair()
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        (_, transport_a), (inbox_b, _) = await links.connect(a), await links.connect(b)
+        outbox, held = links.Outbox(transport_a), []
+        waiting = asyncio.ensure_future(read_all(inbox_b, len(sent)))
+        for kind, entry, values in sent:  # a message a pass of the loop
+            outbox.add(kind, entry, values)
+            await asyncio.sleep(0)
+            held.append(transport_a.get_write_buffer_size())
+        got = await asyncio.wait_for(waiting, 10)
+        transport_a.close()
+        return got, held
+
+    got, held = uvloop.run(run()) if loop == "uvloop" else asyncio.run(run())
+    assert max(held) > 0  # the socket did not take all of some message at once
+    assert [m[kind] for m, (kind, _, _) in zip(got, sent, strict=True)] == [
+        [entry] for _, entry, _ in sent]
+    assert all(same(wire.values_of(m, kind), values)
+               for m, (kind, _, values) in zip(got, sent, strict=True))
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_an_outbox_to_a_closed_peer_lets_its_transport_report_the_loss(loop: str) -> None:
+    async def run() -> bool:
+        a, b = socket.socketpair()
+        inbox_a, transport_a = await links.connect(a)
+        b.close()
+        outbox = links.Outbox(transport_a)
+        outbox.add("cancel", 1)
+        await asyncio.sleep(0)  # the pass ends: the write fails
+        with pytest.raises(ConnectionError):
+            await asyncio.wait_for(inbox_a.read(), 10)
+        return transport_a.is_closing()
+
+    assert (uvloop.run(run()) if loop == "uvloop" else asyncio.run(run())) is True
