@@ -7,17 +7,12 @@ its own buffer, with no copy at all. asyncio's stream reader copied every byte f
 loop's read, the stream's buffer, ``readexactly``, a writable copy): for messages of 64 KiB
 requests that was about 40 % of the device process's CPU a request (``python -m bench.ipc
 --per-message 8 --width 16384``). Messages go out as ``writelines`` of the header and the
-frames, sent in one ``writev`` without joining them: straight to the socket with ``os.writev``,
-which lets the GIL go while the kernel works (uvloop's own write holds it), so that the device
-process's device threads run meanwhile. A write that wakes a sleeping peer takes 5-20 us of
-kernel time; holding the GIL through it was a quarter of the device process's GIL time
-(docs/frontends.md). What the socket does not take at once goes through the transport, in order.
+frames, which uvloop sends in one ``writev`` without joining them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 from collections import deque
 from collections.abc import Callable
@@ -36,9 +31,6 @@ HELD_MESSAGES = 64
 # once, app/bridge.py). Short, since a front end killed with SIGKILL loses what it holds.
 HOLD_S = 0.05
 HELD_ALONE_S = 0.05  # how long after HOLD_S held entries wait for a message before going alone
-# The most buffers one ``os.writev`` takes (POSIX's IOV_MAX); a message of more goes through the
-# transport.
-MOST_PARTS = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16
 
 
 async def connect(sock: socket.socket) -> tuple[Inbox, asyncio.Transport]:
@@ -140,8 +132,6 @@ class Outbox:
     def __init__(self, transport: asyncio.WriteTransport,
                  busy: Callable[[], bool] | None = None) -> None:
         self._transport = transport
-        sock = transport.get_extra_info("socket")
-        self._fd = sock.fileno() if sock is not None else -1  # -1: write through the transport
         # While ``busy()`` says so, a message waits one more pass of the event loop: the
         # requests that pass reads go with it, in one message for the device process.
         self._busy = busy
@@ -236,22 +226,6 @@ class Outbox:
         self._write(encode(message))
 
     def _write(self, parts: list[Any]) -> None:
-        """``parts`` to the socket, the GIL let go while the kernel takes them, unless the
-        transport still holds bytes to send (they go first); what the socket does not take
-        goes through the transport."""
-        if self._fd < 0 or self._transport.get_write_buffer_size() or len(parts) > MOST_PARTS:
-            self._transport.writelines(parts)
-            return
-        try:
-            sent = os.writev(self._fd, parts)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:  # the link is broken: the transport finds it and says so its own way
-            self._transport.writelines(parts)
-            return
-        for at, part in enumerate(parts):
-            size = memoryview(part).nbytes
-            if sent < size:
-                self._transport.writelines([memoryview(part)[sent:], *parts[at + 1:]])
-                return
-            sent -= size
+        """One message's buffers to the socket (uvloop: one ``writev``; bench/switch.py can
+        have it let the GIL go meanwhile, an A/B on a GPU box)."""
+        self._transport.writelines(parts)

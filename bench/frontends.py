@@ -180,6 +180,12 @@ def profiled(into: Path | None, pid: int, seconds: float, name: str) -> Iterator
                   flush=True)
 
 
+def switched(args: argparse.Namespace) -> bool:
+    """Whether the server runs with bench/switch.py's settings."""
+    return (args.switch_interval_us, args.launch_switch_us, args.blocking_sync,
+            args.gil_free_writes) != (None, None, False, False)
+
+
 def wait_for_frontends(url: str, count: int, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -200,10 +206,11 @@ def measure(args: argparse.Namespace, frontends: int, check: bool,
         flags += ["--model", args.model, "--model-name", args.workload]
     points = []
     launcher: tuple[str, ...] = ("-m", "app")
-    if (args.switch_interval_us, args.launch_switch_us, args.blocking_sync) != (None, None, False):
+    if switched(args):
         launcher = ("-m", "bench.switch", *(str(us) if us is not None else "-" for us in (
             args.switch_interval_us, args.launch_switch_us)),
-            "blocking" if args.blocking_sync else "-")
+            "blocking" if args.blocking_sync else "-",
+            "gil-free" if args.gil_free_writes else "-")
     with server_process(flags, str(base) if base else None, launcher) as (url, pid), body(
             args.workload, args.instances, args.binary) as (path_file, path, env):
         wait_for_frontends(url, frontends)
@@ -335,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--blocking-sync", action="store_true",
                    help="the device threads wait for a CUDA batch asleep, not spinning "
                         "(bench/switch.py)")
+    p.add_argument("--gil-free-writes", action="store_true",
+                   help="the device process writes to the front ends with os.writev, which "
+                        "lets the GIL go during the call (bench/switch.py)")
     p.add_argument("--base", type=Path, default=None,
                    help="a checkout to A/B against: each point on it, then on this build, the "
                         "order turned each round (bench.carry --base packs one for the GPU)")
@@ -342,8 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=Path, default=None,
                    help="record the device process with py-spy at each point, into this folder")
     args = p.parse_args(argv)
-    if args.base is not None and (args.switch_interval_us, args.launch_switch_us,
-                                  args.blocking_sync) != (None, None, False):
+    if args.base is not None and switched(args):
         p.error("--base runs the base's own server: not with bench/switch.py's settings")
     if args.base is not None and not (args.base / "app" / "__main__.py").is_file():
         p.error(f"--base {args.base}: no batchserve checkout there (app/__main__.py)")

@@ -26,7 +26,9 @@
 # `python -m bench.carry --base COMMIT` packed, in turn, two rounds; "sync" (about 3
 # minutes), mlp JSON and minilm at POINT_FRONTENDS with the device threads' wait for a batch
 # spinning (CUDA's default with one context) and asleep (bench/switch.py), alternating, two
-# rounds (a spinning wait holds a core the front ends could use); "c1" (about 1
+# rounds (a spinning wait holds a core the front ends could use); "writes" (about 3 minutes),
+# the same with the device process's writes to the front ends letting the GIL go (os.writev,
+# bench/switch.py) against uvloop's, which holds it; "c1" (about 1
 # minute), at c=1 this build against the first GPU run's (bench/ab.sh, both up at once), with
 # one process and with its default front ends (C1_FRONTENDS). With PROFILE=1 py-spy also
 # records the device process at each point of the first curve. Profiles go to
@@ -37,7 +39,7 @@
 #   2:  TESTS= CURVES="minilm-eager c1 device" OUT=$OUT bash bench/gpu.sh  (~5 minutes)
 #   3:  (here: python -m bench.carry --base COMMIT)
 #       TESTS= CURVES="ab c1" OUT=$OUT bash bench/gpu.sh                  (~5 minutes)
-#   4:  TESTS= CURVES="sync switch" OUT=$OUT bash bench/gpu.sh            (~6 minutes)
+#   4:  TESTS= CURVES="sync writes" OUT=$OUT bash bench/gpu.sh            (~6 minutes)
 # What ran before a timeout stays in $OUT/gpu.log. The tests are the modules with CUDA tests
 # and the API's predict path (TESTS="tests/unit tests/api": all of them, ~2 minutes).
 #
@@ -163,18 +165,19 @@ switch_sweep() {  # the device process's GIL switch interval (bench/switch.py): 
   done
 }
 
-sync_sweep() {  # a device thread's wait for its batch: spinning (CUDA's default) or asleep
-  [[ " $CURVES " == *" sync "* ]] || return 0
-  local blocking
+alternating() {  # CURVE FLAG: mlp JSON and minilm at POINT_FRONTENDS as the server runs and
+  # with FLAG (bench/switch.py), alternating, two rounds
+  local curve=$1 flag=$2 with label
+  [[ " $CURVES " == *" $curve "* ]] || return 0
   for round in 1 2; do
-    for at in "mlp 256 spin" "mlp 256 blocking" "minilm 128 spin" "minilm 128 blocking"; do
-      read -r workload batch sync <<< "$at"
-      blocking=()
-      [ "$sync" = blocking ] && blocking=(--blocking-sync)
-      run_frontends "$workload, N=$POINT_FRONTENDS, c=256: the wait $sync" \
+    for at in "mlp 256 -" "mlp 256 $flag" "minilm 128 -" "minilm 128 $flag"; do
+      read -r workload batch set <<< "$at"
+      with=("$set") label=$set
+      [ "$set" = - ] && with=() label="as served"
+      run_frontends "$workload, N=$POINT_FRONTENDS, c=256: $curve, $label" \
         "$(point_limit "$workload")" \
         --frontends "$POINT_FRONTENDS" --workload "$workload" --max-batch-size "$batch" \
-        --concurrency 256 "${blocking[@]}" --out "$OUT/sync-$workload-$sync-$round.json"
+        --concurrency 256 "${with[@]}" --out "$OUT/$curve-$workload-${set#--}-$round.json"
     done
   done
 }
@@ -262,7 +265,10 @@ main() {
   point minilm-profile 60 --workload minilm --max-batch-size 128 --concurrency 256 \
     --profile "$OUT/profiles"
   switch_sweep
-  sync_sweep
+  # a device thread's wait for its batch asleep, not spinning (CUDA's default)
+  alternating sync --blocking-sync
+  # the device process's writes to the front ends letting the GIL go (os.writev)
+  alternating writes --gil-free-writes
   ab_compare
   c1_compare
 }

@@ -1,6 +1,7 @@
 """schemathesis against the server's own OpenAPI schema, with inputs that fit the schema and
 inputs that break it: no server error (a 5xx the route does not document), no hang, and no
-traceback or internal path in any error body."""
+traceback or internal path in any error body; in one process and through two front ends,
+whose app and proxies to the device process answer every route there."""
 
 from __future__ import annotations
 
@@ -13,22 +14,28 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis.generation.modes import GenerationMode
 
-from tests.conftest import LiveServer, live_server, make_settings
+from tests.conftest import live_server, make_settings, split_server
 
 pytestmark = pytest.mark.slow
 
 LEAKS = ("Traceback", 'File "', "site-packages", "/app/", ".py")
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[LiveServer]:
-    with live_server(make_settings(max_instances=8, max_body_bytes=64 * 1024)) as srv:
-        yield srv
+@pytest.fixture(scope="module", params=["one process", "two front ends"])
+def server(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The server's URL."""
+    if request.param == "one process":
+        with live_server(make_settings(max_instances=8, max_body_bytes=64 * 1024)) as srv:
+            yield srv.url
+    else:
+        with split_server("--model", "linear", "--frontends", "2", "--max-instances", "8",
+                          "--max-body-bytes", str(64 * 1024)) as (_, url):
+            yield url
 
 
 @pytest.fixture(scope="module")
-def operations(server: LiveServer) -> dict[str, Any]:
-    schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
+def operations(server: str) -> dict[str, Any]:
+    schema = schemathesis.openapi.from_url(server + "/openapi.json")
     ops = [result.ok() for result in schema.get_all_operations()]
     return {f"{op.method.upper()} {op.path}": op for op in ops}
 
@@ -40,7 +47,7 @@ def test_the_schema_lists_every_route(operations: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
 def test_no_server_error_and_no_hang(
-    operations: dict[str, Any], server: LiveServer, mode: GenerationMode
+    operations: dict[str, Any], server: str, mode: GenerationMode
 ) -> None:
     exercised = []
     for label, operation in sorted(operations.items()):
@@ -57,7 +64,7 @@ def test_no_server_error_and_no_hang(
                   database=None)
         @given(case=strategy)
         def check(case: Any) -> None:
-            response = case.call(base_url=server.url, timeout=30)  # a hang fails here
+            response = case.call(base_url=server, timeout=30)  # a hang fails here
             status = response.status_code
             ok = status < 500 or status in answers  # noqa: B023 (check() runs in this pass)
             assert ok, (case.path, status, response.text[:300])

@@ -12,6 +12,7 @@ import pytest
 import uvloop
 
 from app import links, wire
+from bench.switch import gil_free_write
 from tests.unit.test_wire import decoded
 
 
@@ -26,9 +27,6 @@ class Writer:
 
     def is_closing(self) -> bool:
         return False
-
-    def get_extra_info(self, name: str) -> None:
-        return None  # no socket: everything goes through ``writelines``
 
 
 def test_an_outbox_sends_one_message_per_pass_with_its_values_packed_and_grouped() -> None:
@@ -230,12 +228,16 @@ def test_two_ends_of_a_socket_exchange_long_and_short_messages(loop: str) -> Non
     assert all(same(a, b) for a, b in zip(got, [*MESSAGES, {"cancel": [9]}], strict=True))
 
 
+@pytest.mark.parametrize("gil_free", [False, True], ids=["writelines", "gil-free"])
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_an_outboxs_messages_arrive_whole_and_in_order_when_the_socket_takes_part(
-        loop: str) -> None:
-    """Each message is written straight to the socket; with a send buffer far smaller than the
-    long messages, the socket takes part of one, the transport the rest, and the messages
-    after it wait behind that rest, so the peer reads every one whole and in order."""
+        loop: str, gil_free: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a send buffer far smaller than the long messages, the socket takes part of one,
+    the transport holds the rest, and the messages after it wait behind that rest, so the peer
+    reads every one whole and in order; so too where bench/switch.py writes each message
+    straight to the socket first, the GIL let go (``gil_free_write``)."""
+    if gil_free:
+        monkeypatch.setattr(links.Outbox, "_write", gil_free_write)
     sent: list[tuple[str, Any, list[Any]]] = [
         ("cancel", 1, []), ("v", "long", [LONG]), ("cancel", 2, []), ("v", "twice", [LONG * 2]),
         ("cancel", 3, [])]
@@ -262,8 +264,13 @@ def test_an_outboxs_messages_arrive_whole_and_in_order_when_the_socket_takes_par
                for m, (kind, _, values) in zip(got, sent, strict=True))
 
 
+@pytest.mark.parametrize("gil_free", [False, True], ids=["writelines", "gil-free"])
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_an_outbox_to_a_closed_peer_lets_its_transport_report_the_loss(loop: str) -> None:
+def test_an_outbox_to_a_closed_peer_lets_its_transport_report_the_loss(
+        loop: str, gil_free: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if gil_free:
+        monkeypatch.setattr(links.Outbox, "_write", gil_free_write)
+
     async def run() -> bool:
         a, b = socket.socketpair()
         inbox_a, transport_a = await links.connect(a)
