@@ -24,8 +24,8 @@ A write to a front end asleep in ``epoll`` wakes it, 5-20 us of kernel time on t
 through which uvloop holds the GIL: in ``bench.device --profile`` a quarter of the device
 process's GIL samples. Written with ``os.writev`` the loop held the GIL 0.68 x as long a request
 there, but had to win it back after each write, and the requests a second at c=256 moved by
-0.74-1.22 x (docs/benchmarks.md): ``gil-free`` asks a GPU box, where the device thread's share
-of the GIL is larger, which counts more.
+0.74-1.22 x, minilm's items by 0.93-0.98 x (docs/benchmarks.md): ``gil-free`` asks a GPU box,
+where the device thread's share of the GIL differs, which counts more.
 """
 
 from __future__ import annotations
