@@ -167,8 +167,7 @@ def profiled(into: Path | None, pid: int, seconds: float, name: str) -> Iterator
     into.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--duration",
                              str(profiled_s(seconds)), "--rate", str(PROFILE_HZ), "--threads",
-                             "--gil",
-                             "--format", "raw", "--nonblocking",
+                             "--gil", "--format", "raw", "--nonblocking",
                              "--output", str(into / f"{name}.txt")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
