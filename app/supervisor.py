@@ -26,6 +26,8 @@ from app.process import usable_cores
 log = logging.getLogger("batchserve.frontends")
 
 RESTART_DELAY_S = 1.0
+# What each front end runs (``python -m``); bench/switch.py runs another for an A/B.
+FRONTEND_MODULE = "app.frontend.entry"
 
 
 # The most front ends ``auto`` starts: past about 8 each sends smaller messages, which cost the
@@ -86,7 +88,7 @@ class Frontends:
         ours, theirs = socket.socketpair()
         listen_fd = self.listeners[index].fileno()
         process = subprocess.Popen(
-            [sys.executable, "-m", "app.frontend.entry",
+            [sys.executable, "-m", FRONTEND_MODULE,
              "--listen-fd", str(listen_fd), "--link-fd", str(theirs.fileno()),
              "--device-socket", self.device_socket],
             stdin=subprocess.PIPE, pass_fds=(listen_fd, theirs.fileno()))

@@ -182,7 +182,7 @@ def profiled(into: Path | None, pid: int, seconds: float, name: str) -> Iterator
 def switched(args: argparse.Namespace) -> bool:
     """Whether the server runs with bench/switch.py's settings."""
     return (args.switch_interval_us, args.launch_switch_us, args.blocking_sync,
-            args.gil_free_writes) != (None, None, False, False)
+            args.gil_free_writes, args.paced_frontends) != (None, None, False, False, False)
 
 
 def wait_for_frontends(url: str, count: int, timeout_s: float = 120) -> None:
@@ -209,7 +209,8 @@ def measure(args: argparse.Namespace, frontends: int, check: bool,
         launcher = ("-m", "bench.switch", *(str(us) if us is not None else "-" for us in (
             args.switch_interval_us, args.launch_switch_us)),
             "blocking" if args.blocking_sync else "-",
-            "gil-free" if args.gil_free_writes else "-")
+            "gil-free" if args.gil_free_writes else "-",
+            "paced" if args.paced_frontends else "-")
     with server_process(flags, str(base) if base else None, launcher) as (url, pid), body(
             args.workload, args.instances, args.binary) as (path_file, path, env):
         wait_for_frontends(url, frontends)
@@ -344,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gil-free-writes", action="store_true",
                    help="the device process writes to the front ends with os.writev, which "
                         "lets the GIL go during the call (bench/switch.py)")
+    p.add_argument("--paced-frontends", action="store_true",
+                   help="each front end's message waits while the device process has not "
+                        "read its last one (bench/paced.py)")
     p.add_argument("--base", type=Path, default=None,
                    help="a checkout to A/B against: each point on it, then on this build, the "
                         "order turned each round (bench.carry --base packs one for the GPU)")

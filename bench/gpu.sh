@@ -28,7 +28,9 @@
 # spinning (CUDA's default with one context) and asleep (bench/switch.py), alternating, two
 # rounds (a spinning wait holds a core the front ends could use); "writes" (about 3 minutes),
 # the same with the device process's writes to the front ends letting the GIL go (os.writev,
-# bench/switch.py) against uvloop's, which holds it; "c1" (about 1
+# bench/switch.py) against uvloop's, which holds it; "paced" (about 3 minutes), the same with
+# each front end's message waiting while the device process has not read its last one
+# (bench/paced.py: fewer, larger messages where it is behind); "c1" (about 1
 # minute), at c=1 this build against the first GPU run's (bench/ab.sh, both up at once), with
 # one process and with its default front ends (C1_FRONTENDS). With PROFILE=1 py-spy also
 # records the device process at each point of the first curve. Profiles go to
@@ -39,7 +41,7 @@
 #   2:  TESTS= CURVES="minilm-eager c1 device" OUT=$OUT bash bench/gpu.sh  (~5 minutes)
 #   3:  (here: python -m bench.carry --base COMMIT)
 #       TESTS= CURVES="ab c1" OUT=$OUT bash bench/gpu.sh                  (~5 minutes)
-#   4:  TESTS= CURVES="sync writes" OUT=$OUT bash bench/gpu.sh            (~6 minutes)
+#   4:  TESTS= CURVES="sync paced" OUT=$OUT bash bench/gpu.sh             (~6 minutes)
 # What ran before a timeout stays in $OUT/gpu.log. The tests are the modules with CUDA tests
 # and the API's predict path (TESTS="tests/unit tests/api": all of them, ~2 minutes).
 #
@@ -269,6 +271,8 @@ main() {
   alternating sync --blocking-sync
   # the device process's writes to the front ends letting the GIL go (os.writev)
   alternating writes --gil-free-writes
+  # each front end's message waiting while the device process has not read its last one
+  alternating paced --paced-frontends
   ab_compare
   c1_compare
 }

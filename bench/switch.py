@@ -1,11 +1,13 @@
-"""``python -m bench.switch US LAUNCH_US SYNC WRITES serve ...``: batchserve with the GIL's
-switch interval at US microseconds in its main process (the device process, with front ends),
-and at LAUNCH_US while a device thread launches a CUDA batch and waits for it (``-`` for
+"""``python -m bench.switch US LAUNCH_US SYNC WRITES FRONTENDS serve ...``: batchserve with the
+GIL's switch interval at US microseconds in its main process (the device process, with front
+ends), and at LAUNCH_US while a device thread launches a CUDA batch and waits for it (``-`` for
 either: the server's own), with SYNC ``blocking`` its CUDA events made with ``blocking=True``
-(``-``: as the server makes them), and with WRITES ``gil-free`` its messages to the front ends
+(``-``: as the server makes them), with WRITES ``gil-free`` its messages to the front ends
 written by ``os.writev``, which lets the GIL go during the system call (``-``: uvloop's write,
-which holds it), for ``python -m bench.frontends --switch-interval-us / --launch-switch-us /
---blocking-sync / --gil-free-writes``.
+which holds it), and with FRONTENDS ``paced`` each front end run as bench/paced.py (its
+messages wait while the device process has not read the last one), for ``python -m
+bench.frontends --switch-interval-us / --launch-switch-us / --blocking-sync / --gil-free-writes
+/ --paced-frontends``.
 
 The device process's event loop and device threads share one GIL; a device thread that lets it
 go inside a torch call waits up to one interval to win it back from a busy loop
@@ -36,7 +38,7 @@ from typing import Any
 
 import torch
 
-from app import links, process, transfer
+from app import links, process, supervisor, transfer
 from app.cli import main
 
 
@@ -69,7 +71,7 @@ def gil_free_write(outbox: links.Outbox, parts: list[Any]) -> None:
 
 
 if __name__ == "__main__":
-    interval, launch, sync, writes = sys.argv[1:5]
+    interval, launch, sync, writes, frontends = sys.argv[1:6]
     if interval != "-":
         sys.setswitchinterval(float(interval) / 1e6)
     if launch != "-":
@@ -78,4 +80,6 @@ if __name__ == "__main__":
         transfer._event = blocking_event  # every launch's events (app/transfer.py)
     if writes == "gil-free":
         links.Outbox._write = gil_free_write  # type: ignore[method-assign]
-    sys.exit(main(sys.argv[5:]))
+    if frontends == "paced":
+        supervisor.FRONTEND_MODULE = "bench.paced"
+    sys.exit(main(sys.argv[6:]))
