@@ -42,30 +42,24 @@ def unread(outbox: links.Outbox) -> bool:
     return count[0] > 0
 
 
-def paced_pass_done(outbox: Any, waited: bool = False) -> None:
-    """``Outbox._pass_done``, and while the peer has not read the last message, wait."""
-    if not waited and outbox._busy is not None and outbox._busy():
-        asyncio.get_running_loop().call_soon(outbox._pass_done, True)
-        return
-    if unread(outbox):
-        outbox._due = False  # the next pass's entries, the peer's next message or PACE_S
+def paced_send(outbox: Any, held: bool) -> None:
+    """``Outbox._send``; a pass's message (not a flush) waits while the peer has not read the
+    last one, gathering what the next passes add, until the peer speaks or ``PACE_S``."""
+    if not held and unread(outbox):
+        outbox._due = False  # the next pass's entries ask again
         if getattr(outbox, "_pacer", None) is None:
             outbox._pacer = asyncio.get_running_loop().call_later(PACE_S, paced_out, outbox)
         return
-    outbox._send(held=False)
-
-
-def paced_out(outbox: Any) -> None:
-    outbox._pacer = None
-    outbox._send(held=False)
-
-
-def paced_send(outbox: Any, held: bool) -> None:
     pacer = getattr(outbox, "_pacer", None)
     if pacer is not None:
         pacer.cancel()
         outbox._pacer = None
     _send(outbox, held)
+
+
+def paced_out(outbox: Any) -> None:
+    outbox._pacer = None
+    _send(outbox, False)
 
 
 def peer_spoke(outbox: Any) -> None:
@@ -84,7 +78,6 @@ def paced_apply(link: DeviceLink, message: dict[str, list[Any]]) -> None:
 def pace() -> None:
     """Every outbox of this process paced, every message read from the device process a
     prompt to send what waits."""
-    links.Outbox._pass_done = paced_pass_done  # type: ignore[method-assign,assignment]
     links.Outbox._send = paced_send  # type: ignore[method-assign]
     DeviceLink._apply = paced_apply  # type: ignore[method-assign]
 

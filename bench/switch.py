@@ -46,13 +46,16 @@ def blocking_event(timing: bool = False) -> torch.cuda.Event:
     return torch.cuda.Event(enable_timing=timing, blocking=True)  # type: ignore[no-untyped-call]
 
 
+IOV_MAX = os.sysconf("SC_IOV_MAX")  # the most buffers one ``os.writev`` takes
+
+
 def gil_free_write(outbox: links.Outbox, parts: list[Any]) -> None:
     """``Outbox._write`` with ``os.writev`` while the transport holds nothing unsent (the GIL
     let go during the call); what the socket does not take, or a broken link, goes through
     the transport, in order."""
     transport = outbox._transport
     sock = transport.get_extra_info("socket")
-    if sock is None or transport.get_write_buffer_size() or len(parts) > os.sysconf("SC_IOV_MAX"):
+    if sock is None or transport.get_write_buffer_size() or len(parts) > IOV_MAX:
         transport.writelines(parts)
         return
     try:

@@ -292,7 +292,6 @@ def test_a_paced_outbox_waits_while_its_peer_has_not_read_the_last_message(
     """bench/paced.py's front end: a message goes at once while the peer has read everything,
     waits (gathering what later passes add) while it has not, and goes when the peer speaks,
     or after ``PACE_S`` without a word."""
-    monkeypatch.setattr(links.Outbox, "_pass_done", paced.paced_pass_done)
     monkeypatch.setattr(links.Outbox, "_send", paced.paced_send)
     monkeypatch.setattr(paced, "PACE_S", 60.0)  # until told otherwise, only the peer sends
 
