@@ -12,7 +12,7 @@ front end holds the snapshot).
 Admission is the same gate a single process runs (app/intake.py: room per level and the
 deadline-aware refusal), against this process's real queues; a refusal goes back at once. A
 message's requests for one model version and level pass it together, in order, and enter the
-queue as one entry: one-row requests to a model whose rows stack as one chunk. Answers send
+queue as one entry; where each is one row, as one chunk (app/pending.py). Answers send
 themselves as they are set (``Answer``, ``RowsAnswer``): no future, callback or timer per
 request here. Deadlines are kept by the front ends, which cancel a request past its own.
 """
@@ -152,9 +152,10 @@ class Bridge:
 
     def _admit(self, link: _Link, group: tuple[Any, ...], values: Any) -> None:
         """Admit and enqueue one message's requests for one model version and level together
-        (app/intake.py), in the order they came; a refusal is sent back at once. Where they
-        are all one-row requests to a model whose rows stack, they queue as one chunk
-        (``admit_rows``)."""
+        (app/intake.py), in the order they came; a refusal is sent back at once. Where each
+        is one row (one item) and no span is kept a request, they are one chunk: one request
+        that stands for them all (``admit_rows``), queued as one item if the model's rows
+        stack, else an item a row (a text model's token ids, batched by length)."""
         name, version, level, entries = group  # entries: (id, deadline, log id, items)
         try:
             model = self.service.repository.get(name, version)
@@ -163,10 +164,9 @@ class Bridge:
                 link.outbox.add("results", (rid, error_fields(exc), 0))
             return
         rids, deadlines, log_ids, sizes = zip(*entries, strict=True)
-        if (type(values) is np.ndarray and len(values) == len(entries) == sizes.count(1)
-                and model.handler.stacks and model.tracing is None):
+        if len(values) == len(entries) == sizes.count(1) and model.tracing is None:
             request, refused = admit_rows(model, level, values, deadlines, lambda kept: RowsAnswer(
-                link.done_rows, rids if kept is None else [rids[i] for i in kept],
+                link.done_rows, link.answer_rows, rids if kept is None else [rids[i] for i in kept],
                 log_ids if kept is None else [log_ids[i] for i in kept]))
             if request is not None:  # each request's row is its place in the answer's ids
                 answer = request.future
@@ -234,35 +234,33 @@ class _Link:
         else:
             self._failed(rid, exc, log_id)
 
+    def answer_rows(self, answer: RowsAnswer, at: int, n: int, value: Any) -> None:
+        """Rows ``at`` to ``at + n`` of a chunk of one-row requests are done, in one batch: send
+        each its result (as one block where they are an array of their rows) or its error;
+        nothing for rows dropped. Their places are freed with the chunk's (``done_rows``)."""
+        rids = answer.rids
+        if value is DROPPED:
+            return
+        if isinstance(value, BaseException):
+            for i in range(at, at + n):
+                self._failed(rids[i], value, answer.log_ids[i])
+        elif n == 1:
+            self.outbox.add("results", (rids[at], None, 1), [value])
+        elif type(value) is np.ndarray:  # computed in one model call
+            self.outbox.add("rows", rids[at:at + n], [value])
+        else:
+            self.outbox.add_all("results", [(rid, None, 1) for rid in rids[at:at + n]],
+                                list(value))
+
     def done_rows(self, answer: RowsAnswer) -> None:
-        """A chunk of one-row requests is answered (or every one cancelled): send each its
-        row's result or error, none for a row dropped, and free their places. Rows computed
-        together go back as one block (``rows``)."""
+        """A chunk of one-row requests has every row answered (``answer_rows``), or it was
+        cancelled (its rows not yet answered get nothing): free its requests' places."""
         waiting = self.waiting
         held = None
         for rid in answer.rids:
             held = waiting.pop(rid, None) or held
         if held is not None:
             held[0].finish(held[1])
-        if answer.cancelled():
-            return
-        exc = answer.exception()
-        if exc is not None:
-            for rid, log_id in zip(answer.rids, answer.log_ids, strict=True):
-                self._failed(rid, exc, log_id)
-            return
-        results = answer.result()
-        if type(results) is np.ndarray:  # every row computed, in one model call
-            self.outbox.add("rows", answer.rids, [results])
-            return
-        entries, values = [], []
-        for rid, log_id, value in zip(answer.rids, answer.log_ids, results, strict=True):
-            if isinstance(value, BaseException):
-                self._failed(rid, value, log_id)
-            elif value is not DROPPED:
-                entries.append((rid, None, 1))
-                values.append(value)
-        self.outbox.add_all("results", entries, values)
 
     def _failed(self, rid: int, exc: BaseException, log_id: str | None) -> None:
         if isinstance(exc, ServeError):

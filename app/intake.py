@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from app.errors import ServeError
 from app.pending import Answer, PendingRequest, rows_request
 from app.served import ServedModel
@@ -48,10 +50,11 @@ def admit_all(model: ServedModel, level: int, requests: list[tuple[Any, float, A
 def admit_rows(model: ServedModel, level: int, rows: Any, deadlines: Sequence[float],
                answer_for: Callable[[list[int] | None], Answer]
                ) -> tuple[PendingRequest | None, list[tuple[int, ServeError]]]:
-    """One-row requests for a model whose rows stack (``rows`` stacked, each with its
+    """One-row requests (``rows``: their items, a list or stacked in one array; each with its
     deadline), admitted as ``admit_all`` admits them; those admitted queue as one chunk, one
-    request that stands for them (app/pending.py), answered by ``answer_for(their places)``
-    (None: all of them). Returns that request (None: all refused) and each refusal's place."""
+    request that stands for them (app/pending.py: one item, or an item a row if they came as
+    a list or the model's rows do not stack), answered by ``answer_for(their places)`` (None:
+    all of them). Returns that request (None: all refused) and each refusal's place."""
     try:
         gate = model.gate(level)
     except ServeError as exc:
@@ -65,7 +68,8 @@ def admit_rows(model: ServedModel, level: int, rows: Any, deadlines: Sequence[fl
         refused = [(i, refusal) for i, refusal in enumerate(refusals) if refusal is not None]
         if not kept:
             return None, refused
-        rows, deadlines = rows[kept], [deadlines[i] for i in kept]
+        rows = rows[kept] if type(rows) is np.ndarray else [rows[i] for i in kept]
+        deadlines = [deadlines[i] for i in kept]
     request = rows_request(answer_for(kept), deadlines, now, level)
     model.put_admitted([(request, rows)], now)
     return request, refused

@@ -1,17 +1,17 @@
-"""What travels through a model's queue: an admitted request, its items, and the report of a
-batch that carries their results back to the event loop."""
+"""What travels through a model's queue: an admitted request, its items, and its answer
+(app/report.py carries a batch's results back into them)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from app.arrays import Results
-from app.errors import DeadlineExceeded, ServeError
+from app.errors import DeadlineExceeded
 
 _PENDING, _RESULT, _ERROR, _CANCELLED = range(4)
 DROPPED = object()  # the result of a chunk's rows whose request went before they were computed
@@ -66,16 +66,24 @@ class Answer:
 
 class RowsAnswer(Answer):
     """The answer of a chunk of one-row requests (``ServedModel`` via app/intake.py): their ids
-    and log ids, in row order; its result is their rows' results (or errors, or ``DROPPED``),
-    or, where every row was computed in one model call, those rows as one array."""
+    and log ids, in row order. Its rows are answered as the batches that hold them are done:
+    ``set_rows`` hands ``on_rows`` a run of rows computed together and their results (an array
+    of their rows, a list, or one error or ``DROPPED`` for them all); its result (None) says
+    every row is answered, and ``on_done`` then (or once it is cancelled) frees its place."""
 
-    __slots__ = ("rids", "log_ids")
+    __slots__ = ("rids", "log_ids", "_on_rows")
 
-    def __init__(self, on_done: Callable[[Any], None], rids: Sequence[int],
+    def __init__(self, on_done: Callable[[Any], None],
+                 on_rows: Callable[[RowsAnswer, int, int, Any], None], rids: Sequence[int],
                  log_ids: Sequence[str | None]) -> None:
         super().__init__(on_done, None)
+        self._on_rows = on_rows
         self.rids = rids
         self.log_ids = log_ids
+
+    def set_rows(self, at: int, n: int, value: Any) -> None:
+        """Rows ``at`` to ``at + n`` are done: ``value`` is their results, or what failed them."""
+        self._on_rows(self, at, n, value)
 
 
 class PendingRequest:
@@ -204,76 +212,6 @@ def rows_request(answer: Answer, deadlines: Sequence[float], now: float, level: 
 def rows_in(items: list[PendingItem]) -> int:
     """How many instances ``items`` hold."""
     return sum(item.rows for item in items)
-
-
-def per_item(items: list[PendingItem], results: Sequence[Any]
-             ) -> list[tuple[PendingItem, Any]]:
-    """Each item with its result, from one result a row: a chunk's is its rows' (a block of
-    a tensor's rows, or a list)."""
-    if len(results) == len(items):  # every item a single row
-        return list(zip(items, results, strict=True))
-    paired = []
-    at = 0
-    for item in items:
-        n = item.rows
-        paired.append((item, results[at] if n == 1 else results[at:at + n]))
-        at += n
-    return paired
-
-
-@dataclass
-class BatchReport:
-    """What one batch did, handed from a device thread to the event loop with its results."""
-
-    device: str
-    # Each item's result (a chunk's: a list of its rows' results), or a ServeError for it.
-    results: list[tuple[PendingItem, Any]]
-    started_at: float
-    # One entry per model call (key group): its items, seconds, cost-model work (items, or
-    # padded tokens for a model that pads) and real tokens (items, for a model that does not).
-    sizes: list[int] = field(default_factory=list)
-    compute_s: list[float] = field(default_factory=list)
-    work: list[int] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    padded: bool = False  # the model pads each batch to its longest item (text)
-    expired: int = 0
-    cancelled: int = 0
-
-    def answer(self) -> list[float]:
-        """Write each result into its request, and resolve each request whose every item is
-        in (or the first to fail) on the event loop; the queue waits of the answered items (one
-        a row)."""
-        waits = []
-        for item, value in self.results:
-            request = item.request
-            future = request.future
-            if future.done():
-                continue
-            failed = isinstance(value, ServeError) or value is DROPPED
-            if failed and request.deadlines is None:
-                future.set_exception(value)
-                continue
-            # Rows of one-row requests fail or are dropped each on its own.
-            wait = self.started_at - request.enqueued_at
-            if (1 < item.rows == request.remaining == len(request.results)
-                    and type(value) is np.ndarray):  # all of its rows in one chunk: one block
-                waits.extend([wait] * item.rows)
-                request.remaining = 0
-                future.set_result(value)
-                continue
-            if item.rows == 1:
-                request.results[item.index] = value
-                if not failed:
-                    waits.append(wait)
-            else:  # a chunk: its rows' results, and a wait for each (the metric is per item)
-                request.results[item.index:item.index + item.rows] = (
-                    [value] * item.rows if failed else value)
-                if not failed:
-                    waits.extend([wait] * item.rows)
-            request.remaining -= item.rows
-            if request.remaining == 0:
-                future.set_result(request.results)
-        return waits
 
 
 def expire(future: asyncio.Future[Results]) -> None:

@@ -141,7 +141,7 @@ class ModelQueue:
                 return []
             lengths = [length(item.data) or 0 for _, _, item in seen]
             target = anchor if anchor is not None else lengths[0]
-            urgent = [item.request.deadline <= due for _, _, item in seen]
+            urgent = [item.request.earliest <= due for _, _, item in seen]
             chosen = similar(seen, lengths, target, urgent, limit, max_tokens, held)
             everything = len(chosen) == sum(map(len, self._staged))  # then no search to do
             picked = set() if everything else {id(entry[2]) for entry in chosen}

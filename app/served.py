@@ -23,8 +23,9 @@ from app.facade import ModelFacade
 from app.metrics import ModelMetrics
 from app.models.base import ModelHandler
 from app.models.signature import TensorSpec, describe_outputs
-from app.pending import DROPPED, BatchReport, PendingRequest, expire, queue_items
+from app.pending import DROPPED, PendingRequest, expire, queue_items
 from app.queues import ModelQueue
+from app.report import BatchReport
 from app.scheduler.admission import Gate, closed, room
 from app.scheduler.cost import CostModel
 from app.scheduler.waiting import BatchPolicy, RecentPeak

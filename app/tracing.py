@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span
 
-    from app.pending import BatchReport
+    from app.report import BatchReport
 
 OTLP_ENV = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 CONTEXT_HEADERS = ("traceparent", "tracestate")

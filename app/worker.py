@@ -24,7 +24,8 @@ import torch
 from app.bell import Bell
 from app.errors import DeadlineExceeded, ModelError
 from app.models.base import Replica
-from app.pending import DROPPED, BatchReport, PendingItem, per_item, rows_in
+from app.pending import DROPPED, PendingItem, rows_in
+from app.report import BatchReport, per_item
 from app.scheduler.fairness import Fairness
 from app.scheduler.waiting import collect_batch, group_by, split_live
 from app.served import ServedModel
@@ -195,7 +196,7 @@ class DeviceWorker:
         for model, slot in self._slots.items():
             head = slot.model.queue.head()
             if head is not None:
-                candidates.append((model, head.request.deadline))
+                candidates.append((model, head.request.earliest))
         return self._slots[self._fairness.pick(candidates)] if candidates else None
 
     def _idle(self) -> bool:

@@ -244,7 +244,7 @@ def collect_batch(
         if not batch:
             return batch
         now = clock()
-        slack = min(i.request.deadline for i in batch) - now
+        slack = min(i.request.earliest for i in batch) - now
         if latency_target_s is not None:
             oldest = min(i.request.enqueued_at for i in batch)
             slack = min(slack, oldest + latency_target_s - now)

@@ -88,9 +88,10 @@ class GatedRows(TensorHandler):
     Once ``armed`` (after the warm-up): ``shapes`` says what each batch's items were (a row,
     or a chunk of rows), and a batch waits for ``gate``."""
 
-    def __init__(self) -> None:
-        super().__init__("rows", lambda device: Double(), (2,))
-        self.gate, self.entered = threading.Event(), threading.Event()
+    def __init__(self, shape: tuple[int, ...] | None = (2,)) -> None:
+        super().__init__("rows", lambda device: Double(), shape, examples=[[0.0, 0.0]])
+        self.gate: threading.Event | Turnstile = threading.Event()
+        self.entered = threading.Event()
         self.shapes: list[list[tuple[int, ...]]] = []
         self.armed = False
 
@@ -101,6 +102,19 @@ class GatedRows(TensorHandler):
         assert self.gate.wait(timeout=60), "gate never opened"
         self.shapes.append([item.shape for item in items])
         return super().collate(items)
+
+
+class Turnstile:
+    """A gate that lets one model call through a ``set``."""
+
+    def __init__(self) -> None:
+        self._turns = threading.Semaphore(0)
+
+    def set(self) -> None:
+        self._turns.release()
+
+    def wait(self, timeout: float) -> bool:
+        return self._turns.acquire(timeout=timeout)
 
 
 class Double(torch.nn.Module):
@@ -160,7 +174,8 @@ async def test_a_cancelled_request_is_dropped_unanswered() -> None:
     handler = GatedHandler()
     async with running(handler, max_batch_size=1) as service:
         bridge, (front, outbox) = Bridge(service), link()
-        bridge._handle(front, message(service, (0, [0.0]), (1, [1.0])))
+        bridge._handle(front, message(service, (0, [0.0])))
+        bridge._handle(front, message(service, (1, [1.0])))  # not one chunk with the first
         await wait_until(handler.entered.is_set, "the device busy")
         bridge._handle(front, {"cancel": [1]})
         assert service.repository.get().in_flight == 1 and list(front.waiting) == [0]
@@ -253,6 +268,40 @@ async def test_one_row_requests_queue_as_one_chunk_each_answered_on_its_own() ->
         for i in range(4):
             np.testing.assert_array_equal(np.stack(answers[i]), 2 * rows[i:i + 1])
         assert handler.shapes == [[(4, 2)]]
+        assert model.in_flight == 0 and not front.waiting
+
+
+@pytest.mark.parametrize(("shape", "stacked"), [((2,), True), (None, True), (None, False)],
+                         ids=["rows that stack", "an item a row", "items of each length"])
+async def test_a_chunks_rows_are_answered_with_the_batch_that_computed_them(
+        shape: tuple[int, ...] | None, stacked: bool) -> None:
+    """Five one-row requests in one message are one chunk, one request standing for them, for
+    a model whose rows stack (one item) or not (an item a row: a front end sends token ids of
+    each length as a list). A batch limit of 3 splits it: the first batch's rows are answered
+    while the second batch is held, and their places are freed with the chunk's, once every
+    row is answered."""
+    handler = GatedRows(shape)
+    handler.gate = Turnstile()
+    async with running(handler, max_batch_size=3, queue_capacity=16, max_instances=8) as service:
+        bridge, (front, outbox) = Bridge(service), link()
+        handler.armed = True
+        rows = np.arange(10, dtype=np.float32).reshape(5, 2)
+        bridge._handle(front, message(service, *[(i, [rows[i]]) for i in range(5)],
+                                      stacked=stacked))
+        model = service.repository.get()
+        assert model.in_flight == 5 and model.queue.depth == 5
+        handler.gate.set()
+        await wait_until(lambda: len(outbox.results()) == 3, "the first batch's rows answered")
+        await asyncio.sleep(0.05)  # the second batch is held at the gate
+        assert sorted(outbox.results()) == [0, 1, 2] and len(handler.shapes) == 1
+        assert model.in_flight == 5 and sorted(front.waiting) == list(range(5))
+        handler.gate.set()
+        await wait_until(lambda: len(outbox.results()) == 5, "every request answered")
+        answers = outbox.results()
+        for i in range(5):
+            np.testing.assert_array_equal(np.stack(answers[i]), 2 * rows[i:i + 1])
+        assert handler.shapes == ([[(3, 2)], [(2, 2)]] if shape else
+                                  [[(2,)] * 3, [(2,)] * 2])
         assert model.in_flight == 0 and not front.waiting
 
 

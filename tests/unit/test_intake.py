@@ -22,15 +22,20 @@ pytestmark = pytest.mark.asyncio
 async def admit(service: InferenceService, rows: np.ndarray, deadlines: list[float]
                 ) -> tuple[Any, list[Any], list[list[int] | None], asyncio.Future[Any]]:
     """``admit_rows`` of ``rows`` at the default level: (the chunk's request, the refusals,
-    each ``answer_for``'s places, the chunk's answer once it is set)."""
+    each ``answer_for``'s places, and once every row is answered, the runs of rows it was
+    answered in: (first row, rows, their results))."""
     model = service.repository.get()
     answered: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     places: list[list[int] | None] = []
 
+    parts: list[tuple[int, int, Any]] = []
+
     def answer_for(kept: list[int] | None) -> RowsAnswer:
         places.append(kept)
         ids = range(len(rows)) if kept is None else kept
-        return RowsAnswer(lambda a: answered.set_result(a.result()), ids, [None] * len(ids))
+        return RowsAnswer(lambda a: answered.set_result(parts),
+                          lambda a, at, n, value: parts.append((at, n, value)),
+                          ids, [None] * len(ids))
 
     request, refused = admit_rows(model, model.settings.default_level, rows, deadlines,
                                   answer_for)
@@ -51,8 +56,9 @@ async def test_rows_admitted_around_a_refusal_queue_as_one_chunk_of_theirs() -> 
         assert place == 1 and isinstance(refusal, ServeError) and refusal.status == 503
         assert request is not None and request.count == 2 and places == [[0, 2]]
         assert service.repository.get().in_flight == 2
-        results = await asyncio.wait_for(answered, 30)
-        np.testing.assert_array_equal(np.stack(results), 2 * rows[[0, 2]])
+        (at, n, results), = await asyncio.wait_for(answered, 30)
+        assert (at, n) == (0, 2)
+        np.testing.assert_array_equal(results, 2 * rows[[0, 2]])
 
 
 async def test_rows_all_admitted_are_answered_as_one_block() -> None:
@@ -64,8 +70,8 @@ async def test_rows_all_admitted_are_answered_as_one_block() -> None:
         now = time.monotonic()
         request, refused, places, answered = await admit(service, rows, [now + 30.0] * 4)
         assert request is not None and request.count == 4 and not refused and places == [None]
-        results = await asyncio.wait_for(answered, 30)
-        assert type(results) is np.ndarray
+        (at, n, results), = await asyncio.wait_for(answered, 30)
+        assert (at, n) == (0, 4) and type(results) is np.ndarray
         np.testing.assert_array_equal(results, 2 * rows)
 
 

@@ -14,7 +14,7 @@ import torch
 from app.config import BatchSettings
 from app.errors import InvalidInput, Unavailable, WouldMissDeadline
 from app.metrics import Metrics
-from app.pending import BatchReport
+from app.report import BatchReport
 from app.runtime import InferenceService
 from app.scheduler.cost import CostModel
 from app.served import WORK_WEIGHT, ServedModel

@@ -17,7 +17,8 @@ from app.config import BatchSettings
 from app.errors import DeadlineExceeded, ModelError
 from app.metrics import Metrics
 from app.models.base import ModelHandler, Tensors
-from app.pending import BatchReport, PendingItem, PendingRequest
+from app.pending import PendingItem, PendingRequest
+from app.report import BatchReport
 from app.served import ServedModel
 from app.warmup import warm_replica
 from app.worker import DeviceWorker, WorkerState
