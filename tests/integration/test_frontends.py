@@ -4,6 +4,7 @@ unload through any front end, SIGTERM, a killed front end, a killed device proce
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -11,8 +12,10 @@ import socket
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from tests.conftest import (
@@ -45,7 +48,7 @@ def raw_status(url: str, target: bytes) -> bytes:
         return sock.recv(64).split(b" ")[1]
 
 
-def post(url: str, instances: list[list[float]], path: str = "/predict") -> httpx.Response:
+def post(url: str, instances: list[Any], path: str = "/predict") -> httpx.Response:
     with httpx.Client(timeout=60) as client:
         return client.post(url + path, json={"instances": instances})
 
@@ -142,6 +145,30 @@ def test_every_answer_is_the_one_a_single_process_gives() -> None:
                                 for method, path, headers, body in SAME_ANSWERS])
     for case, one, two in zip(SAME_ANSWERS, *answers, strict=True):
         assert one == two, case
+
+
+def test_sentences_of_every_length_are_answered_as_one_process_answers() -> None:
+    """minilm's sentences of many lengths, sent in one burst: through two front ends a
+    message's sentences are one chunk in the device process, batched by length row by row and
+    answered as they are computed (docs/frontends.md; tests/unit/test_bridge.py checks the
+    chunks); each answer is the one a single process gives."""
+    sentences = [" ".join(["word"] * n) for n in (1, 3, 7, 15, 31, 2, 60, 120)] * 6
+
+    async def burst(url: str) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            return await asyncio.gather(*[client.post("/predict", json={"instances": [s]})
+                                          for s in sentences])
+
+    embeddings = []
+    for frontends in ("1", "2"):
+        with (split_server if frontends == "2" else serve)(
+                "--model", "minilm", "--devices", "cpu", "--frontends", frontends) as (_, url):
+            wait_ready(url)
+            answers = asyncio.run(burst(url))
+            assert [a.status_code for a in answers] == [200] * len(sentences)
+            embeddings.append(np.array([a.json()["predictions"][0] for a in answers]))
+    assert embeddings[0].shape == (len(sentences), 384)
+    np.testing.assert_allclose(embeddings[1], embeddings[0], atol=1e-4)
 
 
 def _answer(response: httpx.Response, url: str) -> tuple[int, list[tuple[str, str]], bytes]:
