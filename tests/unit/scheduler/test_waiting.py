@@ -409,6 +409,21 @@ def test_a_chunk_of_one_row_requests_counts_as_its_requests() -> None:
     assert len(batch) == 1 and clock.naps == 0
 
 
+def test_a_batch_holding_a_chunk_leaves_by_its_soonest_deadline() -> None:
+    """A chunk of two one-row requests, one due 2 ms after it queued and one much later, with
+    more requests expected soon: the batch waits for them only until the soonest deadline, not
+    the whole 5 ms its other row would allow."""
+    chunk = rows_request(_Future(), [100.002, 1e9], 100.0, 1)  # type: ignore[arg-type]
+    clock = FakeClock(100.0)
+    q = FakeQueue(clock)
+    q.add(100.0, PendingItem(chunk, 0, np.zeros((2, 2)), None, 2))
+    arriving = ArrivalRate()
+    arriving.gaps.extend([0.0001] * arriving.window)  # others would be worth a nap
+    batch = collect_batch(q, WIDE, 32, arriving, lambda: 10, clock=clock, nap=q.nap)
+    assert len(batch) == 1 and clock.naps >= 1
+    assert clock.now == pytest.approx(100.002)
+
+
 def test_the_gap_of_bursty_arrivals_is_the_gap_inside_a_burst() -> None:
     """A closed loop of 8: bursts of 8 arrivals 0.2 ms apart, one burst per 8 ms batch. The
     mean gap (1.2 ms) would say waiting for the burst never pays; the median says 0.2 ms."""
