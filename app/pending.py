@@ -87,11 +87,12 @@ class RowsAnswer(Answer):
 
 
 class PendingRequest:
-    """One admitted request: its future resolves to the list of per-item results, in order.
+    """One admitted request: its future resolves to the list of per-item results, in order (a
+    chunk of one-row requests: its ``RowsAnswer`` takes its rows as they are done).
 
-    Created and resolved on the event loop. Device threads only read ``deadline`` and call
-    ``future.done()`` (a plain attribute read) to skip work nobody waits for. (A plain class with
-    slots: one is built per request on the event loop's hot path.)
+    Created and resolved on the event loop. Device threads only read ``deadline`` (``earliest``)
+    and call ``future.done()`` (a plain attribute read) to skip work nobody waits for. (A plain
+    class with slots: one is built per request on the event loop's hot path.)
     """
 
     __slots__ = ("future", "deadline", "enqueued_at", "results", "remaining", "timer",
@@ -111,7 +112,7 @@ class PendingRequest:
         self.trace: Any = None  # its server span when tracing is on (app/tracing.py)
         # Requests it stands for: more than one for a message's one-row requests queued as one
         # chunk (``admit_rows``, app/intake.py), whose rows keep their own deadlines and
-        # cancellations (each row one request, answered on its own: ``BatchReport.answer``).
+        # cancellations (each row one request, answered on its own: app/report.py).
         self.count = 1
         self.deadlines: Sequence[float] | None = None  # a row's each (one-row requests)
         self.cancelled: np.ndarray | None = None  # a flag a row, from the first cancel
