@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from app.errors import ServeError
-from app.pending import DROPPED, PendingItem, PendingRequest, RowsAnswer
+from app.pending import DROPPED, PendingItem, RowsAnswer
 
 
 def per_item(items: list[PendingItem], results: Sequence[Any]
@@ -67,10 +67,9 @@ class BatchReport:
                 assert isinstance(future, RowsAnswer)
                 n = item.rows
                 if n == 1 and not failed:  # with the next rows of its chunk, one run
-                    run = _run(results, at, request, item.index + 1)
-                    if run:
-                        value = [value, *run]
-                        n = len(value)
+                    run = _run(results, at - 1)
+                    if len(run) > 1:
+                        value, n = run, len(run)
                         at += n - 1
                 future.set_rows(item.index, n, value)
                 if not failed:
@@ -100,10 +99,10 @@ class BatchReport:
         return waits
 
 
-def _run(results: list[tuple[PendingItem, Any]], at: int, request: PendingRequest, index: int
-         ) -> list[Any]:
-    """The results from ``results[at]`` on of ``request``'s rows ``index``, ``index + 1``...,
-    a row an item, as long as they run on and none failed."""
+def _run(results: list[tuple[PendingItem, Any]], at: int) -> list[Any]:
+    """The results from ``results[at]`` on, a row an item, while they are the next rows of
+    that item's request and none failed."""
+    request, index = results[at][0].request, results[at][0].index
     run = []
     for i in range(at, len(results)):
         item, value = results[i]

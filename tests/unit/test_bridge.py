@@ -248,17 +248,25 @@ async def test_a_request_computed_in_one_chunk_goes_back_as_one_block() -> None:
         assert handler.shapes[-1] == [(3, 2)]
 
 
+def one_row_requests(handler: GatedRows, service: InferenceService, stacked: bool
+                     ) -> tuple[_Link, Outbox, np.ndarray]:
+    """Arm ``handler``, and send five one-row requests (ids 0-4) in one message, their rows
+    ``stacked`` or as a list: the front end's link, what it was sent, and the rows."""
+    bridge, (front, outbox) = Bridge(service), link()
+    handler.armed = True
+    rows = np.arange(10, dtype=np.float32).reshape(5, 2)
+    bridge._handle(front, message(service, *[(i, [rows[i]]) for i in range(5)],
+                                  stacked=stacked))
+    return front, outbox, rows
+
+
 async def test_one_row_requests_queue_as_one_chunk_each_answered_on_its_own() -> None:
     """Five one-row requests in one message to a model whose rows stack: admitted in order
     (the last refused at once: no room), queued as one chunk, one model call of their rows,
     each answered with its own row; counted as four requests in flight, then none."""
     handler = GatedRows()
     async with running(handler, max_batch_size=8, queue_capacity=4, max_instances=4) as service:
-        bridge, (front, outbox) = Bridge(service), link()
-        handler.armed = True
-        rows = np.arange(10, dtype=np.float32).reshape(5, 2)
-        bridge._handle(front, message(service, *[(i, [rows[i]]) for i in range(5)],
-                                      stacked=True))
+        front, outbox, rows = one_row_requests(handler, service, stacked=True)
         assert outbox.results() == {4: (503, "busy")}
         model = service.repository.get()
         assert model.in_flight == 4 and model.queue.depth == 4
@@ -283,11 +291,7 @@ async def test_a_chunks_rows_are_answered_with_the_batch_that_computed_them(
     handler = GatedRows(shape)
     handler.gate = Turnstile()
     async with running(handler, max_batch_size=3, queue_capacity=16, max_instances=8) as service:
-        bridge, (front, outbox) = Bridge(service), link()
-        handler.armed = True
-        rows = np.arange(10, dtype=np.float32).reshape(5, 2)
-        bridge._handle(front, message(service, *[(i, [rows[i]]) for i in range(5)],
-                                      stacked=stacked))
+        front, outbox, rows = one_row_requests(handler, service, stacked)
         model = service.repository.get()
         assert model.in_flight == 5 and model.queue.depth == 5
         handler.gate.set()

@@ -392,6 +392,18 @@ def test_arrival_rate_counts_requests_not_items() -> None:
     assert rate.gap_s == pytest.approx(0.5)
 
 
+def queued_alone(chunk: PendingRequest, gap_s: float
+                 ) -> tuple[FakeClock, FakeQueue, ArrivalRate]:
+    """A clock at ``chunk``'s arrival, a queue holding its rows as one item, and arrivals
+    ``gap_s`` apart: others would be worth a nap."""
+    clock = FakeClock(chunk.enqueued_at)
+    q = FakeQueue(clock)
+    q.add(chunk.enqueued_at, PendingItem(chunk, 0, np.zeros((chunk.count, 2)), None, chunk.count))
+    arriving = ArrivalRate()
+    arriving.gaps.extend([gap_s] * arriving.window)
+    return clock, q, arriving
+
+
 def test_a_chunk_of_one_row_requests_counts_as_its_requests() -> None:
     """Four one-row requests queued as one chunk are four arrivals (three gaps of 0 after the
     one before them), and a batch holding the chunk holds four of the four in flight: go."""
@@ -400,11 +412,7 @@ def test_a_chunk_of_one_row_requests_counts_as_its_requests() -> None:
     chunk = rows_request(_Future(), [1e9] * 4, 10.0, 1)  # type: ignore[arg-type]
     rate.observe(chunk)
     assert list(rate.gaps) == [1.0, 0.0, 0.0, 0.0]
-    clock = FakeClock(10.0)
-    q = FakeQueue(clock)
-    q.add(10.0, PendingItem(chunk, 0, np.zeros((4, 2)), None, 4))
-    arriving = ArrivalRate()
-    arriving.gaps.extend([0.001] * arriving.window)  # others would be worth a nap
+    clock, q, arriving = queued_alone(chunk, 0.001)
     batch = collect_batch(q, WIDE, 32, arriving, lambda: 4, clock=clock, nap=q.nap)
     assert len(batch) == 1 and clock.naps == 0
 
@@ -414,11 +422,7 @@ def test_a_batch_holding_a_chunk_leaves_by_its_soonest_deadline() -> None:
     more requests expected soon: the batch waits for them only until the soonest deadline, not
     the whole 5 ms its other row would allow."""
     chunk = rows_request(_Future(), [100.002, 1e9], 100.0, 1)  # type: ignore[arg-type]
-    clock = FakeClock(100.0)
-    q = FakeQueue(clock)
-    q.add(100.0, PendingItem(chunk, 0, np.zeros((2, 2)), None, 2))
-    arriving = ArrivalRate()
-    arriving.gaps.extend([0.0001] * arriving.window)  # others would be worth a nap
+    clock, q, arriving = queued_alone(chunk, 0.0001)
     batch = collect_batch(q, WIDE, 32, arriving, lambda: 10, clock=clock, nap=q.nap)
     assert len(batch) == 1 and clock.naps >= 1
     assert clock.now == pytest.approx(100.002)
