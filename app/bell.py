@@ -10,15 +10,18 @@ at the queues a last time, so a put is either seen by that look or rings the bel
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+from queue import Empty, SimpleQueue
 
 
 class Bell:
-    __slots__ = ("_event", "_asleep", "_filling", "_ring_at")
+    __slots__ = ("_rings", "_asleep", "_filling", "_ring_at")
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        # A ring is a token put here; the sleeping thread waits for one. A C queue, not a
+        # ``threading.Event``: the event loop's ring is one C call (Event.set takes a Python
+        # condition's lock and notifies: 8 % of the device process's event loop at c=256).
+        self._rings: SimpleQueue[None] = SimpleQueue()
         self._asleep = False
         self._filling: object = None  # the model whose batch fills while the thread sleeps
         self._ring_at = 1  # the depth of its queue that wakes the thread
@@ -36,23 +39,28 @@ class Bell:
         """Wake the thread if it sleeps; a busy thread pays nothing (any thread)."""
         if self._asleep:
             self._asleep = False
-            self._event.set()
+            self._rings.put(None)
 
     def ring_now(self) -> None:
-        """Wake the thread, or keep it from its next sleep (a command, a stop)."""
-        self._event.set()
+        """Wake the thread asleep or not (a command, a stop): one about to sleep sees the work
+        in its last look, or wakes at once."""
+        self._rings.put(None)
 
     def sleep(self, seconds: float, idle: Callable[[], bool], filling: object = None,
               ring_at: int = 1) -> None:
         """Sleep up to ``seconds`` unless ``idle()``, looked at once asleep, says work came
         (device thread). ``filling``: the model whose batch waits for its queue to reach
         ``ring_at`` items; any other model's arrival wakes the thread at once."""
-        self._event.clear()
+        while not self._rings.empty():  # rings before this sleep: ``idle()`` sees their work
+            self._rings.get_nowait()
         self._filling, self._ring_at = filling, ring_at
         self._asleep = True
         try:
             if idle():
-                self._event.wait(seconds)
+                try:
+                    self._rings.get(timeout=seconds)
+                except Empty:
+                    pass
         finally:
             self._asleep = False
             self._filling, self._ring_at = None, 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from app.bell import Bell
 from tests.conftest import WAIT_S, wait_until_sync
@@ -37,3 +38,12 @@ def test_a_filling_batch_wants_its_depth_and_any_other_models_item() -> None:
     bell.ring_now()
     thread.join(WAIT_S)
     assert not thread.is_alive() and not bell.wants("m", 8)  # back to idle's rule, awake
+
+
+def test_rings_while_awake_do_not_cut_a_later_sleep_short() -> None:
+    bell = Bell()
+    for _ in range(3):
+        bell.ring_now()  # a command or a stop, seen by the thread's next look at its work
+    start = time.monotonic()
+    bell.sleep(0.05, lambda: True)  # nothing to do: sleeps its whole time, not woken by those
+    assert time.monotonic() - start >= 0.05
