@@ -11,6 +11,7 @@ at the queues a last time, so a put is either seen by that look or rings the bel
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import suppress
 from queue import Empty, SimpleQueue
 
 
@@ -57,10 +58,8 @@ class Bell:
         self._asleep = True
         try:
             if idle():
-                try:
+                with suppress(Empty):  # the time is up
                     self._rings.get(timeout=seconds)
-                except Empty:
-                    pass
         finally:
             self._asleep = False
             self._filling, self._ring_at = None, 1
