@@ -27,7 +27,6 @@ async def admit(service: InferenceService, rows: np.ndarray, deadlines: list[flo
     model = service.repository.get()
     answered: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     places: list[list[int] | None] = []
-
     parts: list[tuple[int, int, Any]] = []
 
     def answer_for(kept: list[int] | None) -> RowsAnswer:
