@@ -13,6 +13,8 @@ cores``: uneven when the connections are). ``--offline`` adds the model called i
 the max batch (bench.run's ceiling), before the curve and after it, and the ratios against the
 higher reading. ``--base DIR`` runs each point on that checkout too, in turn with this build,
 and gives this build's ratio to it (an A/B on a lent GPU: bench.carry --base packs the base).
+``--pin-device-cores K`` keeps the device process's threads on K cores of their own and the
+front ends and wrk off them (``pin``).
 
     python -m bench.frontends --workload linear --frontends 1,2 --concurrency 64
     python -m bench.frontends --workload mlp --instances 32 --binary --devices cuda \\
@@ -25,6 +27,7 @@ whose tensor travels as binary data (Triton's binary tensor extension).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -109,6 +112,24 @@ def tree(pid: int) -> list[int]:
     """``pid`` and its child processes (the front ends)."""
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     return [pid, *(int(c) for c in children)]
+
+
+def pin(pids: list[int], device_cores: int) -> str:
+    """Every thread of the device process (``pids[0]``) onto the last ``device_cores`` of the
+    cores this process may use, the front ends' onto the others: whether the device process
+    costs more a request beside busy front ends (19-20 us on the H200 at N=8, against 12.9
+    alone: docs/benchmarks.md) because they take its cores. Threads started later inherit
+    their starter's cores. Returns the others as taskset lists them, for wrk."""
+    cores = sorted(os.sched_getaffinity(0))
+    device, rest = cores[-device_cores:], cores[:-device_cores]
+    for i, pid in enumerate(pids):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(ProcessLookupError):  # a thread that has ended
+                os.sched_setaffinity(int(task.name), device if i == 0 else rest)
+    listed = ",".join(map(str, rest))
+    print(f"  pinned: the device process on cores {','.join(map(str, device))}, the front "
+          f"ends and wrk on {listed}", flush=True)
+    return listed
 
 
 def per_process_cpu(pids: list[int]) -> list[float]:
@@ -216,16 +237,17 @@ def measure(args: argparse.Namespace, frontends: int, check: bool,
         wait_for_frontends(url, frontends)
         if check:
             check_answers(url, args.workload, args.model)
+        cpus = pin(tree(pid), args.pin_device_cores) if args.pin_device_cores else None
         for c in args.concurrency:
             run_wrk(url, path_file, c, args.warmup_s, path, threads=min(c, args.threads),
-                    env=env)
+                    env=env, cpus=cpus)
             totals0 = stage_totals(url)
             pids = tree(pid)  # the device process, then the front ends
             each0, t0, loop0 = per_process_cpu(pids), time.monotonic(), cpu_seconds(pid, pid)
             with SmSampler(args.devices) as sm, profiled(args.profile, pid, args.seconds,
                                                          f"device-{args.workload}-n{frontends}-c{c}"):
                 r = run_wrk(url, path_file, c, args.seconds, path, threads=min(c, args.threads),
-                            env=env)
+                            env=env, cpus=cpus)
             each1, t1, loop1 = per_process_cpu(pids), time.monotonic(), cpu_seconds(pid, pid)
             cpu0, cpu1, dev0, dev1 = sum(each0), sum(each1), each0[0], each1[0]
             each = [(c1 - c0) / (t1 - t0) for c0, c1 in zip(each0[1:], each1[1:],
@@ -348,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paced-frontends", action="store_true",
                    help="each front end's message waits while the device process has not "
                         "read its last one (bench/paced.py)")
+    p.add_argument("--pin-device-cores", type=int, default=0, metavar="K",
+                   help="the device process's threads on the last K cores, the front ends and "
+                        "wrk on the others (0: where the kernel puts them)")
     p.add_argument("--base", type=Path, default=None,
                    help="a checkout to A/B against: each point on it, then on this build, the "
                         "order turned each round (bench.carry --base packs one for the GPU)")
@@ -359,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--base runs the base's own server: not with bench/switch.py's settings")
     if args.base is not None and not (args.base / "app" / "__main__.py").is_file():
         p.error(f"--base {args.base}: no batchserve checkout there (app/__main__.py)")
+    if not 0 <= args.pin_device_cores < len(os.sched_getaffinity(0)):
+        p.error(f"--pin-device-cores {args.pin_device_cores}: from 0 to one less than the "
+                f"{len(os.sched_getaffinity(0))} cores this process may use")
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     counts = [int(n) for n in args.frontends.split(",")]
     print(f"== {args.workload}, {args.instances} instance(s) a request"

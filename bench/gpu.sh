@@ -30,7 +30,10 @@
 # the same with the device process's writes to the front ends letting the GIL go (os.writev,
 # bench/switch.py) against uvloop's, which holds it; "paced" (about 3 minutes), the same with
 # each front end's message waiting while the device process has not read its last one
-# (bench/paced.py: fewer, larger messages where it is behind); "c1" (about 1
+# (bench/paced.py: fewer, larger messages where it is behind); "pinned" (about 3 minutes),
+# the same with the device process's threads on PIN_CORES of their own and the front ends and
+# wrk on the others (bench.frontends --pin-device-cores: does it cost 19-20 us a request at
+# N=8, against 12.9 alone, because the front ends take its cores?); "c1" (about 1
 # minute), at c=1 this build against the first GPU run's (bench/ab.sh, both up at once), with
 # one process and with its default front ends (C1_FRONTENDS). With PROFILE=1 py-spy also
 # records the device process at each point of the first curve. Profiles go to
@@ -66,6 +69,7 @@ CURVES=${CURVES:-mlp-json mlp-binary32 minilm}
 POINT_FRONTENDS=${POINT_FRONTENDS:-8}  # front ends of the single points (the curves' best N)
 C1_FRONTENDS=${C1_FRONTENDS:-1 auto}  # this build's front ends in the c=1 comparison
 AB_WORKLOADS=${AB_WORKLOADS:-minilm mlp-json}  # ab's: mlp-json, mlp-binary32, minilm
+PIN_CORES=${PIN_CORES:-2}  # pinned's: the device process's cores
 GRAPH_INSTANCES=${GRAPH_INSTANCES:-32}  # the device process alone with CUDA graphs: items a request
 OUT=${OUT:?OUT: where the logs and results go}
 mkdir -p "$OUT"
@@ -168,7 +172,7 @@ switch_sweep() {  # the device process's GIL switch interval (bench/switch.py): 
 }
 
 alternating() {  # CURVE FLAG: mlp JSON and minilm at POINT_FRONTENDS as the server runs and
-  # with FLAG (bench/switch.py), alternating, two rounds
+  # with FLAG (bench/switch.py, or one --flag=value word), alternating, two rounds
   local curve=$1 flag=$2 with label
   [[ " $CURVES " == *" $curve "* ]] || return 0
   for round in 1 2; do
@@ -179,7 +183,8 @@ alternating() {  # CURVE FLAG: mlp JSON and minilm at POINT_FRONTENDS as the ser
       run_frontends "$workload, N=$POINT_FRONTENDS, c=256: $curve, $label" \
         "$(point_limit "$workload")" \
         --frontends "$POINT_FRONTENDS" --workload "$workload" --max-batch-size "$batch" \
-        --concurrency 256 "${with[@]}" --out "$OUT/$curve-$workload-${set#--}-$round.json"
+        --concurrency 256 "${with[@]}" \
+        --out "$OUT/$curve-$workload-$(tr = - <<< "${set#--}")-$round.json"
     done
   done
 }
@@ -273,6 +278,8 @@ main() {
   alternating writes --gil-free-writes
   # each front end's message waiting while the device process has not read its last one
   alternating paced --paced-frontends
+  # the device process on cores of its own, the front ends and wrk on the others
+  alternating pinned "--pin-device-cores=$PIN_CORES"
   ab_compare
   c1_compare
 }
