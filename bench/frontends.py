@@ -119,7 +119,7 @@ def pin(pids: list[int], device_cores: int) -> str:
     cores this process may use, the front ends' onto the others: whether the device process
     costs more a request beside busy front ends (19-20 us on the H200 at N=8, against 12.9
     alone: docs/benchmarks.md) because they take its cores. Threads started later inherit
-    their starter's cores. Returns the others as taskset lists them, for wrk."""
+    their starter's cores. Returns the others ("0,1,2"), for wrk."""
     cores = sorted(os.sched_getaffinity(0))
     device, rest = cores[-device_cores:], cores[:-device_cores]
     for i, pid in enumerate(pids):

@@ -273,16 +273,22 @@ def batch_totals(url: str) -> tuple[float, float]:
 BODY_ENV, BODIES_ENV = "BENCH_BODY_FILE", "BENCH_BODIES_FILE"  # read by bench/post.lua
 
 
+# ``python -c ON_CORES "0,1" CMD...``: CMD on those cores.
+ON_CORES = ("import os, sys; os.sched_setaffinity(0, map(int, sys.argv[1].split(','))); "
+            "os.execvp(sys.argv[2], sys.argv[2:])")
+
+
 def run_wrk(url: str, body_file: str, concurrency: int, seconds: float,
             path: str = "/predict", many: bool = False, threads: int = 1,
             env: dict[str, str] | None = None, cpus: str | None = None) -> dict[str, Any]:
     """wrk with bench/post.lua: the one body in ``body_file``, or with ``many`` one of its lines
     per request; its JSON summary. ``env``: more for post.lua (BENCH_HEADER_LENGTH); ``cpus``:
-    the cores wrk runs on (taskset's list)."""
+    the cores wrk runs on ("0,1,2"), set by a Python that then becomes wrk (no taskset needed
+    on a bare GPU box: the cores carry over the exec)."""
     cmd = ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{max(1, round(seconds))}s",
            "--timeout", "30s", "-s", str(HERE / "post.lua"), url + path]
     if cpus is not None:
-        cmd = ["taskset", "-c", cpus, *cmd]
+        cmd = [sys.executable, "-c", ON_CORES, cpus, *cmd]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True,
                          env={**os.environ, BODIES_ENV if many else BODY_ENV: body_file,
                               **(env or {})}).stdout
