@@ -40,11 +40,12 @@
 # $OUT/profiles.tgz, the results to $OUT/results.tgz (py-spy slows what it records: one process
 # at c=256 read 3.8 k req/s profiled). Needs .carry/ from `python -m bench.carry` (made here,
 # named in the device call's carry). A cold start of the machine takes about a minute more.
-#   1:  OUT=$OUT bash bench/gpu.sh                                        (~6.5 minutes)
-#   2:  TESTS= CURVES="minilm-eager c1 device" OUT=$OUT bash bench/gpu.sh  (~5 minutes)
+#   1:  CURVES="mlp-json mlp-binary32 minilm c1" OUT=$OUT bash bench/gpu.sh (~7.5 minutes)
+#   2:  TESTS= CURVES="pinned" OUT=$OUT bash bench/gpu.sh                  (~3 minutes)
 #   3:  (here: python -m bench.carry --base COMMIT)
-#       TESTS= CURVES="ab c1" OUT=$OUT bash bench/gpu.sh                  (~5 minutes)
-#   4:  TESTS= CURVES="sync paced" OUT=$OUT bash bench/gpu.sh             (~6 minutes)
+#       TESTS= CURVES="ab" OUT=$OUT bash bench/gpu.sh                      (~4 minutes)
+#   4:  TESTS= CURVES="sync writes paced" OUT=$OUT bash bench/gpu.sh       (~9 minutes)
+#   5:  TESTS= CURVES="minilm-eager device" OUT=$OUT bash bench/gpu.sh     (~4 minutes)
 # What ran before a timeout stays in $OUT/gpu.log. The tests are the modules with CUDA tests
 # and the API's predict path (TESTS="tests/unit tests/api": all of them, ~2 minutes).
 #
