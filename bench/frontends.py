@@ -384,9 +384,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--base runs the base's own server: not with bench/switch.py's settings")
     if args.base is not None and not (args.base / "app" / "__main__.py").is_file():
         p.error(f"--base {args.base}: no batchserve checkout there (app/__main__.py)")
-    if not 0 <= args.pin_device_cores < len(os.sched_getaffinity(0)):
+    usable = len(os.sched_getaffinity(0))
+    if not 0 <= args.pin_device_cores < usable:
         p.error(f"--pin-device-cores {args.pin_device_cores}: from 0 to one less than the "
-                f"{len(os.sched_getaffinity(0))} cores this process may use")
+                f"{usable} cores this process may use")
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     counts = [int(n) for n in args.frontends.split(",")]
     print(f"== {args.workload}, {args.instances} instance(s) a request"
