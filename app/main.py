@@ -17,6 +17,7 @@ from app.api.docs import add_docs
 from app.api.routing import BatchServeApp, RawRoute
 from app.api.v2 import repository_routes as v2_repository
 from app.api.v2 import routes as v2
+from app.api.v2.infer import infer_routes
 from app.config import Settings
 from app.models.base import ModelHandler
 from app.runtime import InferenceService, build_service
@@ -56,7 +57,7 @@ def create_app(settings: Settings | None = None, handler: ModelHandler | None = 
     )
     app.state.service = service
     errors.install(app)
-    for route in [*predict.routes(service, *_single_model(service)), *v2.infer_routes(service)]:
+    for route in [*predict.routes(service, *_single_model(service)), *infer_routes(service)]:
         app.add_raw_route(route)
     app.include_router(health.router)
     app.include_router(v2.router)

@@ -12,7 +12,6 @@ import threading
 from collections.abc import Iterator
 from types import TracebackType
 
-import torch
 from loky import cpu_count
 
 GIL_SWITCH_INTERVAL_S = 0.0001
@@ -37,9 +36,15 @@ def tune_for_serving() -> None:
     GIL, a batch of 32 of the eager MLP took 103 ms at CPython's default 5 ms, 40 at 1 ms and 29
     at 0.1 ms (24.7 alone; ``python -m bench.gil_switch``)."""
     sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
-    # torch sizes its thread pool by the CPU affinity alone: under a CPU quota it would run
-    # more threads than the quota pays for, and they would be throttled in turn. A
-    # torch_threads setting is applied after this (app/runtime.py) and wins.
+
+
+def fit_torch_threads() -> None:
+    """In a process that computes (not a front end, which never imports torch): torch sizes
+    its thread pool by the CPU affinity alone, so under a CPU quota it would run more threads
+    than the quota pays for, and they would be throttled in turn. A torch_threads setting is
+    applied after this (app/runtime.py) and wins."""
+    import torch
+
     torch.set_num_threads(min(torch.get_num_threads(), usable_cores()))
 
 

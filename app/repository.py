@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol
 
 import torch
 
@@ -22,11 +21,11 @@ from app.metrics import Metrics
 from app.models.registry import load_handler
 from app.served import ServedModel
 from app.state import ModelState, ServerState
+from app.versions import pick
 
 log = logging.getLogger("batchserve.models")
 
 
-M = TypeVar("M")
 
 
 class Runtime(Protocol):
@@ -251,21 +250,3 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, BatchServeError):
         return exc.message
     return f"{type(exc).__name__}: {exc}"
-
-
-def pick(name: str, version: str | None, versions: Mapping[str, M] | None, current: str | None,
-         failed: str | None, names: Callable[[], list[str]]) -> M:
-    """The version of ``name`` a request reaches: ``version``, else ``current`` (the default
-    traffic's), else the newest of ``versions`` (only versions still loading). ``failed``: why
-    the name could not be loaded; ``names``: every name, for the error."""
-    if not versions:
-        if failed is not None:
-            raise Unavailable("unavailable", f"model '{name}' could not be loaded: {failed}")
-        raise NotFound(f"unknown model '{name}'; this server serves {names() or 'none'}")
-    if version is None:
-        version = current if current is not None else max(versions, key=int)
-    model = versions.get(version)
-    if model is None:
-        raise NotFound(f"model '{name}' has no version '{version}'; it has "
-                       f"{sorted(versions, key=int)}")
-    return model

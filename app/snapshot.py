@@ -5,17 +5,22 @@ model version's handler from it (app/frontend/remote.py) and never loads weights
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from app.config import BatchSettings
 from app.errors import ServeError
+from app.models.base import ModelHandler
 from app.models.signature import TensorSpec
-from app.runtime import InferenceService
-from app.served import ServedModel
+
+if TYPE_CHECKING:  # the device process's side; front ends import no torch
+    from app.runtime import InferenceService
+    from app.served import ServedModel
 
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """One model version as a front end needs it: ``spec`` builds its handler there."""
+    """One model version as a front end needs it: ``handler`` to decode with, or None where
+    ``spec`` builds one there (``ModelHandler.for_frontends``)."""
 
     name: str
     version: str
@@ -23,6 +28,7 @@ class ModelEntry:
     settings: BatchSettings
     state: str
     outputs: list[TensorSpec] | None
+    handler: ModelHandler | None
 
 
 @dataclass(frozen=True)
@@ -43,7 +49,7 @@ def snapshot(service: InferenceService) -> Snapshot:
 
     def entry(model: ServedModel) -> ModelEntry:
         return ModelEntry(model.name, model.version, model.spec, model.settings,
-                          model.state.value, model.outputs)
+                          model.state.value, model.outputs, model.handler.for_frontends())
 
     served = {name: {v: entry(m) for v, m in versions.items()}
               for name, versions in repo.served.items() if versions}

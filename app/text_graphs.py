@@ -30,7 +30,8 @@ from app.graphs import (
     record_fitting,
     take_free,
 )
-from app.models.base import ModelHandler, Replica, map_tensors
+from app.models.base import ModelHandler, Replica
+from app.models.outputs import map_tensors
 
 MIN_LENGTH = 16  # the shortest length captured: shorter batches pad up to it
 

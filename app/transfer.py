@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from app.graphs import GraphedReplica, HostBuffers, fill_rows
-from app.models.base import ModelHandler, OutputCountMismatch, Replica, Tensors, map_tensors
+from app.models.base import ModelHandler, Replica, Tensors
+from app.models.outputs import OutputCountMismatch, map_tensors
 from app.process import launching
 from app.text_graphs import TextBuffers, TextGraphedReplica, batch_length
 

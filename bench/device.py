@@ -47,7 +47,7 @@ from app.models.base import Replica
 from app.models.builtin import mlp_module
 from app.models.minilm import MiniLMHandler
 from app.models.tensor import TensorHandler
-from app.process import freeze_startup_objects, tune_for_serving
+from app.process import fit_torch_threads, freeze_startup_objects, tune_for_serving
 from app.runtime import build_service
 from app.state import ModelState
 from bench.frontends import PROFILE_HZ, profiled, profiled_s
@@ -238,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.client_fd is not None:
         uvloop.run(client(args))
         return 0
+    fit_torch_threads()  # as the device process does
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     print(f"== device process alone: {args.workload}, {args.instances} item(s) a request, "
           f"c={args.concurrency} over {args.clients} client(s), max batch {args.max_batch_size}, "

@@ -26,7 +26,7 @@ from app.api import predict
 from app.api.access import HEALTH_PATHS, REQUEST_ID_HEADER, AccessLog
 from app.api.body import ClientGone, read_body
 from app.api.routing import BatchServeApp
-from app.api.v2 import routes as v2
+from app.api.v2.infer import infer_routes
 from app.errors import ServeError, Unavailable
 from app.frontend.link import GONE
 from app.frontend.remote import RemoteService
@@ -133,7 +133,7 @@ def create_frontend_app(service: RemoteService, link: socket.socket,
                         docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     errors.install(app)
-    for route in [*predict.routes(service, {}), *v2.infer_routes(service)]:
+    for route in [*predict.routes(service, {}), *infer_routes(service)]:
         app.add_raw_route(route)
     proxy = DeviceProxy(service, lambda: clients[0])
     rest = Route("/{path:path}", proxy, methods=[

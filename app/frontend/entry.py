@@ -2,7 +2,8 @@
 
 Its settings come pickled on standard input; the listening socket and its link to the device
 process are inherited file descriptors. It serves until SIGTERM (then drains what it holds), or
-until the device process goes away (then it answers 503 and exits 1).
+until the device process goes away (then it answers 503 and exits 1). It never imports torch:
+it decodes with handlers the device process sends (app/snapshot.py) and computes nothing.
 """
 
 from __future__ import annotations
@@ -12,7 +13,16 @@ import pickle
 import socket
 import sys
 
+import httpx
+
 from app.config import Settings
+from app.draining import DrainingServer, drain_limit_s, server_config
+from app.frontend.app import create_frontend_app
+from app.frontend.remote import RemoteService
+from app.grpc.listener import GrpcListener
+from app.listening import unix_address
+from app.logs import configure_logging
+from app.process import tune_for_serving
 
 
 def main() -> int:
@@ -23,10 +33,23 @@ def main() -> int:
     args = parser.parse_args()
     settings = pickle.load(sys.stdin.buffer)
     assert isinstance(settings, Settings)
-    from app.server import run_frontend
+    return run(settings, socket.socket(fileno=args.listen_fd),
+               socket.socket(fileno=args.link_fd), args.device_socket)
 
-    return run_frontend(settings, socket.socket(fileno=args.listen_fd),
-                        socket.socket(fileno=args.link_fd), args.device_socket)
+
+def run(settings: Settings, listener: socket.socket, link: socket.socket,
+        device_socket: str) -> int:
+    """One front end until SIGTERM or its device process is gone; the process's exit code."""
+    configure_logging(settings.log_level, settings.log_format)
+    tune_for_serving()
+    service = RemoteService(settings)
+    device_socket = unix_address(device_socket)
+    app = create_frontend_app(service, link, device_socket)
+    grpc = GrpcListener(settings, service, lambda: httpx.AsyncHTTPTransport(uds=device_socket),
+                        service.link.sync) if settings.grpc_port else None
+    server = DrainingServer(server_config(settings, app), service, drain_limit_s(settings), grpc)
+    server.run(sockets=[listener])
+    return 0 if server.started and not server.fatal else 1
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 
 ``RemoteService`` is what the request path (app/api/inference.py) needs of a server: settings,
 ``repository.get`` and the counts of requests for unknown models. Its models (``RemoteModel``)
-decode with their own handler, built here from the model setting the device process names, and
-enqueue by sending the decoded items over the link (app/frontend/link.py, which answers each
-request exactly once): admission, queueing and batching happen there.
+decode with the handler the device process sends (its own without the module), or one built
+here from the model setting where it sends none, and enqueue by sending the decoded items over
+the link (app/frontend/link.py, which answers each request exactly once): admission, queueing
+and batching happen there.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from app.logs import request_id
 from app.models.base import ModelHandler
 from app.models.registry import load_handler
 from app.process import refrozen, usable_cores
-from app.repository import pick
 from app.snapshot import ModelEntry, Snapshot
 from app.tracing import Tracing
+from app.versions import pick
 
 log = logging.getLogger("batchserve.frontend")
 
@@ -99,7 +100,8 @@ class RemoteRepository:
         return model
 
     def update(self, snap: Snapshot) -> None:
-        """Models for a new snapshot; handlers are built once per model setting."""
+        """Models for a new snapshot; handlers come with it, or are built here once per model
+        setting."""
         models = {}
         for versions in snap.served.values():
             for entry in versions.values():
@@ -110,6 +112,8 @@ class RemoteRepository:
         self._models = models
 
     def _handler(self, entry: ModelEntry) -> ModelHandler | None:
+        if entry.handler is not None:
+            return entry.handler  # the device's own, without weights (for_frontends)
         key = (entry.name, entry.spec)
         handler = self._handlers.get(key)
         if handler is None:

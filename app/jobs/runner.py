@@ -14,7 +14,7 @@ from redis.exceptions import RedisError
 from app.config import Settings
 from app.jobs.consumer import JobWorker
 from app.metrics import JobMetrics
-from app.process import freeze_startup_objects, tune_for_serving
+from app.process import fit_torch_threads, freeze_startup_objects, tune_for_serving
 from app.runtime import build_service
 
 log = logging.getLogger("batchserve.jobs")
@@ -29,6 +29,7 @@ def consumer_name() -> str:
 async def run_worker(settings: Settings) -> int:
     """Load the model, serve jobs until SIGTERM/SIGINT, finish what is held. Exit code."""
     tune_for_serving()
+    fit_torch_threads()
     service = build_service(settings)
     metrics = service.metrics
     stop = asyncio.Event()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from app.models.tensor import TensorHandler
+
+if TYPE_CHECKING:
+    import torch
 
 
 def linear_module() -> torch.nn.Module:
@@ -17,6 +20,8 @@ def mlp_module(sizes: tuple[int, ...] = (512, 4096, 4096, 16)) -> torch.nn.Modul
 
     The default, 512-4096-4096-16 float32 (~19 M parameters), is the memory-bound benchmark model.
     """
+    import torch  # built on the device side only; front ends decode without torch
+
     gen = torch.Generator().manual_seed(0)
     layers: list[torch.nn.Module] = []
     for a, b in zip(sizes, sizes[1:], strict=False):

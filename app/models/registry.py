@@ -6,14 +6,15 @@ import importlib
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
-
-import torch
+from typing import TYPE_CHECKING, Any, cast
 
 from app.errors import ModelLoadError
 from app.models.base import ModelHandler
 from app.models.builtin import linear_handler, mlp_handler
 from app.models.tensor import TensorHandler
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _minilm() -> ModelHandler:
@@ -63,6 +64,8 @@ def _from_callable(spec: str) -> ModelHandler:
         raise ModelLoadError(f"{spec!r} raised {type(exc).__name__}: {exc}") from exc
     if isinstance(obj, ModelHandler):
         return obj
+    import torch  # a module: the device process only (front ends get for_frontends' copy)
+
     if isinstance(obj, torch.nn.Module):
         return TensorHandler.from_module(attr, obj)
     raise ModelLoadError(f"{spec!r} returned {type(obj).__name__}, not an nn.Module or handler")
@@ -83,6 +86,8 @@ def _not_a_model(path: Path, kind: str, exc: Exception) -> ModelLoadError:
 
 def _torchscript(path: Path) -> ModelHandler:
     _require(path, "TorchScript file")
+    import torch
+
     try:
         probe: Any = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, ValueError, ...
@@ -99,6 +104,8 @@ def _torchscript(path: Path) -> ModelHandler:
 def _exported(path: Path) -> ModelHandler:
     """A ``torch.export`` program: its one input's shape gives the per-item shape."""
     _require(path, "torch.export program")
+    import torch
+
     try:
         program = torch.export.load(str(path))
     except Exception as exc:  # noqa: BLE001

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from app.arrays import join_rows, stack_rows
 from app.errors import InvalidInput
 from app.models.base import ModelHandler, Replica, Tensors
 from app.payload import F32_MAX, DenseRows
+
+if TYPE_CHECKING:
+    import torch
 
 Shape = tuple[int, ...]
 SMALL_REQUEST_VALUES = 64  # requests with at most this many numbers take the plain-Python check
@@ -167,13 +169,26 @@ class TensorHandler(ModelHandler):
     def key(self, item: Any) -> Hashable:
         return None if self.input_shape is not None else item.shape
 
+    def for_frontends(self) -> TensorHandler:
+        """This handler without its module or its examples (the warm-up's, which may be
+        tensors): what front ends decode with."""
+        twin = copy.copy(self)
+        twin._build, twin._examples = _no_module, None
+        return twin
+
     def load(self, device: torch.device) -> Replica:
         module = self._build(device)
         return module
 
     def collate(self, items: list[Any]) -> Tensors:
+        import torch  # device threads only: front ends decode with this handler, without torch
+
         if self.stacks:  # chunks may be among the rows
             rank = len(self.input_shape or ())
             if any(item.ndim > rank for item in items):
                 return torch.from_numpy(join_rows(items, rank))
         return torch.from_numpy(stack_rows(items))
+
+
+def _no_module(device: torch.device) -> torch.nn.Module:
+    raise RuntimeError("a front end's handler has no module: it decodes, the device computes")

@@ -132,17 +132,19 @@ SAME_ANSWERS = [  # (method, path, headers, body): what two front ends must answ
 def test_every_answer_is_the_one_a_single_process_gives() -> None:
     """Status, headers and body, through two front ends and from one process alike (their own
     Date, request id and, in a redirect, port aside): what a front end answers itself and what
-    it passes on from the device process."""
+    it passes on from the device process. Neither front end has torch loaded."""
     linear = ("--model", "linear", "--devices", "cpu")
     answers: list[list[tuple[int, list[tuple[str, str]], bytes]]] = []
     for frontends in ("1", "2"):
         with (split_server if frontends == "2" else serve)(*linear, "--frontends", frontends
-                                                            ) as (_, url):
+                                                            ) as (proc, url):
             wait_ready(url)
             with httpx.Client(base_url=url, timeout=10) as client:
                 answers.append([_answer(client.request(method, path, headers=headers,
                                                        content=body), url)
                                 for method, path, headers, body in SAME_ANSWERS])
+            assert torch_loaded(proc.pid)
+            assert not any(torch_loaded(pid) for pid in children(proc.pid))
     for case, one, two in zip(SAME_ANSWERS, *answers, strict=True):
         assert one == two, case
 
@@ -151,7 +153,8 @@ def test_sentences_of_every_length_are_answered_as_one_process_answers() -> None
     """minilm's sentences of many lengths, sent in one burst: through two front ends a
     message's sentences are one chunk in the device process, batched by length row by row and
     answered as they are computed (docs/frontends.md; tests/unit/test_bridge.py checks the
-    chunks); each answer is the one a single process gives."""
+    chunks); each answer is the one a single process gives. The front ends tokenize without
+    torch."""
     sentences = [" ".join(["word"] * n) for n in (1, 3, 7, 15, 31, 2, 60, 120)] * 6
 
     async def burst(url: str) -> list[httpx.Response]:
@@ -162,13 +165,20 @@ def test_sentences_of_every_length_are_answered_as_one_process_answers() -> None
     embeddings = []
     for frontends in ("1", "2"):
         with (split_server if frontends == "2" else serve)(
-                "--model", "minilm", "--devices", "cpu", "--frontends", frontends) as (_, url):
+                "--model", "minilm", "--devices", "cpu", "--frontends", frontends) as (proc, url):
             wait_ready(url)
             answers = asyncio.run(burst(url))
             assert [a.status_code for a in answers] == [200] * len(sentences)
             embeddings.append(np.array([a.json()["predictions"][0] for a in answers]))
+            assert not any(torch_loaded(pid) for pid in children(proc.pid))
     assert embeddings[0].shape == (len(sentences), 384)
     np.testing.assert_allclose(embeddings[1], embeddings[0], atol=1e-4)
+
+
+def torch_loaded(pid: int) -> bool:
+    """Whether process ``pid`` has torch's library mapped. A front end never should: it decodes
+    (tokenizes) with the handlers the device process sends it, which hold no module."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
 
 
 def _answer(response: httpx.Response, url: str) -> tuple[int, list[tuple[str, str]], bytes]:
@@ -253,11 +263,11 @@ def test_each_process_refreezes_its_heap_after_a_load_and_an_unload(tmp_path: Pa
                                                                    frontends: int) -> None:
     """A model loaded once the server is up leaves its objects out of the collector's reach,
     as those alive at start-up are (app/process.py), and its unload has its garbage collected:
-    in the device process (or the one process), and in each front end, which builds the
-    model's handler."""
-    for name in ("lin", "other"):
+    in the device process (or the one process), and in each front end that builds the model's
+    handler: one of its own (tests.fakes' EchoHandler), where the device process sends none."""
+    for name, spec in (("lin", "linear"), ("other", "tests.fakes:EchoHandler")):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "config.toml").write_text('model = "linear"\n')
+        (tmp_path / name / "config.toml").write_text(f'model = "{spec}"\n')
     log = tmp_path / "server.log"
     args = ("--model-repository", str(tmp_path), "--devices", "cpu", "--model-control-mode",
             "explicit", "--load-model", "lin", "--frontends", str(frontends),

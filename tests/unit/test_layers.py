@@ -16,7 +16,7 @@ LAYERS = [
     # shared, imported from anywhere
     ["app.errors", "app.values", "app.config", "app.sources", "app.state", "app.payload",
      "app.logs", "app.process", "app.schemas", "app.wire", "app.links", "app.version",
-     "app.arrays", "app.framing"],
+     "app.arrays", "app.framing", "app.versions"],
     ["app.models", "app.devices", "app.pending", "app.report", "app.bell", "app.scheduler",
      "app.tracing"],
     ["app.metrics"],
@@ -28,8 +28,7 @@ LAYERS = [
     ["app.api", "app.grpc", "app.jobs", "app.snapshot"],
     ["app.main", "app.check", "app.bridge", "app.frontend"],
     ["app.server", "app.supervisor", "app.listening", "app.frontend.entry", "app.connection",
-     "app.cli",
-     "app.__main__", "app"],
+     "app.draining", "app.cli", "app.__main__", "app"],
 ]
 
 

@@ -22,6 +22,7 @@ from app.process import (
     GIL_SWITCH_INTERVAL_S,
     LOADING_FREEZE_S,
     ShortSwitch,
+    fit_torch_threads,
     freeze_startup_objects,
     refreeze,
     refrozen,
@@ -186,11 +187,11 @@ def test_torch_runs_no_more_threads_than_the_usable_cores(
         monkeypatch: pytest.MonkeyPatch) -> None:
     torch.set_num_threads(2)
     monkeypatch.setattr(process, "usable_cores", lambda: 1)  # a quota of one CPU
-    tune_for_serving()
+    fit_torch_threads()
     assert torch.get_num_threads() == 1
     torch.set_num_threads(2)
     monkeypatch.setattr(process, "usable_cores", lambda: 64)  # never more than torch's own
-    tune_for_serving()
+    fit_torch_threads()
     assert torch.get_num_threads() == 2
 
 

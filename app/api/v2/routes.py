@@ -1,5 +1,5 @@
-"""Open Inference Protocol v2 routes (KServe v2 / Triton HTTP): health, metadata, Triton's model
-configuration, and inference with the binary tensor data extension.
+"""Open Inference Protocol v2 routes (KServe v2 / Triton HTTP): health, metadata and Triton's
+model configuration; inference is app/api/v2/infer.py's.
 
 Errors here use the protocol's ``{"error": "..."}`` body and 400 for client mistakes (V2Route).
 """
@@ -12,31 +12,14 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse, Response
 
 from app.api.deps import ServiceDep
-from app.api.error_responses import V2, V2Route
-from app.api.inference import (
-    TIMEOUT_PARAMETER,
-    Asked,
-    InferenceEndpoint,
-    Serving,
-    priority_parameter,
-)
-from app.api.routing import RawRoute
+from app.api.error_responses import V2Route
 from app.api.v2 import describe
-from app.api.v2.codec import (
-    HEADER_LENGTH,
-    InferRequest,
-    encode_response,
-    parse_request,
-)
-from app.arrays import Results
-from app.facade import ModelFacade
-from app.models.signature import DATATYPES, output_tensors
+from app.api.v2.infer import ERROR_BODY
 from app.runtime import InferenceService
 from app.served import ServedModel
 from app.version import __version__
 
-# Inference (``infer_routes``) is served by every front end itself (app/frontend/app.py);
-# ``router``: the rest.
+# Inference is app/api/v2/infer.py's, served by every front end itself; ``router``: the rest.
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol v2"], route_class=V2Route)
 
 
@@ -59,57 +42,8 @@ def _view(model: ServedModel, service: InferenceService) -> describe.ModelView:
     )
 
 
-_TENSOR = {
-    "type": "object",
-    "required": ["name", "shape", "datatype"],
-    "properties": {
-        "name": {"type": "string"},
-        "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
-        "datatype": {"type": "string", "enum": [*DATATYPES, "BYTES"]},
-        "data": {"type": "array", "description": "row-major values (or nested lists)"},
-        "parameters": {"type": "object", "properties": {"binary_data_size": {"type": "integer"}}},
-    },
-}
-_INFER_BODY = {
-    "required": True,
-    "content": {"application/json": {"schema": {
-        "type": "object",
-        "required": ["inputs"],
-        "properties": {
-            "id": {"type": "string"},
-            "inputs": {"type": "array", "items": _TENSOR, "minItems": 1, "maxItems": 1},
-            "outputs": {"type": "array", "items": {"type": "object", "properties": {
-                "name": {"type": "string"},
-                "parameters": {"type": "object",
-                               "properties": {"binary_data": {"type": "boolean"}}},
-            }}},
-            "parameters": {"type": "object", "properties": {
-                "binary_data_output": {"type": "boolean"},
-                "priority": {"type": "integer", "minimum": 0,
-                             "description": "1 the most urgent, up to the model's "
-                                            "priority_levels; 0: its default level"},
-                "timeout": {"type": "integer", "minimum": 0,
-                            "description": "microseconds from arrival to answer; shortens, "
-                                           "never lengthens, the model's request_timeout_s; "
-                                           "0: that timeout"},
-            }},
-        },
-    }}},
-}
-_ERROR_BODY = {"application/json": {"schema": {
-    "type": "object", "properties": {"error": {"type": "string"}}}}}
-_INFER_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"description": text, "content": _ERROR_BODY}
-    for status, text in [(400, "malformed request"), (401, "missing or wrong bearer token"),
-                         (404, "unknown model"), (413, "body or rows over the limit"),
-                         (415, "a Content-Encoding other than gzip or deflate"),
-                         (500, "the model failed on this request's batch"),
-                         (503, "busy, deadline (would be answered too late), loading or "
-                               "draining; see Retry-After"),
-                         (504, "deadline passed before the answer")]
-}
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {
-    404: {"description": "unknown model", "content": _ERROR_BODY}
+    404: {"description": "unknown model", "content": ERROR_BODY}
 }
 
 
@@ -149,53 +83,3 @@ async def model_config(model: ModelDep, service: ServiceDep) -> dict[str, Any]:
 async def model_ready(model: ModelDep) -> Response:
     ok = model.health in ("ready", "busy")
     return JSONResponse({"name": model.name, "ready": ok}, status_code=200 if ok else 503)
-
-
-_HEADER_LENGTH = HEADER_LENGTH.encode()  # as ASGI gives header names: bytes, lower case
-
-
-def _parse(model: ModelFacade, body: bytes, headers: dict[bytes, bytes]
-           ) -> tuple[list[Any], InferRequest, Asked]:
-    length = headers.get(_HEADER_LENGTH)
-    parsed = parse_request(body, length.decode("latin-1") if length is not None else None,
-                           model.settings.max_instances, model.name, model.input_spec,
-                           model.output_specs)
-    timeout_s = parsed.timeout_us / 1e6 if parsed.timeout_us is not None else None
-    return parsed.rows, parsed, Asked(parsed.priority, timeout_s)
-
-
-def _render(model: ModelFacade, results: Results, parsed: InferRequest) -> Response:
-    content, json_length = encode_response(model.name, model.version, parsed,
-                                           output_tensors(results))
-    if json_length is None:
-        return Response(content, media_type="application/json")
-    return Response(content, media_type="application/octet-stream",
-                    headers={"Inference-Header-Content-Length": str(json_length)})
-
-
-_INFER_OPERATION = {
-    "tags": ["Open Inference Protocol v2"],
-    "summary": "Inference; each batch row is one item",
-    "operationId": "infer",
-    "parameters": [
-        {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}},
-        priority_parameter(), TIMEOUT_PARAMETER,
-    ],
-    "requestBody": _INFER_BODY,
-    "responses": {
-        "200": {"description": "the outputs; with binary outputs, a JSON header of "
-                               "Inference-Header-Content-Length bytes, then the tensors",
-                "content": {"application/json": {"schema": {"type": "object"}},
-                            "application/octet-stream": {"schema": {}}}},
-        **{str(status): answer for status, answer in _INFER_ERRORS.items()},
-    },
-}
-
-
-def infer_routes(service: Serving) -> list[RawRoute]:
-    """``POST /v2/models/{name}[/versions/{version}]/infer`` (the second not in the schema)."""
-    endpoint = InferenceEndpoint(service, _parse, _render)
-    return [
-        RawRoute("/v2/models/{name}/infer", endpoint, "POST", _INFER_OPERATION, V2),
-        RawRoute("/v2/models/{name}/versions/{version}/infer", endpoint, "POST", None, V2),
-    ]

@@ -103,14 +103,15 @@ def test_a_batch_is_padded_to_its_longest_item_and_masked() -> None:
 
 @pytest.mark.slow
 def test_minilm_runs_traced_and_equals_eager(caplog: pytest.LogCaptureFixture) -> None:
-    from app.models.minilm import MiniLMHandler, _MeanPooled
+    from app.models.minilm import MiniLMHandler
+    from app.models.minilm_encoder import MeanPooled
 
     handler = MiniLMHandler()
     replica = handler.load(torch.device("cpu"))
     assert "running eagerly" not in caplog.text  # the trace was exact at load
     from transformers import AutoModel
 
-    eager = _MeanPooled(AutoModel.from_pretrained(str(handler._path))).float().eval()
+    eager = MeanPooled(AutoModel.from_pretrained(str(handler._path))).float().eval()
     words = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
     texts = [" ".join(words[: i % 10]) * (1 + i % 7) for i in range(64)]
     with torch.inference_mode():

@@ -1,4 +1,4 @@
-"""The handler contract's helpers: splitting outputs into per-item results."""
+"""Model outputs on the device side: splitting them into per-item results."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.models.base import OutputCountMismatch, split_rows
+from app.models.outputs import OutputCountMismatch, split_rows
 
 
 def test_rows_of_outputs_that_are_not_contiguous_are() -> None:

@@ -1,0 +1,129 @@
+"""uvicorn's server with a drain phase for load balancers, as one process, the device process
+(app/server.py) and each front end (app/frontend/entry.py) run it."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import time
+import types
+from typing import Any, Protocol
+
+import uvicorn
+
+from app.config import Settings
+from app.connection import protocol_for
+from app.errors import ConfigError
+from app.grpc.listener import GrpcListener
+from app.process import freeze_startup_objects
+
+log = logging.getLogger("batchserve")
+
+DRAIN_MARGIN_S = 5.0  # beyond the request timeout, for the last answers to be written
+GRPC_GRACE_S = 1.0  # for calls still running once the drain is over (health, metadata)
+
+
+class Drainable(Protocol):
+    """What DrainingServer watches: an InferenceService, or a front end's RemoteService."""
+
+    def begin_drain(self) -> None: ...
+
+    @property
+    def load_failed(self) -> bool: ...
+
+    @property
+    def load_error(self) -> str | None: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's Server with a drain phase for load balancers.
+
+    On SIGTERM/SIGINT the service starts draining at once: health says ``draining`` (503) and new
+    requests get 503, while the listener stays open and accepted requests are answered. When none
+    is left in flight (or after ``drain_limit_s``), uvicorn's own shutdown runs, and the process
+    exits 0 instead of re-raising the signal. A second signal skips the wait. A model that fails
+    to load stops the server with exit code 1. Once every model is warm, the objects alive
+    then are frozen out of the garbage collector's reach.
+    """
+
+    def __init__(self, config: uvicorn.Config, service: Drainable,
+                 drain_limit_s: float, grpc: GrpcListener | None = None) -> None:
+        super().__init__(config)
+        self.service = service
+        self.drain_limit_s = drain_limit_s
+        self.grpc = grpc  # started after HTTP, stopped once nothing is left in flight
+        self.drain_started: float | None = None
+        self.fatal = False
+        self.created = time.monotonic()
+        self._frozen = False
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and not self.should_exit and self.grpc is not None:
+            try:
+                await self.grpc.start()
+            except ConfigError as exc:
+                log.critical("%s", exc.message)
+                self.fatal = self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.grpc is not None:
+            await self.grpc.stop(GRPC_GRACE_S)
+        await super().shutdown(sockets)
+
+    def handle_exit(self, sig: int, frame: types.FrameType | None) -> None:
+        if self.drain_started is not None or not self.started:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            self.should_exit = True
+            return
+        self.service.begin_drain()
+        self.drain_started = time.monotonic()
+
+    async def on_tick(self, counter: int) -> bool:
+        service = self.service
+        if service.load_failed:
+            log.critical("nothing can be served (%s); exiting", service.load_error)
+            self.fatal = True
+            return True
+        if not self._frozen and service.status == "ready":
+            freeze_startup_objects()
+            self._frozen = True
+            log.info("ready in %.1f s", time.monotonic() - self.created)
+        if self.drain_started is not None:
+            waited = time.monotonic() - self.drain_started
+            if self.settled() or waited > self.drain_limit_s:
+                return True
+        should_exit: bool = await super().on_tick(counter)
+        return should_exit
+
+    def settled(self) -> bool:
+        """Every accepted request is answered."""
+        return self.service.in_flight == 0
+
+
+def server_config(settings: Settings, app: Any) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        log_level=settings.log_level,
+        lifespan="on",
+        # Each answer in one write; slow clients cut off (app/connection.py).
+        http=protocol_for(settings.read_timeout_s or settings.request_timeout_s),
+        limit_concurrency=settings.max_connections,
+        access_log=False,  # app.api.access logs each request, with its request id
+        timeout_graceful_shutdown=int(drain_limit_s(settings)),
+    )
+
+
+def drain_limit_s(settings: Settings) -> float:
+    return settings.request_timeout_s + DRAIN_MARGIN_S

@@ -1,0 +1,101 @@
+"""A front end's handlers (app/frontend/remote.py): the device process's own, sent without
+their module (``ModelHandler.for_frontends``), decode in a process that never imports torch;
+only handlers that give no such copy are built there from the model setting."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from app.config import BatchSettings
+from app.frontend import remote
+from app.frontend.remote import RemoteRepository
+from app.models.base import ModelHandler
+from app.models.registry import load_handler
+from app.snapshot import ModelEntry
+
+# Runs in a fresh interpreter where ``import torch`` fails: everything a front end imports,
+# then each handler sent to it (or built there, where none is) decodes a request of two rows.
+# Prints each model setting and the shapes it decoded to.
+WITHOUT_TORCH = """
+import pickle, sys
+sys.modules["torch"] = None
+import app.frontend.entry
+from app.models.registry import load_handler
+for spec, handler in pickle.load(sys.stdin.buffer):
+    handler = handler or load_handler(spec)
+    rows = [[0.5] * 512] * 2 if spec.startswith("app.") or spec == "mlp" else [[1, 2, 3, 4]] * 2
+    decoded = handler.decode(["one sentence", "two"] if spec == "minilm" else rows)
+    print(spec, [tuple(item.shape) for item in decoded])
+"""
+
+
+def model_files(folder: Path) -> list[str]:
+    """``nn.Linear(4, 2)`` as a TorchScript file and as a torch.export program."""
+    scripted, exported = folder / "linear.pt", folder / "linear.pt2"
+    torch.jit.script(torch.nn.Linear(4, 2)).save(str(scripted))
+    torch.export.save(torch.export.export(torch.nn.Linear(4, 2), (torch.randn(2, 4),),
+                                          dynamic_shapes=({0: torch.export.Dim("batch")},)),
+                      str(exported))
+    return [str(scripted), str(exported)]
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
+def test_handlers_sent_to_a_front_end_decode_where_torch_cannot_be_imported(
+        tmp_path: Path) -> None:
+    specs = ["linear", "mlp", "app.models.builtin:mlp_module", *model_files(tmp_path), "minilm"]
+    sent = [(spec, load_handler(spec).for_frontends()) for spec in specs]
+    assert [handler is None for _, handler in sent] == [False] * 5 + [True]
+    run = subprocess.run([sys.executable, "-c", WITHOUT_TORCH], input=pickle.dumps(sent),
+                         capture_output=True, timeout=120)
+    assert run.returncode == 0, run.stderr.decode()
+    shapes = {line.split(" ", 1)[0]: line.split(" ", 1)[1]
+              for line in run.stdout.decode().splitlines()}
+    assert shapes[specs[0]] == shapes[specs[3]] == shapes[specs[4]] == "[(4,), (4,)]"
+    assert shapes[specs[1]] == shapes[specs[2]] == "[(512,), (512,)]"
+    assert shapes["minilm"].startswith("[(") and len(eval(shapes["minilm"])) == 2
+
+
+def test_a_handler_sent_has_no_module_and_decodes_as_the_devices_does() -> None:
+    """mlp's module is 19 M parameters (76 MB); what a front end is sent is a few KB."""
+    handler = load_handler("app.models.builtin:mlp_module")
+    sent = pickle.loads(pickle.dumps(handler.for_frontends()))
+    assert len(pickle.dumps(handler.for_frontends())) < 10_000
+    rows = [[float(i)] * 512 for i in range(3)]
+    for mine, theirs in zip(sent.decode(rows), handler.decode(rows), strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    assert vars(sent).keys() == vars(handler).keys()
+    assert all(getattr(sent, k) == getattr(handler, k) for k in vars(handler)
+               if k not in ("_build", "_examples"))
+    with pytest.raises(RuntimeError, match="no module"):
+        sent.load(torch.device("cpu"))
+    assert handler.load(torch.device("cpu"))(torch.zeros(1, 512)).shape == (1, 16)
+
+
+def entry(spec: str, handler: ModelHandler | None) -> ModelEntry:
+    return ModelEntry("m", "1", spec, BatchSettings(), "ready", None, handler)
+
+
+def test_a_front_end_builds_a_handler_only_where_none_was_sent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[str] = []
+
+    def build(spec: str, name: str | None = None) -> ModelHandler:
+        built.append(spec)
+        return load_handler(spec, name)
+
+    monkeypatch.setattr(remote, "load_handler", build)
+    repository = RemoteRepository(service=None)  # type: ignore[arg-type]
+    sent = load_handler("linear").for_frontends()
+    assert repository._handler(entry("linear", sent)) is sent
+    assert built == []
+    first = repository._handler(entry("tests.fakes:EchoHandler", None))
+    assert repository._handler(entry("tests.fakes:EchoHandler", None)) is first
+    assert built == ["tests.fakes:EchoHandler"]
