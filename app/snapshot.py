@@ -1,6 +1,7 @@
 """What a front end knows of the model repository (docs/frontends.md): the device process
-sends it on connect and after every load or unload (app/bridge.py); a front end builds each
-model version's handler from it (app/frontend/remote.py) and never loads weights."""
+sends it on connect and after every load or unload (app/bridge.py); a front end decodes with
+the handlers it holds, or builds one from the model setting (app/frontend/remote.py), and never
+loads weights."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ class ModelEntry:
     settings: BatchSettings
     state: str
     outputs: list[TensorSpec] | None
-    handler: ModelHandler | None
+    # A fresh copy in each snapshot; the fields above say whether the model changed.
+    handler: ModelHandler | None = field(compare=False)
 
 
 @dataclass(frozen=True)
