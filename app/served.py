@@ -21,7 +21,7 @@ from app.config import BatchSettings
 from app.errors import ServeError
 from app.facade import ModelFacade
 from app.metrics import ModelMetrics
-from app.models.base import ModelHandler
+from app.models.base import ModelHandler, sendable
 from app.models.signature import TensorSpec, describe_outputs
 from app.pending import DROPPED, PendingRequest, expire, queue_items
 from app.queues import ModelQueue
@@ -48,7 +48,8 @@ class ServedModel(ModelFacade):
                  devices: list[torch.device], metrics: ModelMetrics, spec: str = "",
                  server: ServerState | None = None) -> None:
         super().__init__(name, version, settings, handler)
-        self.spec = spec  # the model setting its handler was built from (front ends build it)
+        self.spec = spec  # the model setting its handler was built from
+        self.sent_handler = sendable(handler)  # what front ends decode with (app/snapshot.py)
         self.devices = devices
         self.metrics = metrics
         # The janus queue must hold what the most urgent level may fill.

@@ -29,8 +29,7 @@ class ModelEntry:
     settings: BatchSettings
     state: str
     outputs: list[TensorSpec] | None
-    # A fresh copy in each snapshot; the fields above say whether the model changed.
-    handler: ModelHandler | None = field(compare=False)
+    handler: ModelHandler | None
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,7 @@ def snapshot(service: InferenceService) -> Snapshot:
 
     def entry(model: ServedModel) -> ModelEntry:
         return ModelEntry(model.name, model.version, model.spec, model.settings,
-                          model.state.value, model.outputs, model.handler.for_frontends())
+                          model.state.value, model.outputs, model.sent_handler)
 
     served = {name: {v: entry(m) for v, m in versions.items()}
               for name, versions in repo.served.items() if versions}

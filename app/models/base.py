@@ -11,12 +11,16 @@ Nothing here imports torch: front ends (app/frontend/) decode with handlers and 
 
 from __future__ import annotations
 
+import logging
+import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger("batchserve.models")
 
 # A batch or a model output: a tensor, or a tuple/list/dict of tensors.
 Tensors = Any
@@ -104,3 +108,18 @@ class ModelHandler(ABC):
         from app.models.outputs import split_rows  # torch's side: device threads only
 
         return split_rows(outputs, n)
+
+
+def sendable(handler: ModelHandler) -> ModelHandler | None:
+    """``handler.for_frontends()`` where it pickles, as it must to be sent to front ends; None
+    otherwise (each front end then builds its own from the model setting)."""
+    twin = handler.for_frontends()
+    if twin is None:
+        return None
+    try:
+        pickle.dumps(twin)
+    except Exception as exc:  # noqa: BLE001 - whatever a handler's own attributes raise
+        log.info("model %s: its handler cannot be sent to front ends (%s: %s); each builds "
+                 "its own", handler.name, type(exc).__name__, exc)
+        return None
+    return twin

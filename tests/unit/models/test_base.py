@@ -1,0 +1,27 @@
+"""The handler contract's own helpers (app/models/base.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from app.models.base import sendable
+from app.models.builtin import linear_handler
+from app.models.tensor import TensorHandler
+from tests.fakes import EchoHandler
+
+
+class Unsendable(EchoHandler):
+    """A handler whose copy for the front ends holds what does not pickle (a lock)."""
+
+    def for_frontends(self) -> EchoHandler:
+        return self
+
+
+def test_a_handler_that_cannot_be_sent_is_built_by_each_front_end(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "batchserve.models")
+    assert sendable(Unsendable()) is None
+    assert "cannot be sent to front ends (TypeError" in caplog.text
+    assert isinstance(sendable(linear_handler()), TensorHandler)
