@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from app.config import BatchSettings
 from app.errors import ServeError
-from app.models.base import ModelHandler
 from app.models.signature import TensorSpec
 
 if TYPE_CHECKING:  # the device process's side; front ends import no torch
@@ -20,8 +19,8 @@ if TYPE_CHECKING:  # the device process's side; front ends import no torch
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """One model version as a front end needs it: ``handler`` to decode with, or None where
-    ``spec`` builds one there (``ModelHandler.for_frontends``)."""
+    """One model version as a front end needs it: ``handler``, the handler to decode with,
+    pickled (``ModelHandler.for_frontends``), or None where ``spec`` builds one there."""
 
     name: str
     version: str
@@ -29,7 +28,7 @@ class ModelEntry:
     settings: BatchSettings
     state: str
     outputs: list[TensorSpec] | None
-    handler: ModelHandler | None
+    handler: bytes | None
 
 
 @dataclass(frozen=True)

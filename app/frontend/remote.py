@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import pickle
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 from app.arrays import Results
 from app.config import Settings
@@ -112,8 +113,13 @@ class RemoteRepository:
         self._models = models
 
     def _handler(self, entry: ModelEntry) -> ModelHandler | None:
-        if entry.handler is not None:
-            return entry.handler  # the device's own, without weights (for_frontends)
+        if entry.handler is not None:  # the device's own, without weights (for_frontends)
+            try:
+                return cast(ModelHandler, pickle.loads(entry.handler))
+            except Exception as exc:  # noqa: BLE001 - whatever unpickling its class raises
+                log.warning("model %s: the handler sent could not be read here (%s: %s); "
+                            "building one from its model setting", entry.name,
+                            type(exc).__name__, exc)
         key = (entry.name, entry.spec)
         handler = self._handlers.get(key)
         if handler is None:

@@ -110,16 +110,16 @@ class ModelHandler(ABC):
         return split_rows(outputs, n)
 
 
-def sendable(handler: ModelHandler) -> ModelHandler | None:
-    """``handler.for_frontends()`` where it pickles, as it must to be sent to front ends; None
-    otherwise (each front end then builds its own from the model setting)."""
+def sendable(handler: ModelHandler) -> bytes | None:
+    """``handler.for_frontends()`` pickled, as front ends are sent it; None where it gives no
+    copy or the copy does not pickle (each front end then builds its own from the model
+    setting)."""
     twin = handler.for_frontends()
     if twin is None:
         return None
     try:
-        pickle.dumps(twin)
+        return pickle.dumps(twin)
     except Exception as exc:  # noqa: BLE001 - whatever a handler's own attributes raise
         log.info("model %s: its handler cannot be sent to front ends (%s: %s); each builds "
                  "its own", handler.name, type(exc).__name__, exc)
         return None
-    return twin

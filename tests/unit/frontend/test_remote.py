@@ -16,8 +16,9 @@ import torch
 from app.config import BatchSettings
 from app.frontend import remote
 from app.frontend.remote import RemoteRepository
-from app.models.base import ModelHandler
+from app.models.base import ModelHandler, sendable
 from app.models.registry import load_handler
+from app.models.tensor import TensorHandler
 from app.snapshot import ModelEntry
 
 # Runs in a fresh interpreter where ``import torch`` fails: everything a front end imports,
@@ -28,8 +29,9 @@ import pickle, sys
 sys.modules["torch"] = None
 import app.frontend.entry
 from app.models.registry import load_handler
-for spec, handler in pickle.load(sys.stdin.buffer):
-    handler = handler or load_handler(spec)
+from app.models.tensor import TensorHandler
+for spec, sent in pickle.load(sys.stdin.buffer):
+    handler = pickle.loads(sent) if sent else load_handler(spec)
     rows = [[0.5] * 512] * 2 if spec.startswith("app.") or spec == "mlp" else [[1, 2, 3, 4]] * 2
     decoded = handler.decode(["one sentence", "two"] if spec == "minilm" else rows)
     print(spec, [tuple(item.shape) for item in decoded])
@@ -51,7 +53,7 @@ def model_files(folder: Path) -> list[str]:
 def test_handlers_sent_to_a_front_end_decode_where_torch_cannot_be_imported(
         tmp_path: Path) -> None:
     specs = ["linear", "mlp", "app.models.builtin:mlp_module", *model_files(tmp_path), "minilm"]
-    sent = [(spec, load_handler(spec).for_frontends()) for spec in specs]
+    sent = [(spec, sendable(load_handler(spec))) for spec in specs]
     assert [handler is None for _, handler in sent] == [False] * 5 + [True]
     run = subprocess.run([sys.executable, "-c", WITHOUT_TORCH], input=pickle.dumps(sent),
                          capture_output=True, timeout=120)
@@ -66,8 +68,9 @@ def test_handlers_sent_to_a_front_end_decode_where_torch_cannot_be_imported(
 def test_a_handler_sent_has_no_module_and_decodes_as_the_devices_does() -> None:
     """mlp's module is 19 M parameters (76 MB); what a front end is sent is a few KB."""
     handler = load_handler("app.models.builtin:mlp_module")
-    sent = pickle.loads(pickle.dumps(handler.for_frontends()))
-    assert len(pickle.dumps(handler.for_frontends())) < 10_000
+    pickled = sendable(handler)
+    assert pickled is not None and len(pickled) < 10_000
+    sent = pickle.loads(pickled)
     rows = [[float(i)] * 512 for i in range(3)]
     for mine, theirs in zip(sent.decode(rows), handler.decode(rows), strict=True):
         np.testing.assert_array_equal(mine, theirs)
@@ -79,7 +82,7 @@ def test_a_handler_sent_has_no_module_and_decodes_as_the_devices_does() -> None:
     assert handler.load(torch.device("cpu"))(torch.zeros(1, 512)).shape == (1, 16)
 
 
-def entry(spec: str, handler: ModelHandler | None) -> ModelEntry:
+def entry(spec: str, handler: bytes | None) -> ModelEntry:
     return ModelEntry("m", "1", spec, BatchSettings(), "ready", None, handler)
 
 
@@ -93,9 +96,12 @@ def test_a_front_end_builds_a_handler_only_where_none_was_sent(
 
     monkeypatch.setattr(remote, "load_handler", build)
     repository = RemoteRepository(service=None)  # type: ignore[arg-type]
-    sent = load_handler("linear").for_frontends()
-    assert repository._handler(entry("linear", sent)) is sent
+    sent = repository._handler(entry("linear", sendable(load_handler("linear"))))
+    assert isinstance(sent, TensorHandler) and sent.input_shape == (4,)
     assert built == []
+    # a handler that cannot be read here (its class gone): built from the setting instead
+    assert isinstance(repository._handler(entry("linear", b"not a pickle")), TensorHandler)
+    assert built == ["linear"]
     first = repository._handler(entry("tests.fakes:EchoHandler", None))
     assert repository._handler(entry("tests.fakes:EchoHandler", None)) is first
-    assert built == ["tests.fakes:EchoHandler"]
+    assert built == ["linear", "tests.fakes:EchoHandler"]

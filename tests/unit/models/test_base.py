@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import pickle
 
 import pytest
 
@@ -24,4 +25,5 @@ def test_a_handler_that_cannot_be_sent_is_built_by_each_front_end(
     caplog.set_level(logging.INFO, "batchserve.models")
     assert sendable(Unsendable()) is None
     assert "cannot be sent to front ends (TypeError" in caplog.text
-    assert isinstance(sendable(linear_handler()), TensorHandler)
+    sent = sendable(linear_handler())
+    assert sent is not None and isinstance(pickle.loads(sent), TensorHandler)
