@@ -48,6 +48,15 @@ def fit_torch_threads() -> None:
     torch.set_num_threads(min(torch.get_num_threads(), usable_cores()))
 
 
+def one_torch_thread() -> None:
+    """In a front end whose model handler brought torch in (a handler of the user's, whose
+    decode may use it): one intra-op thread, as the front ends share the cores; torch would
+    start one a core in each."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
 def freeze_startup_objects() -> None:
     """Move everything alive once the models are warm (torch, the models, modules: ~200k
     objects) out of the collector's reach, so full collections scan only request garbage; over

@@ -25,7 +25,7 @@ from app.links import Inbox
 from app.logs import request_id
 from app.models.base import ModelHandler
 from app.models.registry import load_handler
-from app.process import refrozen, usable_cores
+from app.process import one_torch_thread, refrozen, usable_cores
 from app.snapshot import ModelEntry, Snapshot
 from app.tracing import Tracing
 from app.versions import pick
@@ -128,6 +128,7 @@ class RemoteRepository:
                     handler = self._handlers[key] = load_handler(entry.spec, entry.name)
             except BatchServeError as exc:
                 log.error("model %s: %s", entry.name, exc.message)
+            one_torch_thread()
         return handler
 
 

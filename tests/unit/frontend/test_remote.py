@@ -102,6 +102,12 @@ def test_a_front_end_builds_a_handler_only_where_none_was_sent(
     # a handler that cannot be read here (its class gone): built from the setting instead
     assert isinstance(repository._handler(entry("linear", b"not a pickle")), TensorHandler)
     assert built == ["linear"]
-    first = repository._handler(entry("tests.fakes:EchoHandler", None))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:  # tests.fakes imports torch: a front end that builds its handler computes on one thread
+        first = repository._handler(entry("tests.fakes:EchoHandler", None))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
     assert repository._handler(entry("tests.fakes:EchoHandler", None)) is first
     assert built == ["linear", "tests.fakes:EchoHandler"]
