@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -49,7 +50,6 @@ class ServedModel(ModelFacade):
                  server: ServerState | None = None) -> None:
         super().__init__(name, version, settings, handler)
         self.spec = spec  # the model setting its handler was built from
-        self.sent_handler = sendable(handler)  # what front ends decode with (app/snapshot.py)
         self.devices = devices
         self.metrics = metrics
         # The janus queue must hold what the most urgent level may fill.
@@ -71,6 +71,12 @@ class ServedModel(ModelFacade):
         self.stranded = False  # no device thread serving it is alive
         self.tracing: Tracing | None = None
         self.set_state(ModelState.LOADING)
+
+    @cached_property
+    def sent_handler(self) -> bytes | None:
+        """What front ends decode with (app/snapshot.py): made at the first snapshot, so only
+        where there are front ends, and once."""
+        return sendable(self.handler)
 
     def open(self, loop: asyncio.AbstractEventLoop, pool: Executor,
              tracing: Tracing | None = None) -> None:
