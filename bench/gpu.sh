@@ -24,7 +24,8 @@
 # against 22.5 on the CPU box, may be GIL hand-offs at 5 us); "ab" (about 2 minutes a
 # workload), AB_WORKLOADS at POINT_FRONTENDS front ends, this build and the base that
 # `python -m bench.carry --base COMMIT` packed, in turn, two rounds; "sync" (about 3
-# minutes), mlp JSON and minilm at POINT_FRONTENDS with the device threads' wait for a batch
+# minutes, half with ALT_WORKLOADS=mlp), ALT_WORKLOADS (mlp JSON and minilm unless set) at
+# POINT_FRONTENDS with the device threads' wait for a batch
 # spinning (CUDA's default with one context) and asleep (bench/switch.py), alternating, two
 # rounds (a spinning wait holds a core the front ends could use); "writes" (about 3 minutes),
 # the same with the device process's writes to the front ends letting the GIL go (os.writev,
@@ -41,10 +42,10 @@
 # at c=256 read 3.8 k req/s profiled). Needs .carry/ from `python -m bench.carry` (made here,
 # named in the device call's carry). A cold start of the machine takes about a minute more.
 #   1:  CURVES="mlp-json mlp-binary32 minilm c1" OUT=$OUT bash bench/gpu.sh (~7.5 minutes)
-#   2:  TESTS= CURVES="pinned" OUT=$OUT bash bench/gpu.sh                  (~3 minutes)
+#   2:  TESTS= CURVES="pinned sync" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh  (~3 min)
 #   3:  (here: python -m bench.carry --base COMMIT)
 #       TESTS= CURVES="ab" OUT=$OUT bash bench/gpu.sh                      (~4 minutes)
-#   4:  TESTS= CURVES="sync writes paced" OUT=$OUT bash bench/gpu.sh       (~9 minutes)
+#   4:  TESTS= CURVES="writes paced" OUT=$OUT bash bench/gpu.sh            (~6 minutes)
 #   5:  TESTS= CURVES="minilm-eager device" OUT=$OUT bash bench/gpu.sh     (~4 minutes)
 # What ran before a timeout stays in $OUT/gpu.log. The tests are the modules with CUDA tests
 # and the API's predict path (TESTS="tests/unit tests/api": all of them, ~2 minutes).
@@ -70,6 +71,7 @@ CURVES=${CURVES:-mlp-json mlp-binary32 minilm}
 POINT_FRONTENDS=${POINT_FRONTENDS:-8}  # front ends of the single points (the curves' best N)
 C1_FRONTENDS=${C1_FRONTENDS:-1 auto}  # this build's front ends in the c=1 comparison
 AB_WORKLOADS=${AB_WORKLOADS:-minilm mlp-json}  # ab's: mlp-json, mlp-binary32, minilm
+ALT_WORKLOADS=${ALT_WORKLOADS:-mlp minilm}  # sync, writes, paced and pinned: mlp (JSON), minilm
 PIN_CORES=${PIN_CORES:-2}  # pinned's: the device process's cores
 GRAPH_INSTANCES=${GRAPH_INSTANCES:-32}  # the device process alone with CUDA graphs: items a request
 OUT=${OUT:?OUT: where the logs and results go}
@@ -172,20 +174,23 @@ switch_sweep() {  # the device process's GIL switch interval (bench/switch.py): 
   done
 }
 
-alternating() {  # CURVE FLAG: mlp JSON and minilm at POINT_FRONTENDS as the server runs and
-  # with FLAG (bench/switch.py, or one --flag=value word), alternating, two rounds
-  local curve=$1 flag=$2 with label
+alternating() {  # CURVE FLAG: ALT_WORKLOADS at POINT_FRONTENDS as the server runs and with
+  # FLAG (bench/switch.py, or one --flag=value word), alternating, two rounds
+  local curve=$1 flag=$2 with label workload batch
   [[ " $CURVES " == *" $curve "* ]] || return 0
   for round in 1 2; do
-    for at in "mlp 256 -" "mlp 256 $flag" "minilm 128 -" "minilm 128 $flag"; do
-      read -r workload batch set <<< "$at"
-      with=("$set") label=$set
-      [ "$set" = - ] && with=() label="as served"
-      run_frontends "$workload, N=$POINT_FRONTENDS, c=256: $curve, $label" \
-        "$(point_limit "$workload")" \
-        --frontends "$POINT_FRONTENDS" --workload "$workload" --max-batch-size "$batch" \
-        --concurrency 256 "${with[@]}" \
-        --out "$OUT/$curve-$workload-$(tr = - <<< "${set#--}")-$round.json"
+    for workload in $ALT_WORKLOADS; do
+      batch=256
+      [ "$workload" = minilm ] && batch=128
+      for set in - "$flag"; do
+        with=("$set") label=$set
+        [ "$set" = - ] && with=() label="as served"
+        run_frontends "$workload, N=$POINT_FRONTENDS, c=256: $curve, $label" \
+          "$(point_limit "$workload")" \
+          --frontends "$POINT_FRONTENDS" --workload "$workload" --max-batch-size "$batch" \
+          --concurrency 256 "${with[@]}" \
+          --out "$OUT/$curve-$workload-$(tr = - <<< "${set#--}")-$round.json"
+      done
     done
   done
 }
