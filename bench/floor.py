@@ -13,6 +13,13 @@ floor and batchserve at concurrency 8, and the medians of the ratios show how mu
 offline is the shape's and how much is batchserve's. ``--decode`` makes the floor parse and
 decode every body as batchserve must. ``--group 32 --concurrency 64`` measures the saturated case
 the same way: two batches' worth of clients, so the next batch waits while one computes.
+
+``python -m bench.floor --stacks``: what an HTTP stack costs a request, the CPU of the server's
+process a request with mlp's body (512 numbers) and a small answer at ``--concurrency`` (32, a
+front end's share of c=256 at 8): a bare protocol on uvloop, httptools parsing and one write
+an answer (no ASGI, no keep-alive timer, no checks: the least any Python server on uvloop
+spends), uvicorn with the raw app (two writes an answer), and uvicorn with batchserve's own
+protocol (app/connection.py: one write), rounds alternating.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import Any
 
 import orjson
 
+from app.connection import OneWriteProtocol
 from bench.run import (
     answered_s,
     body_file,
@@ -43,6 +51,8 @@ from bench.run import (
 )
 
 ANSWER = b'{"predictions":[[0.1,0.2]]}'
+BARE_ANSWER = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+               + str(len(ANSWER)).encode() + b"\r\n\r\n" + ANSWER)  # --stacks' bare server
 GROUP_ENV = "BENCH_FLOOR_GROUP"
 DECODE_ENV = "BENCH_FLOOR_DECODE"
 
@@ -126,12 +136,71 @@ def grouped_app() -> Callable[..., Any]:
 
 
 @contextmanager
-def floor_server(target: str, env: dict[str, str]) -> Iterator[tuple[str, int]]:
+def floor_server(target: str, env: dict[str, str], http: str = "httptools"
+                 ) -> Iterator[tuple[str, int]]:
     """uvicorn serving ``target`` as batchserve is served: (url, pid)."""
     cmd = [sys.executable, "-m", "uvicorn", *target.split(), "--log-level", "warning",
-           "--no-access-log", "--loop", "uvloop", "--http", "httptools"]
+           "--no-access-log", "--loop", "uvloop", "--http", http]
     with listening(cmd, "/", env, inherit=False) as started:
         yield started
+
+
+class _Bare(asyncio.Protocol):
+    """``--stacks``' bare server: each whole request answered ``ANSWER`` in one write."""
+
+    def connection_made(self, transport: Any) -> None:
+        import httptools
+
+        self._transport = transport
+        self._parser = httptools.HttpRequestParser(self)
+
+    def data_received(self, data: bytes) -> None:
+        self._parser.feed_data(data)
+
+    def on_message_complete(self) -> None:
+        self._transport.write(BARE_ANSWER)
+
+
+def bare_server(port: int) -> None:
+    import uvloop
+
+    async def serve() -> None:
+        server = await asyncio.get_running_loop().create_server(_Bare, "127.0.0.1", port)
+        await server.serve_forever()
+
+    uvloop.run(serve())
+
+
+class OneWrite(OneWriteProtocol):
+    """uvicorn's protocol as batchserve runs it (app/draining.py: ``protocol_for``)."""
+
+    read_timeout_s = 30.0
+
+
+def stacks(concurrency: int, rounds: int, seconds: float) -> None:
+    """The CPU a request of each stack (its whole process), rounds alternating; medians."""
+    bare = [sys.executable, "-m", "bench.floor", "--bare-server"]
+    per: dict[str, list[float]] = {}
+    with body_file([instance_for("mlp", 0)]) as body, \
+            listening(bare, "/", {}, inherit=False) as bare_at, \
+            floor_server("bench.floor:app", {}) as uvicorn_at, \
+            floor_server("bench.floor:app", {}, http="bench.floor:OneWrite") as one_at:
+        servers = {"bare": bare_at, "uvicorn": uvicorn_at, "uvicorn, one write": one_at}
+        for url, _ in servers.values():
+            run_wrk(url, body, concurrency, 1)  # warm up
+        names = list(servers)
+        for i in range(rounds):
+            line = []
+            for name in names[i % 3:] + names[:i % 3]:  # each first in turn
+                url, pid = servers[name]
+                cpu0 = cpu_seconds(pid)
+                r = run_wrk(url, body, concurrency, seconds)
+                us = (cpu_seconds(pid) - cpu0) / r["requests"] * 1e6
+                per.setdefault(name, []).append(us)
+                line.append(f"{name} {answered_s(r):.0f} req/s {us:.1f} us")
+            print(",  ".join(line), flush=True)
+    print("medians, CPU a request: " + ", ".join(
+        f"{name} {statistics.median(values):.1f} us" for name, values in per.items()))
 
 
 def http_floor() -> None:
@@ -186,8 +255,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=4.0, help="per wrk run")
     parser.add_argument("--decode", action="store_true", help="the floor decodes every body")
+    parser.add_argument("--stacks", action="store_true",
+                        help="the CPU a request of a bare protocol, uvicorn, and uvicorn with "
+                        "batchserve's protocol")
+    parser.add_argument("--bare-server", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.group > 0:
+    if args.bare_server:
+        bare_server(args.port)
+    elif args.stacks:
+        stacks(args.concurrency or 32, args.rounds, args.seconds)
+    elif args.group > 0:
         grouped_floor(args.group, args.concurrency or args.group, args.rounds, args.seconds,
                       args.decode)
     else:
