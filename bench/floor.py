@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--group", type=int, default=0,
                         help="closed loop on mlp at this concurrency, batches of this size")
     parser.add_argument("--concurrency", type=int, default=0,
-                        help="clients in the closed loop (default: the group)")
+                        help="clients in the closed loop (default: the group; --stacks: 32)")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=4.0, help="per wrk run")
     parser.add_argument("--decode", action="store_true", help="the floor decodes every body")
