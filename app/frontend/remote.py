@@ -84,7 +84,8 @@ class RemoteRepository:
     def __init__(self, service: RemoteService) -> None:
         self._service = service
         self._models: dict[tuple[str, str], RemoteModel] = {}
-        self._handlers: dict[tuple[str, str], ModelHandler] = {}
+        # (name, model setting, the handler sent) -> the handler made from them
+        self._handlers: dict[tuple[str, str, bytes | None], ModelHandler] = {}
 
     def get(self, name: str | None = None, version: str | None = None) -> RemoteModel:
         snap = self._service.link.snapshot
@@ -113,23 +114,41 @@ class RemoteRepository:
         self._models = models
 
     def _handler(self, entry: ModelEntry) -> ModelHandler | None:
-        if entry.handler is not None:  # the device's own, without weights (for_frontends)
-            try:
-                return cast(ModelHandler, pickle.loads(entry.handler))
-            except Exception as exc:  # noqa: BLE001 - whatever unpickling its class raises
-                log.warning("model %s: the handler sent could not be read here (%s: %s); "
-                            "building one from its model setting", entry.name,
-                            type(exc).__name__, exc)
-        key = (entry.name, entry.spec)
+        """The handler to decode with: the device's own without weights (``for_frontends``)
+        where it sent one this front end can read, else one built here from the model setting;
+        each made once, as snapshots come again at every load, unload and state change."""
+        key = (entry.name, entry.spec, entry.handler)
         handler = self._handlers.get(key)
         if handler is None:
-            try:
-                with refrozen(f"model {entry.name}'s handler"):
-                    handler = self._handlers[key] = load_handler(entry.spec, entry.name)
-            except BatchServeError as exc:
-                log.error("model %s: %s", entry.name, exc.message)
-            one_torch_thread()
+            handler = self._received(entry)
+            if handler is None:
+                handler = self._built(entry)
+            if handler is not None:
+                self._handlers[key] = handler
         return handler
+
+    @staticmethod
+    def _received(entry: ModelEntry) -> ModelHandler | None:
+        if entry.handler is None:
+            return None
+        try:
+            return cast(ModelHandler, pickle.loads(entry.handler))
+        except Exception as exc:  # noqa: BLE001 - whatever unpickling its class raises
+            log.warning("model %s: the handler sent could not be read here (%s: %s); "
+                        "building one from its model setting", entry.name,
+                        type(exc).__name__, exc)
+            return None
+
+    @staticmethod
+    def _built(entry: ModelEntry) -> ModelHandler | None:
+        try:
+            with refrozen(f"model {entry.name}'s handler"):
+                return load_handler(entry.spec, entry.name)
+        except BatchServeError as exc:
+            log.error("model %s: %s", entry.name, exc.message)
+            return None
+        finally:
+            one_torch_thread()
 
 
 class RemoteService:

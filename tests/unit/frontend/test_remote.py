@@ -111,3 +111,18 @@ def test_a_front_end_builds_a_handler_only_where_none_was_sent(
         torch.set_num_threads(threads)
     assert repository._handler(entry("tests.fakes:EchoHandler", None)) is first
     assert built == ["linear", "tests.fakes:EchoHandler"]
+
+
+def test_a_handler_sent_again_in_a_later_snapshot_is_read_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    repository = RemoteRepository(service=None)  # type: ignore[arg-type]
+    sent = sendable(load_handler("linear"))
+    first = repository._handler(entry("linear", sent))
+    reads: list[bytes] = []
+    monkeypatch.setattr(remote.pickle, "loads", lambda data: reads.append(data))
+    assert repository._handler(entry("linear", sent)) is first
+    assert reads == []
+    # a new version's handler is read: its own object
+    other = sendable(load_handler("mlp"))
+    monkeypatch.undo()
+    assert repository._handler(entry("linear", other)) is not first
