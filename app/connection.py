@@ -22,7 +22,7 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from app.api.error_responses import BATCHSERVE, V2
+from app.api.error_responses import format_for_path
 from app.api.inference import READ_TIMED_OUT
 from app.framing import Body, FramingError, body_of
 
@@ -233,8 +233,7 @@ class OneWriteProtocol(HttpToolsProtocol):
 
     def _refuse(self, status: int, reason: str, kind: str, message: str, path: str) -> None:
         """Answer ``status`` in the error format of the route ``path`` names, and close."""
-        fmt = V2 if path.startswith("/v2/") else BATCHSERVE
-        body = bytes(fmt.render(status, kind, message).body)
+        body = bytes(format_for_path(path).render(status, kind, message).body)
         self.transport.write(f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
                              f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
                              .encode() + body)

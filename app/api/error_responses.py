@@ -2,8 +2,8 @@
 
 Each protocol renders its own error body: batchserve's routes ``{"error": {"type", "message"}}``,
 the Open Inference Protocol's ``{"error": "..."}`` with 400 for every client mistake (as Triton and
-KServe answer). A route says which it speaks by its ``error_format`` attribute (``V2Route``); the
-default is batchserve's.
+KServe answer). A route says which it speaks by its ``error_format`` attribute (``V2Route``); a
+path no route matched, by its prefix (``/v2``: the protocol's).
 """
 
 from __future__ import annotations
@@ -53,8 +53,15 @@ class V2Route(APIRoute):
 
 
 def format_of(scope: Scope) -> ErrorFormat:
-    """The error form of the route that matched ``scope`` (batchserve's when none did)."""
-    return getattr(scope.get("route"), "error_format", BATCHSERVE)
+    """The error form of the route that matched ``scope``; when none did, the protocol its path
+    names (a client of the v2 protocol reads ``{"error": "..."}`` even for a 404)."""
+    fmt: ErrorFormat | None = getattr(scope.get("route"), "error_format", None)
+    return fmt or format_for_path(scope.get("path", ""))
+
+
+def format_for_path(path: str) -> ErrorFormat:
+    """The error form of the protocol whose routes ``path`` is among."""
+    return V2 if path == "/v2" or path.startswith("/v2/") else BATCHSERVE
 
 
 def error_response(exc: Exception, fmt: ErrorFormat = BATCHSERVE) -> Response:

@@ -95,3 +95,16 @@ async def test_a_mounted_app_matches_raw_routes_by_their_pattern() -> None:
         named, params = app._match(http_scope("/models/linear/predict", app))
         assert named.path == "/models/{name}/predict"
         assert params["path_params"] == {"name": "linear"}
+
+
+@pytest.mark.parametrize(("path", "error"), [
+    ("/v2/models/linear/stats", "Not Found"), ("/v2/nothing", "Not Found"),
+    ("/nothing", {"type": "not_found", "message": "Not Found"}),
+    ("/v2x", {"type": "not_found", "message": "Not Found"}),
+])
+async def test_a_path_no_route_matches_is_answered_in_its_protocols_form(
+        path: str, error: Any) -> None:
+    async with app_client(make_settings()) as client:
+        r = await client.get(path)
+    assert r.status_code == 404
+    assert r.json() == {"error": error}

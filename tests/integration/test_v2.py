@@ -210,6 +210,10 @@ def test_errors_use_the_protocol_form(server) -> None:  # type: ignore[no-untype
     assert r.status_code == 413 and "limit of 8" in r.json()["error"]
     r = httpx.post(server.url + "/v2/models/nope/infer", json={})
     assert r.status_code == 404 and "unknown model" in r.json()["error"]
+    # An extension this server does not serve: a 404 the client can read, not its own TypeError.
+    with pytest.raises(InferenceServerException) as refused:
+        client.get_inference_statistics("linear")
+    assert refused.value.status() == "404" and str(refused.value) == "[404] Not Found"
 
 
 def test_rows_join_the_same_batcher(server) -> None:  # type: ignore[no-untyped-def]
