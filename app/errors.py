@@ -23,8 +23,12 @@ class ConfigError(BatchServeError):
 
 
 def os_reason(exc: OSError) -> str:
-    """An OS error in words for a ConfigError's line: "Address already in use", not its repr."""
-    return os.strerror(exc.errno) if exc.errno else str(exc)
+    """An OS error in words for a ConfigError's line: "Address already in use", not its repr.
+    A name that does not resolve has a negative errno (getaddrinfo's), which ``os.strerror``
+    does not know: its own words then, without ``create_server``'s note of the address."""
+    if exc.errno is not None and exc.errno > 0:
+        return os.strerror(exc.errno)
+    return (exc.strerror or str(exc)).split(" (while attempting to bind", 1)[0]
 
 
 class ModelLoadError(BatchServeError):

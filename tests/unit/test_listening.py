@@ -101,6 +101,20 @@ def test_a_port_another_group_listens_on_is_refused_not_joined() -> None:
         listening_socket("127.0.0.1", other.getsockname()[1], None, group=True)
 
 
+def test_a_host_that_does_not_resolve_is_refused_in_words(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """getaddrinfo's errors have negative numbers, which ``os.strerror`` calls "Unknown error";
+    what ``socket.create_server`` raises for such a name (no lookup made here) reads as such."""
+    def unresolved(address: tuple[str, int], **_: object) -> socket.socket:
+        raise OSError(socket.EAI_NONAME, "Name or service not known (while attempting to bind "
+                      f"on address {address!r})")
+
+    monkeypatch.setattr(socket, "create_server", unresolved)
+    with pytest.raises(ConfigError) as refused:
+        listening_socket("no-such-host", 8000, None, group=False)
+    assert str(refused.value) == "cannot listen on no-such-host:8000: Name or service not known"
+
+
 def test_an_fd_that_is_not_a_listening_socket_is_one_line() -> None:
     with socket.socket() as unbound:
         fd = unbound.fileno()
