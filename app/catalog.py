@@ -72,8 +72,16 @@ class Catalog:
 
     def startup(self, names: list[str] | None) -> list[str] | None:
         """The models to load at start: ``names`` (explicit mode's ``load_model``), or None for
-        every one. The single ``--model`` always loads; a name that is not it is a ConfigError."""
+        every one. The single ``--model`` always loads; a name that is not it, or not in the
+        repository, is a ConfigError (as Triton refuses to start without a model it was told
+        to load)."""
         if not self.single:
+            assert self.root is not None
+            missing = [n for n in names or () if self.read(n).missing]
+            if missing:
+                have = ", ".join(sorted(self.sources())) or "nothing"
+                raise ConfigError(f"load_model names {', '.join(missing)}: not in the model "
+                                  f"repository {self.root} (it has {have})")
             return names
         assert self._handler is not None
         others = sorted(set(names or ()) - {self._handler.name})

@@ -202,6 +202,20 @@ def test_a_listener_or_start_up_model_it_cannot_have_is_one_line_and_exit_2(
     assert len(lines) == 1 and lines[0].startswith("batchserve: " + says.format(bound=fd)), lines
 
 
+@pytest.mark.parametrize("frontends", ["1", "2"])
+def test_a_start_up_model_the_repository_lacks_is_one_line_and_exit_2(
+        frontends: str, tmp_path: Path) -> None:
+    """As Triton refuses to start without a model it was told to load; it was ignored."""
+    (tmp_path / "echo").mkdir()
+    proc = run_cli("serve", "--model-repository", str(tmp_path), "--model-control-mode",
+                   "explicit", "--load-model", "nosuch", "--devices", "cpu", "--port", "0",
+                   "--frontends", frontends)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"batchserve: load_model names nosuch: not in the model repository {tmp_path} "
+        "(it has echo)"]
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [

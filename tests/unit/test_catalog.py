@@ -66,3 +66,12 @@ def test_the_shipped_example_repository_is_valid() -> None:
     sources = Catalog(load_settings(None, {"model_repository": str(root)})).sources()
     assert sorted(sources) == ["classify", "embed"]
     assert all(not s.reason for s in sources.values()), {n: s.reason for n, s in sources.items()}
+
+
+def test_a_start_up_model_not_in_the_repository_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "echo").mkdir()
+    catalog = Catalog(load_settings(None, {"model_repository": str(tmp_path)}))
+    assert catalog.startup(["echo"]) == ["echo"] and catalog.startup(None) is None
+    with pytest.raises(ConfigError, match=f"load_model names nope, .hidden: not in the model "
+                       f"repository {tmp_path} \\(it has echo\\)"):
+        catalog.startup(["echo", "nope", ".hidden"])
