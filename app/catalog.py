@@ -102,8 +102,8 @@ class Catalog:
         """One model's source; ``override`` (a load request's config) wins over its file."""
         if self.root is None:
             return self._single(name, override)
-        folder = self.root / name
-        if not folder.is_dir() or name.startswith("."):
+        folder = _folder(self.root, name)
+        if folder is None:
             return ModelSource(name, None, reason="no such model in the repository", missing=True)
         try:
             values = _config_values(folder)
@@ -147,6 +147,18 @@ class Catalog:
         same = settings.model == self.settings.model
         return ModelSource(name, settings, {"1": settings.model},
                            handler=self._handler if same else None)
+
+
+def _folder(root: Path, name: str) -> Path | None:
+    """Model ``name``'s folder in ``root``, or None: no such folder, or a name that is not one
+    folder's (empty, hidden, a path, too long, a NUL: what a client may send as a name)."""
+    if not name or name.startswith(".") or "/" in name:
+        return None
+    folder = root / name
+    try:
+        return folder if folder.is_dir() else None
+    except (OSError, ValueError):
+        return None
 
 
 def _config_values(folder: Path) -> dict[str, Any]:

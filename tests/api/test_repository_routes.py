@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.conftest import app_client, make_settings
@@ -31,3 +33,15 @@ async def test_load_and_unload_answer_as_documented(action: str) -> None:
     assert answer.status_code == 200 and answer.content == b""
     assert "content" not in documented["200"]  # no body, as in Triton
     assert "application/json" in documented["400"]["content"]
+
+
+@pytest.mark.parametrize("name", ["x" * 5000, "a%00b", "%2E%2E", ".hidden"])
+async def test_a_name_no_folder_can_have_is_a_400_not_a_500(name: str, tmp_path: Path) -> None:
+    """A name past the file system's limit made the repository's folder lookup raise."""
+    (tmp_path / "echo").mkdir()
+    (tmp_path / "echo" / "config.toml").write_text('model = "tests.fakes:EchoHandler"\n')
+    settings = make_settings(model_repository=str(tmp_path), model_control_mode="explicit")
+    async with app_client(settings) as client:
+        answer = await client.post(f"/v2/repository/models/{name}/load")
+    assert answer.status_code == 400
+    assert answer.json()["error"].endswith("no such model in the repository")

@@ -75,3 +75,9 @@ def test_a_start_up_model_not_in_the_repository_is_a_config_error(tmp_path: Path
     with pytest.raises(ConfigError, match=f"load_model names nope, .hidden: not in the model "
                        f"repository {tmp_path} \\(it has echo\\)"):
         catalog.startup(["echo", "nope", ".hidden"])
+
+
+@pytest.mark.parametrize("name", ["x" * 5000, "a\0b", "echo/..", "echo/", ".", ""])
+def test_a_name_no_folder_can_have_is_missing_not_an_error(tmp_path: Path, name: str) -> None:
+    (tmp_path / "echo").mkdir()
+    assert Catalog(load_settings(None, {"model_repository": str(tmp_path)})).read(name).missing
