@@ -59,27 +59,27 @@ class ModelRepository:
         self.failed: dict[str, str] = {}  # name -> why it could not be loaded
         self.loading: dict[str, list[ServedModel]] = {}  # name -> versions being loaded
         self.starting = True  # the start-up loads are not all done
+        # Every start-up model failed to load (one at least): the server exits. A load or an
+        # unload through the API later never sets it, whatever is left serving.
+        self.all_failed = False
         self._locks: dict[str, asyncio.Lock] = {}
 
     # ---- start-up --------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load the start-up set, concurrently; a model that fails is only marked so."""
+        """Load the start-up set, concurrently; a model that fails is only marked so. Where
+        every one failed (one at least), nothing will be served: ``all_failed``."""
         sources = self.catalog.sources()
         names = list(sources) if self.startup is None else self.startup
         try:
             await asyncio.gather(*(self._load_quietly(sources.get(n), n) for n in names))
+            self.all_failed = not self.current and bool(self.failed)
         finally:
             self.starting = False
 
     async def _load_quietly(self, source: ModelSource | None, name: str) -> None:
         with contextlib.suppress(BatchServeError):  # recorded in self.failed; the others load on
             await self._load(source if source is not None else self.catalog.read(name), name)
-
-    @property
-    def all_failed(self) -> bool:
-        """Every start-up model failed to load (and there was one at least)."""
-        return not self.starting and not self.current and bool(self.failed)
 
     # ---- lookups ---------------------------------------------------------------------------------
 

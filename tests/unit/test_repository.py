@@ -106,6 +106,26 @@ async def test_a_model_that_cannot_load_is_unavailable_the_others_serve(tmp_path
         assert service.status == "ready" and not service.load_failed
 
 
+async def test_a_load_or_unload_through_the_api_never_stops_the_server(tmp_path: Path) -> None:
+    """Nothing serving after a client's failed load, or after it unloaded the last model, is
+    not a failed start: the server stays up (it exited, at one bad request)."""
+    write_config(tmp_path, "other", 'model = "linear"\n')
+    write_config(tmp_path, "bad", 'model = "tests.fakes:raising_factory"\n')
+    async with serving(tmp_path, model_control_mode="explicit") as service:
+        with pytest.raises(InvalidInput, match="no weights here"):
+            await service.repository.load("bad")
+        assert not service.load_failed and service.status == "ready"
+        await service.repository.load("other")
+        await service.repository.unload("other")
+        assert not service.load_failed and service.status == "ready"
+
+
+async def test_a_start_up_set_that_all_fails_stops_the_server(tmp_path: Path) -> None:
+    write_config(tmp_path, "bad", 'model = "tests.fakes:raising_factory"\n')
+    async with serving(tmp_path) as service:
+        assert service.load_failed and service.status == "unhealthy"
+
+
 async def test_explicit_mode_loads_on_request_and_unload_drains(tmp_path: Path) -> None:
     write_config(tmp_path, "echo", 'model = "tests.fakes:GatedHandler"\n')
     write_config(tmp_path, "other", 'model = "linear"\n')
