@@ -202,14 +202,12 @@ class ModelRepository:
         await asyncio.gather(*(self._retire(m) for m in superseded))
 
     def _start_version(self, source: ModelSource, name: str, version: str) -> ServedModel:
-        """A ServedModel for one version, LOADING: requests that reach it are told so."""
+        """A ServedModel for one version, LOADING: requests that reach it are told so. What
+        cannot be loaded raises (``_load`` records it)."""
         settings = source.settings
         assert settings is not None
-        try:
-            handler = source.handler or load_handler(source.versions[version], name)
-            devices = devices_among(settings.devices, self.runtime.devices)
-        except BatchServeError as exc:
-            self._failed(name, exc.message)
+        handler = source.handler or load_handler(source.versions[version], name)
+        devices = devices_among(settings.devices, self.runtime.devices)
         model = ServedModel(name, version, settings, handler, devices,
                             self.runtime.metrics.for_model(name, version),
                             source.versions.get(version, ""), self.runtime.state)

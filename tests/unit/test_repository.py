@@ -112,8 +112,9 @@ async def test_a_load_or_unload_through_the_api_never_stops_the_server(tmp_path:
     write_config(tmp_path, "other", 'model = "linear"\n')
     write_config(tmp_path, "bad", 'model = "tests.fakes:raising_factory"\n')
     async with serving(tmp_path, model_control_mode="explicit") as service:
-        with pytest.raises(InvalidInput, match="no weights here"):
+        with pytest.raises(InvalidInput, match="no weights here") as refused:
             await service.repository.load("bad")
+        assert refused.value.message.count("failed to load") == 1  # said once, not nested
         assert not service.load_failed and service.status == "ready"
         await service.repository.load("other")
         await service.repository.unload("other")
