@@ -150,6 +150,10 @@ class ModelRepository:
         if self.control != "explicit":
             raise InvalidInput("explicit model load and unload are not allowed: the server runs "
                                "with --model-control-mode none")
+        if config is not None and "model" in config:  # it would import and call what it names
+            raise InvalidInput(f"failed to load '{name}': a load's config cannot set 'model'; "
+                               "a model's code and weights come from the repository (its "
+                               "folder and config.toml, or the model setting), not a request")
         async with self._lock(name):
             await self._load(self.catalog.read(name, config), name, reload=config is not None)
 

@@ -121,6 +121,17 @@ async def test_a_load_or_unload_through_the_api_never_stops_the_server(tmp_path:
         assert not service.load_failed and service.status == "ready"
 
 
+async def test_a_loads_config_cannot_name_the_code_to_run(tmp_path: Path) -> None:
+    """``model`` names a module and callable to import and call, or a file: a request may tune
+    a model's settings, not choose what runs in the server."""
+    write_config(tmp_path, "other", 'model = "linear"\n')
+    async with serving(tmp_path, model_control_mode="explicit", load_model=["other"]) as service:
+        with pytest.raises(InvalidInput, match="a load's config cannot set 'model'"):
+            await service.repository.load("other", {"model": "tests.fakes:raising_factory"})
+        await service.repository.load("other", {"max_batch_size": 2})
+        assert service.repository.get("other").settings.max_batch_size == 2
+
+
 async def test_a_start_up_set_that_all_fails_stops_the_server(tmp_path: Path) -> None:
     write_config(tmp_path, "bad", 'model = "tests.fakes:raising_factory"\n')
     async with serving(tmp_path) as service:
