@@ -127,15 +127,18 @@ class ModelRepository:
         return [m for versions in self.served.values() for m in versions.values()] + loading
 
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
-        """Triton's repository index: every model of the catalog with its state."""
+        """Triton's repository index: every model of the catalog with its state, and any
+        still loaded whose folder has gone since (it serves till unloaded)."""
         entries = []
-        for name, source in sorted(self.catalog.sources().items()):
-            versions = [m for m in self.models() if m.name == name]
+        sources = self.catalog.sources()
+        loaded = self.models()
+        for name in sorted(set(sources) | {m.name for m in loaded}):
+            versions = [m for m in loaded if m.name == name]
             for model in sorted(versions, key=lambda m: int(m.version)):
                 entries.append({"name": name, "version": model.version,
                                 "state": model.state.value, "reason": model.reason})
             if not versions:
-                reason = self.failed.get(name) or source.reason or "unloaded"
+                reason = self.failed.get(name) or sources[name].reason or "unloaded"
                 entries.append({"name": name, "version": "", "state": "UNAVAILABLE",
                                 "reason": reason})
         if ready_only:

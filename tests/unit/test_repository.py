@@ -138,6 +138,19 @@ async def test_a_start_up_set_that_all_fails_stops_the_server(tmp_path: Path) ->
         assert service.load_failed and service.status == "unhealthy"
 
 
+async def test_a_model_whose_folder_went_stays_in_the_index_while_it_serves(
+        tmp_path: Path) -> None:
+    write_config(tmp_path, "other", 'model = "linear"\n')
+    async with serving(tmp_path, model_control_mode="explicit", load_model=["other"]) as service:
+        shutil.rmtree(tmp_path / "other")
+        with pytest.raises(InvalidInput, match="no such model in the repository"):
+            await service.repository.load("other")
+        assert [(e["name"], e["state"]) for e in service.repository.index()] == [
+            ("other", "READY")]
+        await service.repository.unload("other")
+        assert service.repository.index() == []
+
+
 async def test_explicit_mode_loads_on_request_and_unload_drains(tmp_path: Path) -> None:
     write_config(tmp_path, "echo", 'model = "tests.fakes:GatedHandler"\n')
     write_config(tmp_path, "other", 'model = "linear"\n')
