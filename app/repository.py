@@ -157,8 +157,11 @@ class ModelRepository:
             raise InvalidInput(f"failed to load '{name}': a load's config cannot set 'model'; "
                                "a model's code and weights come from the repository (its "
                                "folder and config.toml, or the model setting), not a request")
+        source = self.catalog.read(name, config)
+        if source.missing:  # nothing of that name: neither a lock nor a failure kept for it
+            raise InvalidInput(f"failed to load '{name}': {source.reason}")
         async with self._lock(name):
-            await self._load(self.catalog.read(name, config), name, reload=config is not None)
+            await self._load(source, name, reload=config is not None)
 
     async def unload(self, name: str) -> None:
         """Unload every version of ``name``: new requests are refused at once, the admitted ones
@@ -166,6 +169,8 @@ class ModelRepository:
         if self.control != "explicit":
             raise InvalidInput("explicit model load and unload are not allowed: the server runs "
                                "with --model-control-mode none")
+        if name not in self._locks and name not in self.served and name not in self.failed:
+            return  # nothing of that name: no lock kept for it (a client may send any name)
         async with self._lock(name):
             self.failed.pop(name, None)
             self.current.pop(name, None)
@@ -178,8 +183,6 @@ class ModelRepository:
         """Load the versions ``source`` wants that are not ready (all of them for a reload)
         beside what serves now; once every one is ready, move the name's default traffic to the
         newest and retire what they replace."""
-        if source.missing:
-            raise InvalidInput(f"failed to load '{name}': {source.reason}")
         if source.reason:
             self._failed(name, source.reason)
         wanted = source.wanted()

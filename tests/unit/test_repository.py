@@ -132,6 +132,20 @@ async def test_a_loads_config_cannot_name_the_code_to_run(tmp_path: Path) -> Non
         assert service.repository.get("other").settings.max_batch_size == 2
 
 
+async def test_names_that_are_nothing_leave_nothing_behind(tmp_path: Path) -> None:
+    """A client may send any name to load or unload: none of them is kept (a lock was kept for
+    each, for the life of the server)."""
+    write_config(tmp_path, "other", 'model = "linear"\n')
+    async with serving(tmp_path, model_control_mode="explicit") as service:
+        repo = service.repository
+        for i in range(100):
+            with pytest.raises(InvalidInput, match="no such model in the repository"):
+                await repo.load(f"nope{i}")
+            await repo.unload(f"gone{i}")
+        assert repo._locks == {} and repo.failed == {}
+        assert [e["name"] for e in repo.index()] == ["other"]
+
+
 async def test_a_start_up_set_that_all_fails_stops_the_server(tmp_path: Path) -> None:
     write_config(tmp_path, "bad", 'model = "tests.fakes:raising_factory"\n')
     async with serving(tmp_path) as service:
