@@ -118,6 +118,10 @@ def one_input(**fields: object) -> dict[str, object]:
         ({**one_input(), "parameters": "fast"}, "'parameters' must be an object"),
         ({**one_input(), "parameters": {"timeout": -1}}, "'timeout' must be a whole number"),
         ({**one_input(), "parameters": {"timeout": 0.5}}, "'timeout' must be a whole number"),
+        ({**one_input(), "parameters": {"binary_data_output": 1}},
+         "the request: parameter 'binary_data_output' must be true or false, got 1"),
+        ({**one_input(), "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": "yes"}}]},
+         "output 'OUTPUT0': parameter 'binary_data' must be true or false, got \"yes\""),
     ],
 )
 def test_client_mistakes_get_400(server, body: object, contains: str) -> None:  # type: ignore[no-untyped-def]

@@ -62,7 +62,7 @@ def parse_request(
     request_params = payload.get("parameters") or {}
     if not isinstance(request_params, dict):
         raise InvalidInput("'parameters' must be an object")
-    binary_all = request_params.get("binary_data_output") is True
+    binary_all = _flag(request_params, "binary_data_output", "the request") or False
     priority = whole_number_of(request_params.get("priority"), "parameter 'priority'")
     timeout_us = whole_number_of(request_params.get("timeout"), "parameter 'timeout'")
     request_id = payload.get("id")
@@ -103,6 +103,15 @@ def rows_of(array: np.ndarray, name: str, datatype: str) -> list[Any]:
     return list(array)
 
 
+def _flag(params: Any, key: str, where: str) -> bool | None:
+    """A true-or-false parameter: None where it is absent, a 400 where it is anything else (as
+    Triton refuses it), rather than read as false."""
+    value = params.get(key) if isinstance(params, dict) else None
+    if value is None or isinstance(value, bool):
+        return value
+    raise InvalidInput(f"{where}: parameter '{key}' must be true or false, got {json_text(value)}")
+
+
 def _requested_outputs(
     payload: dict[str, Any], model: str, known: list[TensorSpec] | None
 ) -> tuple[list[str] | None, dict[str, bool]]:
@@ -119,8 +128,8 @@ def _requested_outputs(
         names.append(name)
         params = out.get("parameters") or {}
         check_served(params, f"output '{name}'")
-        choice = params.get("binary_data") if isinstance(params, dict) else None
-        if isinstance(choice, bool):
+        choice = _flag(params, "binary_data", f"output '{name}'")
+        if choice is not None:
             binary[name] = choice
     check_outputs(names, model, known)
     return names, binary
