@@ -31,6 +31,7 @@ from app.values import (
     DEFAULT_QUEUE_CAPACITY,
     DEFAULT_REQUEST_TIMEOUT_S,
     derive_defaults,
+    http_url,
     listed_names,
     redis_scheme,
 )
@@ -202,7 +203,7 @@ class Settings(BaseSettings, BatchSettings):
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     log_format: Literal["text", "json"] = Field("text", description="log line format")
-    otel_endpoint: str | None = Field(
+    otel_endpoint: Annotated[str | None, AfterValidator(http_url)] = Field(
         None, description="send OpenTelemetry traces to this OTLP/HTTP base URL (default: "
         "OTEL_EXPORTER_OTLP_ENDPOINT if set, else no traces; needs the otel extra)",
     )

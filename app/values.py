@@ -38,6 +38,16 @@ def redis_scheme(value: str) -> str:
     return value
 
 
+def http_url(value: str | None) -> str | None:
+    """An http:// or https:// URL with a host (the OTLP/HTTP exporter fails at each export, a
+    line in the log per batch of spans, on anything else)."""
+    if value is not None:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"{value!r} is not an http:// or https:// URL")
+    return value
+
+
 def _number(value: Any) -> float | None:
     try:
         number = float(value)

@@ -247,3 +247,16 @@ def test_a_redis_url_redis_cannot_use_is_refused() -> None:
         load_settings(None, {"redis_url": "localhost:6379"})
     for url in ("redis://h:1/0", "rediss://h", "unix:///run/redis.sock"):
         assert load_settings(None, {"redis_url": url}).redis_url == url
+
+
+@pytest.mark.parametrize("url", ["notaurl", "ftp://collector", "http://", "127.0.0.1:4318"])
+def test_an_otel_endpoint_the_exporter_cannot_use_is_refused(url: str) -> None:
+    """It was taken, and each batch of spans then failed to export with a line in the log."""
+    with pytest.raises(ConfigError, match=f"otel_endpoint: '{url}' is not an http:// or "):
+        load_settings(None, {"otel_endpoint": url})
+
+
+def test_an_otel_endpoint_over_http_or_https_is_taken() -> None:
+    for url in ("http://collector:4318", "https://otel.example.com"):
+        assert load_settings(None, {"otel_endpoint": url}).otel_endpoint == url
+    assert load_settings(None, {}).otel_endpoint is None
