@@ -70,26 +70,32 @@ class Catalog:
         """Serving the one ``--model`` setting, not a repository folder."""
         return self.root is None
 
-    def startup(self, names: list[str] | None) -> list[str] | None:
+    def startup(self, names: list[str] | None, default: str | None = None) -> list[str] | None:
         """The models to load at start: ``names`` (explicit mode's ``load_model``), or None for
-        every one. The single ``--model`` always loads; a name that is not it, or not in the
-        repository, is a ConfigError (as Triton refuses to start without a model it was told
-        to load)."""
-        if not self.single:
-            assert self.root is not None
-            missing = [n for n in names or () if self.read(n).missing]
-            if missing:
-                have = ", ".join(sorted(self.sources())) or "nothing"
-                raise ConfigError(f"load_model names {', '.join(missing)}: not in the model "
-                                  f"repository {self.root} (it has {have})")
-            return names
-        assert self._handler is not None
-        others = sorted(set(names or ()) - {self._handler.name})
-        if others:
-            raise ConfigError(f"load_model names {', '.join(others)}: this server serves one "
-                              f"model, '{self._handler.name}' (the model setting); "
-                              "model_repository serves several")
-        return None
+        every one (the single ``--model`` always loads). A name in ``names`` or ``default``
+        (``default_model``) that is not a model here is a ConfigError, as Triton refuses to
+        start without a model it was told to load."""
+        defaults = [default] if default is not None else []
+        for setting, given in (("load_model", names or []), ("default_model", defaults)):
+            unknown = self._unknown(given)
+            if unknown:
+                raise ConfigError(f"{setting} names {', '.join(unknown)}: {self._holds()}")
+        return None if self.single else names
+
+    def _unknown(self, names: list[str]) -> list[str]:
+        if self.root is None:
+            assert self._handler is not None
+            return sorted(set(names) - {self._handler.name})
+        return [n for n in names if self.read(n).missing]
+
+    def _holds(self) -> str:
+        """What this catalog serves, in words."""
+        if self.root is None:
+            assert self._handler is not None
+            return (f"this server serves one model, '{self._handler.name}' (the model setting); "
+                    "model_repository serves several")
+        have = ", ".join(sorted(self.sources())) or "nothing"
+        return f"not in the model repository {self.root} (it has {have})"
 
     def sources(self) -> dict[str, ModelSource]:
         if self.root is None:

@@ -61,7 +61,8 @@ class InferenceService:
         self.metrics = metrics
         self.tracing = tracing
         startup = catalog.startup(settings.load_model
-                                  if settings.model_control_mode == "explicit" else None)
+                                  if settings.model_control_mode == "explicit" else None,
+                                  settings.default_model)
         self.repository = ModelRepository(catalog, self, settings.model_control_mode, startup,
                                           settings.default_model)
         self.workers: list[DeviceWorker] = []

@@ -182,6 +182,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     (["--fd", "{bound}"], "fd {bound} is a socket that is not listening"),
     (["--model-control-mode", "explicit", "--load-model", "linear", "--load-model", "other"],
      "load_model names other: this server serves one model, 'linear'"),
+    (["--default-model", "other"],
+     "default_model names other: this server serves one model, 'linear'"),
 ])
 def test_a_listener_or_start_up_model_it_cannot_have_is_one_line_and_exit_2(
     frontends: str, args: list[str], says: str

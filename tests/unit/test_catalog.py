@@ -75,6 +75,9 @@ def test_a_start_up_model_not_in_the_repository_is_a_config_error(tmp_path: Path
     with pytest.raises(ConfigError, match=f"load_model names nope, .hidden: not in the model "
                        f"repository {tmp_path} \\(it has echo\\)"):
         catalog.startup(["echo", "nope", ".hidden"])
+    assert catalog.startup(["echo"], "echo") == ["echo"]  # a default may wait for its load
+    with pytest.raises(ConfigError, match="default_model names nope: not in the model"):
+        catalog.startup(None, "nope")
 
 
 @pytest.mark.parametrize("name", ["x" * 5000, "a\0b", "echo/..", "echo/", ".", ""])
