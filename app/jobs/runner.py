@@ -9,9 +9,11 @@ import signal
 import socket
 
 import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
 from app.config import Settings
+from app.errors import ConfigError, os_reason
 from app.jobs.consumer import JobWorker
 from app.metrics import JobMetrics
 from app.process import fit_torch_threads, freeze_startup_objects, tune_for_serving
@@ -26,12 +28,24 @@ def consumer_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
 
 
+def serve_metrics(host: str, port: int, registry: CollectorRegistry) -> None:
+    """/metrics on ``host:port`` from a thread of its own; ConfigError if it cannot listen."""
+    from prometheus_client import start_http_server
+
+    try:
+        start_http_server(port, host, registry)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on {host}:{port}: {os_reason(exc)}") from None
+
+
 async def run_worker(settings: Settings) -> int:
     """Load the model, serve jobs until SIGTERM/SIGINT, finish what is held. Exit code."""
     tune_for_serving()
     fit_torch_threads()
     service = build_service(settings)
     metrics = service.metrics
+    if settings.worker_metrics_port is not None:  # before the model loads: a port in use fails fast
+        serve_metrics(settings.host, settings.worker_metrics_port, metrics.registry)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -49,10 +63,6 @@ async def run_worker(settings: Settings) -> int:
             for wait in waits:
                 wait.cancel()
         freeze_startup_objects()
-        if settings.worker_metrics_port is not None:
-            from prometheus_client import start_http_server
-
-            start_http_server(settings.worker_metrics_port, settings.host, metrics.registry)
         client = aioredis.Redis.from_url(settings.redis_url)
         worker = JobWorker(settings, service, client, JobMetrics.create(metrics.registry),
                            consumer_name())

@@ -204,6 +204,19 @@ def test_a_listener_or_start_up_model_it_cannot_have_is_one_line_and_exit_2(
     assert len(lines) == 1 and lines[0].startswith("batchserve: " + says.format(bound=fd)), lines
 
 
+def test_a_worker_metrics_port_in_use_is_one_line_and_exit_2() -> None:
+    """Checked before the model loads; it was a traceback once the model had."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = run_cli("worker", "--model", "linear", "--devices", "cpu", "--redis-url",
+                       "redis://127.0.0.1:1/0", "--worker-metrics-port", str(port))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"batchserve: cannot serve metrics on 127.0.0.1:{port}: Address already in use"]
+
+
 @pytest.mark.parametrize("frontends", ["1", "2"])
 def test_a_start_up_model_the_repository_lacks_is_one_line_and_exit_2(
         frontends: str, tmp_path: Path) -> None:
