@@ -64,6 +64,11 @@ async def ready(service: ServiceDep) -> Response:
     return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
 
+# Probes may read the status alone: HEAD too, as /health_check (no second schema operation).
+router.add_api_route("/health/live", live, methods=["HEAD"], include_in_schema=False)
+router.add_api_route("/health/ready", ready, methods=["HEAD"], include_in_schema=False)
+
+
 @router.get("/models/{name}", summary="Model metadata", responses=_NOT_FOUND)
 @router.get("/models/{name}/versions/{version}", include_in_schema=False)
 async def model_metadata(model: ModelDep, service: ServiceDep) -> dict[str, Any]:
