@@ -72,6 +72,12 @@ class Frontends:
         for process in self.processes.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
+        # None is started again: each listening socket is its front end's alone now, and leaves
+        # the SO_REUSEPORT group when that front end stops taking connections. Kept open here,
+        # a stopped front end's socket went on taking its share of new connections, which no
+        # one accepted: they hung till their clients gave up.
+        for sock in set(self.listeners):
+            sock.close()
 
     async def wait(self, timeout_s: float) -> None:
         """Until every front end has exited (killed after ``timeout_s``)."""

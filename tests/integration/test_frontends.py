@@ -318,6 +318,33 @@ def test_sigterm_answers_everything_accepted_then_exits_0(tmp_path: Path) -> Non
     assert not any(Path(f"/proc/{pid}").exists() for pid in fronts)
 
 
+def test_new_connections_while_draining_are_answered_not_held(tmp_path: Path) -> None:
+    """Draining, a front end with nothing in flight exits at once, the other answers new
+    requests 503 till its own are done. The device process kept the first one's listening
+    socket open, which went on taking a share of new connections that nobody accepted: they
+    hung till their clients gave up (one in two here)."""
+    gate = tmp_path / "gate"
+    with split_server(*GATED, env={"GATE_FILE": str(gate)}) as (proc, url), \
+            ThreadPoolExecutor(1) as pool, httpx.Client(base_url=url, timeout=60) as held:
+        port = int(url.rsplit(":", 1)[1])
+        fronts = children(proc.pid)
+        assert held.get("/health_check").status_code == 200  # its connection: one front end's
+        busy = [pid for pid in fronts if established(pid, port)]
+        assert len(busy) == 1, busy
+        idle = [pid for pid in fronts if pid not in busy]
+        answer = pool.submit(held.post, "/predict", json={"instances": [[1, 1]]})
+        wait_until_sync(lambda: metric(url, "batchserve_in_flight_requests") == 1, "in flight")
+        proc.send_signal(signal.SIGTERM)
+        wait_until_sync(lambda: not any(Path(f"/proc/{pid}").exists() for pid in idle),
+                        "the idle front end gone")
+        for _ in range(16):  # each on a new connection, which the kernel may hand to any socket
+            late = httpx.get(url + "/health_check", timeout=30)
+            assert late.status_code == 503 and late.json()["status"] == "draining"
+        gate.touch()
+        assert answer.result().json()["predictions"] == [[2, 2]]
+        assert proc.wait(WAIT_S) == 0
+
+
 def test_each_request_has_one_access_line_under_its_id() -> None:
     """A request a front end hands to the device process (metadata, the repository, health) is
     logged once, by the front end that took it, as inference is."""
