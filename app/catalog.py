@@ -86,7 +86,7 @@ class Catalog:
         if self.root is None:
             assert self._handler is not None
             return sorted(set(names) - {self._handler.name})
-        return [n for n in names if self.read(n).missing]
+        return [n for n in names if _folder(self.root, n) is None]
 
     def _holds(self) -> str:
         """What this catalog serves, in words."""

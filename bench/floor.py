@@ -37,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from app.connection import OneWriteProtocol
+from app.connection import protocol_for
 from bench.run import (
     answered_s,
     body_file,
@@ -171,10 +171,7 @@ def bare_server(port: int) -> None:
     uvloop.run(serve())
 
 
-class OneWrite(OneWriteProtocol):
-    """uvicorn's protocol as batchserve runs it (app/draining.py: ``protocol_for``)."""
-
-    read_timeout_s = 30.0
+OneWrite = protocol_for(30.0)  # uvicorn's protocol as batchserve runs it (app/draining.py)
 
 
 def stacks(concurrency: int, rounds: int, seconds: float) -> None:

@@ -9,7 +9,7 @@ import signal
 import socket
 
 import redis.asyncio as aioredis
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, start_http_server
 from redis.exceptions import RedisError
 
 from app.config import Settings
@@ -30,8 +30,6 @@ def consumer_name() -> str:
 
 def serve_metrics(host: str, port: int, registry: CollectorRegistry) -> None:
     """/metrics on ``host:port`` from a thread of its own; ConfigError if it cannot listen."""
-    from prometheus_client import start_http_server
-
     try:
         start_http_server(port, host, registry)
     except OSError as exc:
