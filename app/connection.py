@@ -135,10 +135,13 @@ class OneWriteProtocol(HttpToolsProtocol):
         self._feed(data)
         if (counted and self._in_head and self._head_bytes > MAX_HEAD_BYTES
                 and not self.transport.is_closing()):  # not after uvicorn's own 400
-            self._cancel_read_timer()
-            self._refuse(431, "Request Header Fields Too Large", "headers_too_large",
-                         f"the request's line and headers are over {MAX_HEAD_BYTES} bytes",
-                         getattr(self, "url", b"").decode("latin-1"))  # the path as it came
+            self._refuse_head()
+
+    def _refuse_head(self) -> None:
+        self._cancel_read_timer()
+        self._refuse(431, "Request Header Fields Too Large", "headers_too_large",
+                     f"the request's line and headers are over {MAX_HEAD_BYTES} bytes",
+                     getattr(self, "url", b"").decode("latin-1"))  # the path as it came
 
     def _feed(self, data: bytes) -> None:
         """uvicorn's ``data_received``, reading the body of a request whose Upgrade it declines
@@ -147,6 +150,8 @@ class OneWriteProtocol(HttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
+            if self.transport.is_closing():  # refused in a callback (on_headers_complete)
+                return
             msg = "Invalid HTTP request received."
             self.logger.warning(msg)
             self.send_400_response(msg)
@@ -189,6 +194,12 @@ class OneWriteProtocol(HttpToolsProtocol):
                                                  self._read_timed_out, scope)
 
     def on_headers_complete(self) -> None:
+        # A head that ends in the read that took the count past the bound: that read may hold
+        # a body or further requests too, so the head's own size decides.
+        if (self._head_bytes > MAX_HEAD_BYTES
+                and _head_size(self.url, self.headers) > MAX_HEAD_BYTES):
+            self._refuse_head()
+            raise HeadTooLarge  # stops the parser: nothing of this request reaches the app
         self._in_head, self._head_bytes = False, 0
         super().on_headers_complete()
         if type(self.cycle) is RequestResponseCycle:
@@ -238,6 +249,16 @@ class OneWriteProtocol(HttpToolsProtocol):
                              f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
                              .encode() + body)
         self.transport.close()
+
+
+class HeadTooLarge(Exception):
+    """A request's head is over ``MAX_HEAD_BYTES`` (raised inside the parser's callback)."""
+
+
+def _head_size(url: bytes, headers: list[tuple[bytes, bytes]]) -> int:
+    """About the bytes of a request's head: its target and headers, with their separators
+    (the method and version lines' few bytes left out)."""
+    return len(url) + sum(len(name) + len(value) + 4 for name, value in headers)
 
 
 def protocol_for(read_timeout_s: float) -> type[OneWriteProtocol]:

@@ -259,6 +259,24 @@ async def test_headers_past_the_bound_get_431_and_the_connection_is_closed(
     assert written.endswith(b"\r\n\r\n" + error) and transport.events[-1] == "close"
 
 
+@pytest.mark.parametrize("body", [b"", b"{}" * MAX_HEAD_BYTES])
+async def test_a_head_past_the_bound_in_one_read_gets_431_and_reaches_no_app(body: bytes
+                                                                              ) -> None:
+    reached: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(scope)
+        await answer(scope, receive, send)
+
+    request = b"POST /predict HTTP/1.1\r\nx-big: %s\r\ncontent-length: %d\r\n\r\n%s" % (
+        b"a" * MAX_HEAD_BYTES, len(body), body)
+    _, transport = connect(OneWriteProtocol, app, request)  # the whole request in one read
+    await asyncio.sleep(0)
+    (written,) = transport.writes  # the 431 alone, no 400 after it
+    assert written.startswith(b"HTTP/1.1 431 ") and transport.events[-1] == "close"
+    assert reached == []
+
+
 async def test_bodies_and_many_requests_on_a_connection_are_not_counted_as_headers() -> None:
     body = b"[" + b"1," * MAX_HEAD_BYTES + b"1]"  # past the bound, as a body
     request = b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (
