@@ -182,12 +182,17 @@ def _config_values(folder: Path) -> dict[str, Any]:
 
 
 def _versions(folder: Path) -> dict[str, str]:
-    versions = {}
-    for path in folder.iterdir():
+    versions: dict[str, str] = {}
+    for path in sorted(folder.iterdir()):
         if path.is_dir() and path.name.isascii() and path.name.isdigit():
             files = [path / f for f in MODEL_FILES if (path / f).is_file()]
             if len(files) > 1:
                 raise ValueError(f"{path} holds both {MODEL_FILES[0]} and {MODEL_FILES[1]}")
+            version = str(int(path.name))
+            if files and version in versions:  # "01" and "1": which to serve is not for a guess
+                other = Path(versions[version]).parent.name
+                raise ValueError(f"{folder}: folders {other} and {path.name} are both version "
+                                 f"{version}")
             if files:
-                versions[str(int(path.name))] = str(files[0])
+                versions[version] = str(files[0])
     return versions

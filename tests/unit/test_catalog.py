@@ -39,6 +39,7 @@ def test_versions_are_numbered_folders_and_the_newest_serves(tmp_path: Path) -> 
 @pytest.mark.parametrize(("files", "config", "reason"), [
     ({"1/model.pt": b""}, 'model = "linear"\n', "both a model setting"),
     ({"1/model.pt": b"", "1/model.pt2": b""}, "", "holds both model.pt and model.pt2"),
+    ({"01/model.pt": b"", "1/model.pt": b""}, "", "folders 01 and 1 are both version 1"),
     ({}, "", "no model"),
     ({}, "max_batch_size = [", "cannot be read"),
     ({}, "colour = 3\n", "unknown settings colour"),
