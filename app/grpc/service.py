@@ -13,7 +13,9 @@ items as a closed HTTP connection does.
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
+from typing import Any
 from urllib.parse import quote
 
 from google.protobuf import json_format
@@ -100,9 +102,7 @@ class InferenceServicer:
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: Context, metadata: Metadata,
     ) -> pb.RepositoryModelLoadResponse:
-        params = {key: parameter_value(value) for key, value in request.parameters.items()}
-        if isinstance(params.get("config"), bytes):
-            raise InvalidInput("'config' must be a string of JSON")
+        params = _json_parameters(request)
         await self.control.post(f"/v2/repository/models/{_segment(request.model_name)}/load",
                                 metadata, {"parameters": params}, changes_models=True)
         return pb.RepositoryModelLoadResponse()
@@ -111,7 +111,7 @@ class InferenceServicer:
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: Context, metadata: Metadata,
     ) -> pb.RepositoryModelUnloadResponse:
-        params = {key: parameter_value(value) for key, value in request.parameters.items()}
+        params = _json_parameters(request)
         await self.control.post(f"/v2/repository/models/{_segment(request.model_name)}/unload",
                                 metadata, {"parameters": params}, changes_models=True)
         return pb.RepositoryModelUnloadResponse()
@@ -120,6 +120,17 @@ class InferenceServicer:
     async def ModelInfer(self, request: pb.ModelInferRequest,
                          context: Context, metadata: Metadata) -> pb.ModelInferResponse:
         return await infer(self.service, request, context, metadata)
+
+
+def _json_parameters(request: pb.RepositoryModelLoadRequest | pb.RepositoryModelUnloadRequest
+                     ) -> dict[str, Any]:
+    """A load's or unload's parameters as the HTTP route takes them: bytes (tritonclient sends
+    ``file:`` contents so) as base64 text, as Triton's HTTP protocol carries them."""
+    params = {key: parameter_value(value) for key, value in request.parameters.items()}
+    if isinstance(params.get("config"), bytes):
+        raise InvalidInput("'config' must be a string of JSON")
+    return {key: base64.b64encode(value).decode() if isinstance(value, bytes) else value
+            for key, value in params.items()}
 
 
 async def infer(service: Serving, request: pb.ModelInferRequest,

@@ -293,6 +293,9 @@ def test_repository_load_and_unload(tmp_path: Path) -> None:
         with pytest.raises(InferenceServerException, match="nope") as bad:
             client.load_model("nope", headers=auth)
         assert bad.value.status() == "StatusCode.INVALID_ARGUMENT"
+        with pytest.raises(InferenceServerException, match="file:1/model.pt") as files:
+            client.load_model("scale", files={"file:1/model.pt": b"\x00weights"}, headers=auth)
+        assert files.value.status() == "StatusCode.INVALID_ARGUMENT"  # as HTTP: not served
 
 
 def test_a_refusal_is_unavailable_at_once_with_its_reason() -> None:
