@@ -30,6 +30,8 @@ from app.grpc.control import Control
 from app.grpc.tensors import encode_infer, parameter_value, parse_infer
 from app.models.signature import output_tensors
 
+RepositoryRequest = pb.RepositoryModelLoadRequest | pb.RepositoryModelUnloadRequest
+
 
 class InferenceServicer:
     def __init__(self, service: Serving, control: Control) -> None:
@@ -102,19 +104,22 @@ class InferenceServicer:
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: Context, metadata: Metadata,
     ) -> pb.RepositoryModelLoadResponse:
-        params = _json_parameters(request)
-        await self.control.post(f"/v2/repository/models/{_segment(request.model_name)}/load",
-                                metadata, {"parameters": params}, changes_models=True)
+        await self._repository("load", request, metadata)
         return pb.RepositoryModelLoadResponse()
 
     @calls.rpc
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: Context, metadata: Metadata,
     ) -> pb.RepositoryModelUnloadResponse:
-        params = _json_parameters(request)
-        await self.control.post(f"/v2/repository/models/{_segment(request.model_name)}/unload",
-                                metadata, {"parameters": params}, changes_models=True)
+        await self._repository("unload", request, metadata)
         return pb.RepositoryModelUnloadResponse()
+
+    async def _repository(self, action: str, request: RepositoryRequest,
+                          metadata: Metadata) -> None:
+        """``POST /v2/repository/models/NAME/<action>`` with the call's parameters."""
+        await self.control.post(f"/v2/repository/models/{_segment(request.model_name)}/{action}",
+                                metadata, {"parameters": _json_parameters(request)},
+                                changes_models=True)
 
     @calls.rpc
     async def ModelInfer(self, request: pb.ModelInferRequest,
@@ -122,8 +127,7 @@ class InferenceServicer:
         return await infer(self.service, request, context, metadata)
 
 
-def _json_parameters(request: pb.RepositoryModelLoadRequest | pb.RepositoryModelUnloadRequest
-                     ) -> dict[str, Any]:
+def _json_parameters(request: RepositoryRequest) -> dict[str, Any]:
     """A load's or unload's parameters as the HTTP route takes them: bytes (tritonclient sends
     ``file:`` contents so) as base64 text, as Triton's HTTP protocol carries them."""
     params = {key: parameter_value(value) for key, value in request.parameters.items()}
