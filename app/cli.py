@@ -76,6 +76,7 @@ def _default_text(description: str | None, default: Any) -> str:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    """The settings: the command's flags over the environment and ``--config``."""
     # A setting the command does not list is None here: not given.
     overrides = {name: getattr(args, name, None) for name in Settings.model_fields}
     return load_settings(args.config, overrides)
@@ -97,10 +98,18 @@ def check_model(args: argparse.Namespace) -> int:
     if args.model is not None and args.model_flag not in (None, args.model):
         raise ConfigError(f"check-model got two models: {args.model!r} and --model "
                           f"{args.model_flag!r}; name one")
-    args.model = args.model or args.model_flag
-    if args.model is None:
-        raise ConfigError("check-model needs a model: batchserve check-model MODEL")
-    for line in asyncio.run(check(_settings(args))):
+    name, args.model = args.model or args.model_flag, None
+    settings = _settings(args)  # the model left out: is a repository named?
+    repository = settings.model_repository is not None
+    if name is None:
+        raise ConfigError("check-model needs a model: batchserve check-model "
+                          + ("NAME (a model of the repository)" if repository else "MODEL"))
+    if repository:
+        args.model_control_mode, args.load_model, args.default_model = "explicit", [name], name
+    else:
+        args.model = name
+    settings = _settings(args)
+    for line in asyncio.run(check(settings)):
         print(line)
     return 0
 
@@ -218,10 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_submit.set_defaults(func=submit_jobs)
     p_check = sub.add_parser("check-model", help="load a model, run one batch, print its schema")
     p_check.add_argument("model", nargs="?",
-                         help="builtin name, module:callable, or a .pt / .pt2 file")
+                         help="builtin name, module:callable, or a .pt / .pt2 file; with "
+                              "--model-repository, a model of the repository")
     p_check.add_argument("--model", dest="model_flag", metavar="MODEL",
                          help="the same, as a flag (as serve takes it)")
-    add_setting_flags(p_check, skip=JOB_SETTINGS | HTTP_SETTINGS | {"model", "host"})
+    add_setting_flags(p_check, skip=JOB_SETTINGS | HTTP_SETTINGS | {
+        "model", "host", "model_control_mode", "load_model", "default_model"})
     p_check.set_defaults(func=check_model)
     return parser
 

@@ -292,6 +292,22 @@ def test_check_model_needs_one_model(args: list[str], says: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("batchserve: ") and says in lines[0], lines
 
 
+def test_check_model_checks_a_model_of_a_repository_with_its_config(tmp_path: Path) -> None:
+    (tmp_path / "small").mkdir()
+    (tmp_path / "small" / "config.toml").write_text('model = "linear"\nmax_batch_size = 4\n')
+    proc = run_cli("check-model", "--model-repository", str(tmp_path), "small", "--devices", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert "model: small on cpu" in proc.stdout
+    rows = [line.split()[0] for line in proc.stdout.splitlines()
+            if re.fullmatch(r"\s+\d+\s+[\d.]+\s+\d+", line)]
+    assert rows == ["1", "2", "4"]  # the model's own max_batch_size
+    for args, says in [(["nosuch"], "not in the model repository"),
+                       ([], "check-model NAME (a model of the repository)")]:
+        proc = run_cli("check-model", "--model-repository", str(tmp_path), *args)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], lines
+
+
 def test_check_model_takes_the_model_as_a_flag_too() -> None:
     """``--model`` as ``serve`` takes it (argparse would call it ambiguous otherwise)."""
     proc = run_cli("check-model", "--model", "linear", "--devices", "cpu")
