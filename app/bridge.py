@@ -22,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,10 +62,15 @@ class Bridge:
         service.metrics.frontends.set_function(lambda: len(self._links))
         service.before_scrape.append(self.gather_counts)
 
-    async def serve(self, inbox: Inbox, transport: asyncio.Transport) -> None:
-        """One front end's link, until it closes (its waiting requests are then dropped)."""
+    async def serve(self, inbox: Inbox, transport: asyncio.Transport,
+                    beat: Heartbeat | None = None) -> None:
+        """One front end's link, until it closes (its waiting requests are then dropped);
+        ``beat`` records when it was last heard from (app/supervisor.py judges hangs)."""
         link = _Link(Outbox(transport))
         self._links.add(link)
+        if beat is not None:  # its first answer starts the clock (start-up is not timed)
+            beat.ask = link.ask
+            link.ask()
         if self._watch is None:
             self._watch = asyncio.get_running_loop().create_task(self._watch_models())
         link.send_models(snapshot(self.service))
@@ -72,6 +79,8 @@ class Bridge:
             while True:
                 message = await inbox.read()
                 read()
+                if beat is not None:
+                    beat.heard = time.monotonic()
                 self._handle(link, message)
         except ConnectionError:
             pass
@@ -187,6 +196,15 @@ class Bridge:
                 link.outbox.add("results", (rid, error_fields(outcome), 0))
             else:
                 link.waiting[rid] = (model, outcome, log_id)
+
+
+@dataclass(eq=False)
+class Heartbeat:
+    """When a front end's link last brought a message (None: not yet), and how to ask it for
+    one (``_Link.ask``, set once it is served)."""
+
+    heard: float | None = None
+    ask: Callable[[], object] | None = None
 
 
 @dataclass(eq=False)

@@ -195,6 +195,11 @@ class Settings(BaseSettings, BatchSettings):
         "auto", description="front-end processes feeding one device process (1: one process; "
         "auto: 1 on 4 cores or fewer, else cores - 2, at most 8)",
     )
+    frontend_timeout_s: float = Field(
+        30.0, gt=0, le=DAY_S, allow_inf_nan=False,
+        description="a front end that has not answered the device process for this long (its "
+        "event loop blocked) is killed and replaced",
+    )
     host: str = Field("127.0.0.1", min_length=1, description="address to bind")
     port: int = Field(8000, ge=0, le=65535, description="port to bind (0: any free port)")
     grpc_port: int = Field(

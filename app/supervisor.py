@@ -15,10 +15,11 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Coroutine
 from typing import Any
 
-from app.bridge import Bridge
+from app.bridge import Bridge, Heartbeat
 from app.config import Settings
 from app.links import connect
 from app.process import usable_cores
@@ -47,6 +48,26 @@ def frontend_count(setting: int | str, cores: int | None = None) -> int:
     return 1 if cores <= 4 else min(cores - 2, AUTO_LIMIT)
 
 
+def judge(beats: dict[int, Heartbeat], now: float, late: bool, limit_s: float
+          ) -> list[tuple[int, float]]:
+    """The front ends (index, seconds silent) heard from once and silent for ``limit_s`` since,
+    each judged once; those silent for a third of it are asked to answer. After a ``late``
+    pass every clock starts again at ``now``."""
+    hung = []
+    for index, beat in beats.items():
+        if beat.heard is None:
+            continue
+        if late:
+            beat.heard = now
+        silent = now - beat.heard
+        if silent >= limit_s:
+            beat.heard = None  # its replacement gets a new one
+            hung.append((index, silent))
+        elif silent >= limit_s / 3 and beat.ask is not None:
+            beat.ask()
+    return hung
+
+
 class Frontends:
     def __init__(self, settings: Settings, listeners: list[socket.socket],
                  device_socket: str, bridge: Bridge) -> None:
@@ -55,12 +76,14 @@ class Frontends:
         self.device_socket = device_socket
         self.bridge = bridge
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
+        self.beats: dict[int, Heartbeat] = {}  # when each was last heard from
         self.stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         for index in range(len(self.listeners)):
             self._spawn(index)
+        self._task(self._watch_hangs())
 
     @property
     def alive(self) -> bool:
@@ -103,7 +126,8 @@ class Frontends:
         process.stdin.write(pickle.dumps(self.settings))
         process.stdin.close()
         self.processes[index] = process
-        self._task(self._link(ours))
+        self.beats[index] = beat = Heartbeat()
+        self._task(self._link(ours, beat))
         self._task(self._watch(index, process))
 
     def _task(self, coroutine: Coroutine[Any, Any, None]) -> None:
@@ -111,8 +135,30 @@ class Frontends:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _link(self, sock: socket.socket) -> None:
-        await self.bridge.serve(*await connect(sock))
+    async def _link(self, sock: socket.socket, beat: Heartbeat) -> None:
+        await self.bridge.serve(*await connect(sock), beat)
+
+    async def _watch_hangs(self) -> None:
+        """Every sixth of ``frontend_timeout_s``, ``judge`` the front ends and kill those it
+        finds hung (``_watch`` replaces them). A pass that came over a third of the limit late
+        (the device process's own loop was held up, and their answers may be unread) restarts
+        every clock instead (docs/frontends.md)."""
+        limit = self.settings.frontend_timeout_s
+        step = limit / 6
+        last = time.monotonic()
+        while not self.stopping:
+            await asyncio.sleep(step)
+            now = time.monotonic()
+            late, last = now - last > 2 * step, now
+            for index, silent in judge(self.beats, now, late, limit):
+                self._kill_hung(self.processes[index], index, silent)
+
+    def _kill_hung(self, process: subprocess.Popen[bytes], index: int, silent_s: float) -> None:
+        if self.stopping or process.poll() is not None:
+            return
+        log.error("front end %d (pid %d) has not answered for %.0fs; killing it", index,
+                  process.pid, silent_s)
+        process.kill()
 
     async def _watch(self, index: int, process: subprocess.Popen[bytes]) -> None:
         code = await asyncio.to_thread(process.wait)

@@ -419,6 +419,27 @@ def test_a_killed_front_end_is_replaced_and_the_other_serves_on(shared: bool) ->
             assert post(url, [[1, 2, 3, 4]]).status_code == 200
 
 
+def test_a_hung_front_end_is_killed_and_replaced() -> None:
+    """A front end whose event loop answers nothing (stopped with SIGSTOP) is killed once it
+    has been silent for ``frontend_timeout_s``, and replaced; the server serves on."""
+    with split_server("--model", "linear", "--devices", "cpu", "--frontends", "2",
+                      "--frontend-timeout-s", "3", stderr=subprocess.PIPE) as (proc, url):
+        first = children(proc.pid)[0]
+        os.kill(first, signal.SIGSTOP)
+        wait_until_sync(lambda: len(children(proc.pid)) == 2 and first not in children(proc.pid),
+                        "the hung front end replaced")
+        wait_until_sync(lambda: metric(url, "batchserve_frontends_connected") == 2,
+                        "the new front end linked")
+        assert metric(url, "batchserve_frontend_restarts_total") >= 1
+        for _ in range(10):
+            assert post(url, [[1, 2, 3, 4]]).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT_S) == 0
+        assert proc.stderr is not None
+        log = proc.stderr.read().decode()
+    assert re.search(rf"\(pid {first}\) has not answered for \d+s; killing it", log), log[-2000:]
+
+
 def test_a_killed_device_process_makes_the_front_ends_answer_503_and_exit(
         tmp_path: Path) -> None:
     gate = tmp_path / "gate"
