@@ -196,7 +196,7 @@ class Settings(BaseSettings, BatchSettings):
         "auto: 1 on 4 cores or fewer, else cores - 2, at most 8)",
     )
     frontend_timeout_s: float = Field(
-        30.0, gt=0, le=DAY_S, allow_inf_nan=False,
+        30.0, ge=1, le=DAY_S, allow_inf_nan=False,  # under a second: GC pauses would count
         description="a front end that has not answered the device process for this long (its "
         "event loop blocked) is killed and replaced",
     )
