@@ -140,7 +140,7 @@ class Frontends:
 
     async def _watch_hangs(self) -> None:
         """Every sixth of ``frontend_timeout_s``, ``judge`` the front ends and kill those it
-        finds hung (``_watch`` replaces them). A pass that came over a third of the limit late
+        finds hung (``_watch`` replaces them). A pass that came over a sixth of the limit late
         (the device process's own loop was held up, and their answers may be unread) restarts
         every clock instead (docs/frontends.md)."""
         limit = self.settings.frontend_timeout_s
