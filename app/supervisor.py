@@ -21,6 +21,7 @@ from typing import Any
 
 from app.bridge import Bridge, Heartbeat
 from app.config import Settings
+from app.errors import os_reason
 from app.links import connect
 from app.process import usable_cores
 
@@ -116,12 +117,17 @@ class Frontends:
     def _spawn(self, index: int) -> None:
         ours, theirs = socket.socketpair()
         listen_fd = self.listeners[index].fileno()
-        process = subprocess.Popen(
-            [sys.executable, "-m", FRONTEND_MODULE,
-             "--listen-fd", str(listen_fd), "--link-fd", str(theirs.fileno()),
-             "--device-socket", self.device_socket],
-            stdin=subprocess.PIPE, pass_fds=(listen_fd, theirs.fileno()))
-        theirs.close()
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", FRONTEND_MODULE,
+                 "--listen-fd", str(listen_fd), "--link-fd", str(theirs.fileno()),
+                 "--device-socket", self.device_socket],
+                stdin=subprocess.PIPE, pass_fds=(listen_fd, theirs.fileno()))
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
         assert process.stdin is not None
         process.stdin.write(pickle.dumps(self.settings))
         process.stdin.close()
@@ -167,6 +173,13 @@ class Frontends:
         log.error("front end %d (pid %d) exited with %d; starting another in %.0fs", index,
                   process.pid, code, RESTART_DELAY_S)
         await asyncio.sleep(RESTART_DELAY_S)
-        if not self.stopping:
-            self.bridge.service.metrics.frontend_restarts.inc()
-            self._spawn(index)
+        while not self.stopping:
+            try:
+                self._spawn(index)
+            except OSError as exc:  # no fork for now (a pids or memory limit): try again
+                log.error("front end %d could not be started (%s); trying again in %.0fs",
+                          index, os_reason(exc), RESTART_DELAY_S)
+                await asyncio.sleep(RESTART_DELAY_S)
+            else:
+                self.bridge.service.metrics.frontend_restarts.inc()
+                return
