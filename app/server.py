@@ -17,6 +17,7 @@ import uvicorn
 from app.bridge import Bridge
 from app.config import Settings
 from app.draining import Drainable, DrainingServer, drain_limit_s, server_config
+from app.errors import os_reason
 from app.grpc.listener import GrpcListener, reserved
 from app.grpc.listener import address as grpc_address
 from app.listening import for_frontends, listening_socket, private_socket, url_of
@@ -42,7 +43,11 @@ class DeviceServer(DrainingServer):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started and not self.should_exit:
-            self.frontends.start()
+            try:
+                self.frontends.start()
+            except OSError as exc:  # no process can be started (a pids or memory limit)
+                log.critical("cannot start the front ends: %s", os_reason(exc))
+                self.fatal = self.should_exit = True
 
     def handle_exit(self, sig: int, frame: types.FrameType | None) -> None:
         super().handle_exit(sig, frame)

@@ -10,6 +10,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import (
+    QUIET_ENV,
+    ROOT,
     WAIT_S,
     children,
     free_port,
@@ -438,6 +441,48 @@ def test_a_hung_front_end_is_killed_and_replaced() -> None:
         assert proc.stderr is not None
         log = proc.stderr.read().decode()
     assert re.search(rf"\(pid {first}\) has not answered for \d+s; killing it", log), log[-2000:]
+
+
+NO_SECOND_FORK = """
+import errno, subprocess
+started = []
+class NoFork(subprocess.Popen):
+    def __init__(self, args, *rest, **kwargs):
+        if "app.frontend.entry" in args:
+            started.append(args)
+            if len(started) == 2:
+                raise OSError(errno.EAGAIN, "fork")
+        super().__init__(args, *rest, **kwargs)
+subprocess.Popen = NoFork
+"""
+
+
+def test_front_ends_that_cannot_be_started_end_the_start_in_one_line(tmp_path: Path) -> None:
+    """No process for the second front end (a pids or memory limit, made here by a
+    sitecustomize): one critical line, the first front end stopped, exit 1, no traceback."""
+    (tmp_path / "sitecustomize.py").write_text(NO_SECOND_FORK)
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "serve", "--model", "linear", "--devices", "cpu",
+         "--frontends", "2", "--port", "0"], cwd=ROOT, capture_output=True, text=True,
+        timeout=WAIT_S, env={**os.environ, **QUIET_ENV, "PYTHONPATH": path})
+    assert proc.returncode == 1, proc.stderr
+    assert "CRITICAL batchserve [None]: cannot start the front ends: " in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert front_ends_with(str(tmp_path)) == []  # the first one stopped, not orphaned
+
+
+def front_ends_with(marker: str) -> list[int]:
+    """The running front ends whose environment holds ``marker``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if (proc.name.isdigit() and b"app.frontend.entry" in (proc / "cmdline").read_bytes()
+                    and marker.encode() in (proc / "environ").read_bytes()):
+                found.append(int(proc.name))
+        except OSError:  # gone meanwhile, or not ours
+            continue
+    return found
 
 
 def test_a_killed_device_process_makes_the_front_ends_answer_503_and_exit(
