@@ -96,8 +96,8 @@ def _serve_split(settings: Settings, count: int, fd: int | None) -> int:
             app = create_app(settings, behind_frontends=True)
             service = app.state.service
             frontends = Frontends(settings, listeners, address, Bridge(service))
-            server = DeviceServer(server_config(settings, app), service, drain_limit_s(settings),
-                                  frontends)
+            server = DeviceServer(server_config(settings, app, clients=False), service,
+                                  drain_limit_s(settings), frontends)
             log.info("listening on %s%s with %d front ends", url_of(listener),
                      _grpc_text(settings), count)
             server.run(sockets=[private])

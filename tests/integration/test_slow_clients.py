@@ -58,17 +58,30 @@ def test_a_stalled_request_is_answered_408_and_closed(sent: bytes, frontends: st
                           timeout=10).status_code == 200
 
 
-def test_past_max_connections_a_new_one_gets_503() -> None:
+def test_max_connections_are_served_and_one_more_gets_503() -> None:
     with serve("--model", "linear", "--devices", "cpu", "--max-connections", "3") as (_, url):
         wait_ready(url)
-        idle = [raw(url) for _ in range(3)]
 
         def status() -> int:
             with httpx.Client(timeout=10) as client:  # a new connection each time
                 return client.post(url + "/predict", json={"instances": [[1, 2, 3, 4]]}
                                    ).status_code
 
+        idle = [raw(url) for _ in range(2)]
+        wait_until_sync(lambda: status() == 200, "the third open connection served")
+        idle.append(raw(url))
         wait_until_sync(lambda: status() == 503, "503 once the idle ones are accepted")
         for sock in idle:
             sock.close()
         wait_until_sync(lambda: status() == 200, "served again once they are gone")
+
+
+def test_front_ends_reach_the_device_process_past_max_connections() -> None:
+    """Each front end takes ``max_connections`` clients; its own requests to the device
+    process (health, metadata) count against no bound: with one each, both are served."""
+    with serve("--model", "linear", "--devices", "cpu", "--max-connections", "1",
+               "--frontends", "2") as (_, url):
+        wait_ready(url)
+        for _ in range(10):  # new connections: the kernel gives them to either front end
+            assert httpx.get(url + "/health_check", timeout=10).status_code == 200
+            assert httpx.get(url + "/v2/models/linear", timeout=10).status_code == 200
