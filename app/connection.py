@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sized
 from typing import Any
 
 import httptools
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from app.api.error_responses import format_for_path
@@ -62,9 +64,12 @@ class OneWriteCycle(RequestResponseCycle):
     _head: bytes | None = None
 
     async def send(self, message: Any) -> None:
-        if self.disconnected:  # uvicorn drops what is sent to a gone client: the head too
+        if self.disconnected or self.transport.is_closing():
+            # uvicorn drops what is sent to a gone client: the head too. A connection closed
+            # under the cycle (a 400 for a request pipelined after it, a 408) is gone already;
+            # its socket may be closed before uvicorn hears of it, and a write would raise.
+            self.disconnected = True
             self._head = None
-            await super().send(message)
             return
         real = self.transport
         held = _Held(real, self._head)
@@ -87,6 +92,26 @@ class OneWriteCycle(RequestResponseCycle):
             held.flush()
 
 
+# The most pipelined requests a connection may have waiting before its reads pause.
+PIPELINE_LIMIT = 32
+
+
+class PipelineFlow(FlowControl):
+    """uvicorn's flow control, whose reads stay paused while the connection has
+    ``PIPELINE_LIMIT`` pipelined requests waiting. uvicorn pauses reading for a pipelined
+    request, but every request it starts or answers resumes it: a client that pipelines
+    without reading its answers made the server hold every request it sent (635 MB for one
+    client's 28 MB of requests)."""
+
+    def __init__(self, transport: Any, pipeline: Sized) -> None:
+        super().__init__(transport)
+        self._pipeline = pipeline
+
+    def resume_reading(self) -> None:
+        if len(self._pipeline) < PIPELINE_LIMIT:
+            super().resume_reading()
+
+
 # The most bytes a request line and its headers may take (uvicorn's httptools protocol sets no
 # bound: a client could make the server hold gigabytes of one header). Node allows 16 KiB,
 # nginx 32 KiB; this is past both, for large tokens and cookies.
@@ -97,7 +122,8 @@ class OneWriteProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with ``OneWriteCycle`` for every request, a bound on how
     long a request may take to arrive, and one on the size of its head: a client that stalls in
     its headers or body is answered 408, one whose headers pass ``MAX_HEAD_BYTES`` 431, and its
-    connection closed, so slow or hostile clients cannot hold the server's connections or memory
+    connection closed, and one that pipelines has its reads paused past ``PIPELINE_LIMIT``
+    waiting requests, so slow or hostile clients cannot hold the server's connections or memory
     (``protocol_for`` sets the time bound). A request that asks to upgrade (h2c) is answered in
     HTTP/1.1 with its body, as RFC 9110 lets a server do."""
 
@@ -115,6 +141,7 @@ class OneWriteProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
+        self.flow = PipelineFlow(transport, self.pipeline)
         self._reading = (self.loop.time(), {})
         self._arm_read_timer()  # a connection that never sends a request is cut off too
 

@@ -11,7 +11,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from app.api.inference import READ_TIMED_OUT
-from app.connection import MAX_HEAD_BYTES, OneWriteProtocol, protocol_for
+from app.connection import MAX_HEAD_BYTES, PIPELINE_LIMIT, OneWriteProtocol, protocol_for
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.asyncio
@@ -297,6 +297,75 @@ async def test_the_bound_holds_for_each_request_of_a_connection() -> None:
     await wait_until(lambda: protocol.cycle.response_complete, "the first response")
     protocol.data_received(b"POST /predict HTTP/1.1\r\nx-big: " + b"a" * MAX_HEAD_BYTES)
     assert transport.writes[-1].startswith(b"HTTP/1.1 431 ") and transport.events[-1] == "close"
+
+
+class Gate:
+    """An app answering as ``answer`` does, a request for each ``let`` through, keeping the
+    exceptions its sends raised."""
+
+    def __init__(self) -> None:
+        self.passes = asyncio.Semaphore(0)
+        self.raised: list[BaseException] = []
+
+    def let(self, n: int) -> None:
+        for _ in range(n):
+            self.passes.release()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.passes.acquire()
+        try:
+            await answer(scope, receive, send)
+        except BaseException as exc:
+            self.raised.append(exc)
+            raise
+
+
+class StrictTransport(Transport):
+    """As uvloop's: a write after the close raises."""
+
+    def write(self, data: bytes) -> None:
+        if self.is_closing():
+            raise RuntimeError("unable to perform operation: the handler is closed")
+        super().write(data)
+
+    def writelines(self, parts: list[bytes]) -> None:
+        self.write(b"".join(parts))
+
+
+def open_connection(app: Any, transport: Transport) -> OneWriteProtocol:
+    config = Config(app, http=OneWriteProtocol, lifespan="off", log_config=None)
+    config.load()
+    protocol = OneWriteProtocol(config=config, server_state=ServerState(), app_state={})
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    return protocol
+
+
+async def test_what_a_cycle_sends_after_its_connection_closed_is_dropped() -> None:
+    """A request pipelined after one still running is bytes no request begins with: uvicorn
+    answers 400 and closes; the running one's answer is dropped, not written to the closed
+    socket (uvloop raised there, and the app's error answer after it: two tracebacks)."""
+    gate, transport = Gate(), StrictTransport()
+    protocol = open_connection(gate, transport)
+    protocol.data_received(POST + b"GARBAGE GARBAGE\r\n\r\n")
+    assert transport.writes[0].startswith(b"HTTP/1.1 400 ") and transport.is_closing()
+    gate.let(1)
+    await wait_until(lambda: not protocol.tasks, "the running request done")
+    assert gate.raised == [] and len(transport.writes) == 1
+
+
+async def test_reads_stay_paused_while_many_pipelined_requests_wait() -> None:
+    """uvicorn resumed reading at every answer: a client pipelining without reading its
+    answers made the server hold all it sent."""
+    gate, transport = Gate(), Transport()
+    protocol = open_connection(gate, transport)
+    protocol.data_received(POST * 100)  # the first runs, 99 wait in the pipeline
+    assert protocol.flow.read_paused
+    gate.let(10)
+    await wait_until(lambda: len(transport.writes) == 10, "ten answered")
+    assert len(protocol.pipeline) >= PIPELINE_LIMIT and protocol.flow.read_paused
+    gate.let(90)
+    await wait_until(lambda: len(transport.writes) == 100, "every request answered")
+    assert not protocol.flow.read_paused  # resumed once the pipeline was short
 
 
 async def test_bytes_that_are_no_request_get_uvicorns_400_alone() -> None:
