@@ -70,8 +70,12 @@ class DrainingServer(uvicorn.Server):
             try:
                 await self.grpc.start()
             except ConfigError as exc:
-                log.critical("%s", exc.message)
-                self.fatal = self.should_exit = True
+                self.stop_fatally(exc.message)
+
+    def stop_fatally(self, reason: str) -> None:
+        """Start could not finish: say why in one critical line, stop, exit 1."""
+        log.critical("%s", reason)
+        self.fatal = self.should_exit = True
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self.grpc is not None:

@@ -46,8 +46,7 @@ class DeviceServer(DrainingServer):
             try:
                 self.frontends.start()
             except OSError as exc:  # no process can be started (a pids or memory limit)
-                log.critical("cannot start the front ends: %s", os_reason(exc))
-                self.fatal = self.should_exit = True
+                self.stop_fatally(f"cannot start the front ends: {os_reason(exc)}")
 
     def handle_exit(self, sig: int, frame: types.FrameType | None) -> None:
         super().handle_exit(sig, frame)
