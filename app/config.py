@@ -200,6 +200,13 @@ class Settings(BaseSettings, BatchSettings):
         description="a front end that has not answered the device process for this long (its "
         "event loop blocked) is killed and replaced",
     )
+    device_timeout_s: float | None = Field(
+        None, gt=0, le=DAY_S, allow_inf_nan=False,
+        description="a model call (a batch, or the wait for its device work) running this long "
+        "marks its device thread stuck: health unhealthy, /v2/health/live 503, for the "
+        "orchestrator to restart the server (default: 120, or a model's request_timeout_s "
+        "where longer)",
+    )
     host: str = Field("127.0.0.1", min_length=1, description="address to bind")
     port: int = Field(8000, ge=0, le=65535, description="port to bind (0: any free port)")
     grpc_port: int = Field(

@@ -1,13 +1,15 @@
-"""What the runtime learns of a model version once it is placed, and the gauges showing it.
+"""What the runtime learns of a model version as it is placed, and the gauges showing it.
 
-A model whose warm-up had no examples serves without a cost model (its batches do not wait to
-fill): ``measure_on`` times its replica with its first request's items on the device's loader,
-off the request path. ``export_cost`` and ``busy_ratio`` are the gauges of what a device
-believes and does.
+``warm_on`` loads and warms up a replica on a device's loader, measuring its cost. A model whose
+warm-up had no examples serves without a cost model (its batches do not wait to fill):
+``measure_on`` times its replica with its first request's items on the device's loader, off the
+request path. ``export_cost`` and ``busy_ratio`` are the gauges of what a device believes and
+does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -15,12 +17,30 @@ from collections.abc import Callable
 from typing import Any
 
 from app.metrics import Metrics
+from app.process import refrozen
 from app.scheduler.cost import CostModel
 from app.served import ServedModel
-from app.warmup import Loader
+from app.warmup import Loader, Warm
 from app.worker import DeviceWorker
 
 log = logging.getLogger("batchserve.service")
+
+
+async def warm_on(loader: Loader, model: ServedModel, label: str,
+                  loop: asyncio.AbstractEventLoop) -> Warm:
+    """``model``'s replica loaded and warmed up on ``loader``'s device (``label``), logged."""
+    log.info("model %s version %s: loading and warming up on %s", model.name, model.version,
+             label)
+    started = time.monotonic()
+    with refrozen(f"model {model.name} version {model.version}'s load on {label}", loop):
+        warm = await loader.warm(model.handler, model.batch_limit, model.settings.cuda_graphs)
+    log.info("model %s version %s: warm on %s in %.1f s", model.name, model.version, label,
+             time.monotonic() - started)
+    if warm.batch_limit < model.batch_limit:
+        log.warning("model %s version %s on %s: batches above %d items run out of device "
+                    "memory; serving with a batch limit of %d", model.name, model.version,
+                    label, warm.batch_limit, warm.batch_limit)
+    return warm
 
 
 async def measure_on(model: ServedModel, worker: DeviceWorker, loader: Loader,

@@ -129,7 +129,8 @@ class Metrics:
                 ["device"], registry=r,
             ),
             device_up=Gauge(
-                "batchserve_device_up", "1 while the device thread runs, 0 while it is down",
+                "batchserve_device_up",
+                "1 while the device thread runs, 0 while it is down or stuck in a call",
                 ["device"], registry=r,
             ),
             device_restarts=Counter(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -21,13 +20,14 @@ import torch
 from app.catalog import Catalog
 from app.config import Settings
 from app.devices import resolve_devices
-from app.learning import busy_ratio, export_cost, measure_on
+from app.learning import busy_ratio, export_cost, measure_on, warm_on
 from app.metrics import Metrics
 from app.models.base import ModelHandler
 from app.models.registry import load_handler
 from app.process import refrozen, usable_cores
 from app.repository import ModelRepository
 from app.served import ServedModel
+from app.stall import watch_stalls
 from app.state import ModelState, ServerState
 from app.tracing import Tracing
 from app.warmup import Loader
@@ -76,6 +76,7 @@ class InferenceService:
         self._changed: asyncio.Event | None = None  # set when a device thread or start-up moves
         self._loaders: dict[torch.device, Loader] = {}  # per device, made at its first load
         self._measuring: set[asyncio.Task[None]] = set()
+        self._stalls: asyncio.Task[None] | None = None  # the watch for stuck device threads
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -93,6 +94,8 @@ class InferenceService:
             label = str(device) if self.devices.count(device) == 1 else f"{device}#{index + 1}"
             self._spawn(device, label)
         self._started = True
+        self._stalls = self._loop.create_task(
+            watch_stalls(self.workers, self.settings.device_timeout_s, self._worker_changed))
         self._startup = self._loop.create_task(self.repository.start())
         self._startup.add_done_callback(lambda _: self._signal())
 
@@ -112,14 +115,14 @@ class InferenceService:
         self.workers.append(worker)
         self.metrics.device_busy.labels(device=label).set_function(busy_ratio(worker))
         self.metrics.device_up.labels(device=label).set_function(
-            lambda: worker.state is not WorkerState.FAILED)
+            lambda: worker.state is not WorkerState.FAILED and worker.clock.stuck is None)
         worker.start()
         return worker
 
     def _worker_changed(self, worker: DeviceWorker) -> None:
+        """A device thread started, died, or was found stuck in a call or going on from one."""
         self._signal()
-        if worker.state is WorkerState.FAILED:
-            self._check_stranded()
+        self._check_stranded()
         if self.state.draining or worker.state is not WorkerState.FAILED:
             return
         log.error("restarting the device thread %s in %.0fs", worker.label, RESTART_DELAY_S)
@@ -148,6 +151,8 @@ class InferenceService:
         self.begin_drain()
         if self._started:
             await self._stop_threads(timeout_s)
+        if self._stalls is not None:
+            self._stalls.cancel()
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.shutdown)
 
@@ -187,10 +192,11 @@ class InferenceService:
                              [m for m in models if any(w.holds(m) for w in mine)])
 
     def _check_stranded(self) -> None:
-        """Mark the models that no live device thread serves (after a death or a re-attach)."""
+        """Mark the models that no live device thread serves (after a death, a stuck call or a
+        re-attach)."""
         for model in self.repository.models():
-            model.set_stranded(not any(w.state is WorkerState.READY and w.holds(model)
-                                       for w in self.workers))
+            model.set_stranded(not any(w.state is WorkerState.READY and w.clock.stuck is None
+                                       and w.holds(model) for w in self.workers))
 
     def _workers_of(self, model: ServedModel) -> list[DeviceWorker]:
         return [w for w in self.workers if w.device in model.devices]
@@ -204,21 +210,9 @@ class InferenceService:
         loader = self._loaders.get(worker.device)
         if loader is None:
             loader = self._loaders[worker.device] = Loader(worker.device)
-        log.info("model %s version %s: loading and warming up on %s", model.name,
-                 model.version, worker.label)
-        started = time.monotonic()
-        with refrozen(f"model {model.name} version {model.version}'s load on {worker.label}",
-                      self._loop):
-            warm = await loader.warm(model.handler, model.batch_limit,
-                                     model.settings.cuda_graphs)
-        log.info("model %s version %s: warm on %s in %.1f s", model.name, model.version,
-                 worker.label, time.monotonic() - started)
-        if warm.batch_limit < model.batch_limit:
-            log.warning("model %s version %s on %s: batches above %d items run out of device "
-                        "memory; serving with a batch limit of %d", model.name, model.version,
-                        worker.label, warm.batch_limit, warm.batch_limit)
-        model.learn(worker.label, warm.cost, warm.work_per_item, warm.outputs, warm.batch_limit)
         assert self._loop is not None
+        warm = await warm_on(loader, model, worker.label, self._loop)
+        model.learn(worker.label, warm.cost, warm.work_per_item, warm.outputs, warm.batch_limit)
         attached: asyncio.Future[None] = self._loop.create_future()
         worker.attach(model, warm, _settle(attached))
         await attached
@@ -273,13 +267,18 @@ class InferenceService:
         return sum(m.in_flight for m in self.repository.models())
 
     @property
+    def live(self) -> bool:
+        """No device thread is stuck in a call (app/stall.py): only a restart mends that."""
+        return all(w.clock.stuck is None for w in self.workers)
+
+    @property
     def status(self) -> str:
-        """draining, unhealthy (a device thread died, or no start-up model could be loaded),
-        loading, busy (no ready model can take a request) or ready."""
+        """draining, unhealthy (a device thread died or is stuck, or no start-up model could be
+        loaded), loading, busy (no ready model can take a request) or ready."""
         if self.state.draining:
             return "draining"
         states = {w.state for w in self.workers}
-        if WorkerState.FAILED in states or self.repository.all_failed:
+        if WorkerState.FAILED in states or not self.live or self.repository.all_failed:
             return "unhealthy"
         if not self._started or WorkerState.STARTING in states or self.repository.starting:
             return "loading"

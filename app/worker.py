@@ -30,6 +30,7 @@ from app.scheduler.fairness import Fairness
 from app.scheduler.waiting import collect_batch, group_by, split_live
 from app.served import ServedModel
 from app.slot import Slot
+from app.stall import CallClock
 from app.transfer import DeviceExecutor, Launch
 from app.warmup import Warm
 
@@ -79,6 +80,7 @@ class DeviceWorker:
         self.state = WorkerState.STARTING
         self.error: str | None = None  # why the thread died
         self.busy_s = 0.0
+        self.clock = CallClock()  # its model calls, for the loop to see one stuck (app/stall.py)
         self._slots: dict[ServedModel, Slot] = {}
         self._commands: deque[Callable[[], None]] = deque()
         self.bell = Bell()
@@ -238,8 +240,9 @@ class DeviceWorker:
         report = flight.report
         rows = rows_in(items)
         try:
-            launch = executor.launch(slot.model.handler, slot.replica, [i.data for i in items],
-                                     rows)
+            with self.clock.timing(slot.model, rows):
+                launch = executor.launch(slot.model.handler, slot.replica,
+                                         [i.data for i in items], rows)
         except torch.OutOfMemoryError:
             if len(items) == 1 and rows > 1:  # a chunk: its halves, as two items
                 items = list(items[0].split(rows // 2))
@@ -271,7 +274,8 @@ class DeviceWorker:
         slot = flight.slot
         for items, launch in flight.groups:
             try:
-                outputs, seconds = launch.wait()
+                with self.clock.timing(slot.model, launch.n):
+                    outputs, seconds = launch.wait()
             except Exception:
                 self._model_failed(slot, items, report)
                 continue

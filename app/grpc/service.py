@@ -41,7 +41,8 @@ class InferenceServicer:
     @calls.rpc
     async def ServerLive(self, request: pb.ServerLiveRequest,
                          context: Context, metadata: Metadata) -> pb.ServerLiveResponse:
-        return pb.ServerLiveResponse(live=True)
+        status, _ = await self.control.get("/v2/health/live", metadata)
+        return pb.ServerLiveResponse(live=status == 200)
 
     @calls.rpc
     async def ServerReady(self, request: pb.ServerReadyRequest,

@@ -336,6 +336,32 @@ async def test_a_cancelled_call_drops_its_queued_items() -> None:
     assert handler.seen == [1.0, 6.0]
 
 
+@pytest.mark.asyncio
+async def test_a_stuck_device_thread_is_not_live_over_http_and_grpc() -> None:
+    """A batch's call past ``device_timeout_s``: ``/v2/health/live`` 503 and ``ServerLive``
+    false (tritonclient), health unhealthy, a new request refused at once; all back once the
+    call returns, and the stuck request answered."""
+    handler = GatedHandler()
+    with live_server(make_settings(device_timeout_s=0.5), handler, grpc=True) as srv:
+        client = client_for(srv)
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30) as http:
+            first = asyncio.create_task(http.post("/predict", json={"instances": [1]}))
+            await wait_until(lambda: httpx.get(srv.url + "/v2/health/live").status_code == 503,
+                             "not live")
+            assert httpx.get(srv.url + "/v2/health/live").json() == {"live": False}
+            assert not client.is_server_live()
+            assert httpx.get(srv.url + "/health_check").json()["status"] == "unhealthy"
+            refused = await http.post("/predict", json={"instances": [2]})
+            assert refused.status_code == 503
+            assert refused.json()["error"]["type"] == "unhealthy"
+            handler.gate.set()
+            assert (await first).json() == {"predictions": [2.0]}
+            await wait_until(lambda: httpx.get(srv.url + "/v2/health/live").status_code == 200,
+                             "live again")
+            assert client.is_server_live()
+    assert handler.seen == [1.0]
+
+
 def test_grpc_port_in_use_is_one_line(tmp_path: Path) -> None:
     """Another program on the gRPC port: the server says so in one line and exits 2."""
     import socket

@@ -159,6 +159,29 @@ async def test_a_dead_device_thread_is_reported_and_restarted() -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_device_thread_stuck_in_a_call_is_reported_until_it_returns() -> None:
+    """A call past ``device_timeout_s``: health unhealthy, not live, admission refused at once,
+    ``device_up`` 0, and no restart (a thread cannot be stopped); all clears when it returns."""
+    handler = GatedHandler()
+    async with running(handler, device_timeout_s=0.2) as service:
+        first = asyncio.create_task(call(service, [1]))
+        await wait_until(lambda: service.status == "unhealthy", "stuck seen")
+        assert not service.live and handler.entered.is_set() and not first.done()
+        with pytest.raises(Unavailable) as info:
+            service.repository.get().check_admissible(1)
+        assert info.value.type == "unhealthy"
+        registry = service.metrics.registry
+        assert sample(registry, "batchserve_device_up", device="cpu") == 0
+        handler.gate.set()
+        assert [float(x) for x in await first] == [2.0]
+        await wait_until(lambda: service.status == "ready", "going on")
+        assert service.live
+        assert sample(registry, "batchserve_device_up", device="cpu") == 1
+        assert sample(registry, "batchserve_device_restarts_total", device="cpu") == 0
+        assert [float(x) for x in await call(service, [3])] == [6.0]
+
+
+@pytest.mark.asyncio
 async def test_a_model_that_cannot_load_is_unavailable_with_the_reason() -> None:
     async with running(BrokenLoadHandler(), ready=False) as service:
         await wait_until(lambda: service.load_failed, "load failure seen")

@@ -53,9 +53,11 @@ async def server_metadata() -> dict[str, Any]:
             "extensions": ["binary_tensor_data", "model_configuration", "model_repository"]}
 
 
-@router.get("/health/live", summary="200 while the process runs")
-async def live() -> dict[str, Any]:
-    return {"live": True}
+@router.get("/health/live", summary="200 while the process runs, 503 while a device thread "
+            "is stuck in one call (past device_timeout_s: a restart is the remedy)")
+async def live(service: ServiceDep) -> Response:
+    ok = service.live
+    return JSONResponse({"live": ok}, status_code=200 if ok else 503)
 
 
 @router.get("/health/ready", summary="200 when ready to serve, else 503")

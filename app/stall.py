@@ -1,0 +1,104 @@
+"""Stuck device threads: a model call that does not return (docs/operations.md, "Overload,
+faults and shutdown").
+
+A device thread times each call that may block on the model or the device (``CallClock``: a
+batch's model call, the wait for its device work); ``watch_stalls``, on the event loop, marks a
+thread stuck once its call has run past its limit and clears the mark when the call returns. A
+thread cannot be stopped from outside, nor a hung CUDA context trusted again, so a stuck thread
+is reported (health, liveness, ``batchserve_device_up``), not replaced: the orchestrator
+restarts the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from app.served import ServedModel
+
+log = logging.getLogger("batchserve.service")
+
+DEFAULT_LIMIT_S = 120.0  # TorchServe's default_response_timeout is the same
+WATCH_S = 1.0  # the longest between two looks
+
+
+@dataclass(frozen=True, eq=False)
+class Call:
+    since: float  # time.monotonic() at its start
+    model: ServedModel
+    rows: int
+
+
+class CallClock:
+    """``call`` is written by its device thread (``timing``) and read on the loop; ``stuck``
+    (the call judged stuck, while it runs) is the loop's."""
+
+    def __init__(self) -> None:
+        self.call: Call | None = None
+        self.stuck: Call | None = None
+
+    @contextmanager
+    def timing(self, model: ServedModel, rows: int) -> Iterator[None]:
+        self.call = Call(time.monotonic(), model, rows)
+        try:
+            yield
+        finally:
+            self.call = None
+
+
+class Clocked(Protocol):
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def clock(self) -> CallClock: ...
+
+
+T = TypeVar("T", bound=Clocked)
+
+
+def limit_s(call: Call, setting: float | None) -> float:
+    """``device_timeout_s`` where set, else DEFAULT_LIMIT_S or the model's request timeout where
+    that is longer (a call its requests may wait for is not stuck)."""
+    if setting is not None:
+        return setting
+    return max(DEFAULT_LIMIT_S, call.model.settings.request_timeout_s)
+
+
+def judge(threads: Iterable[T], now: float, setting: float | None) -> list[T]:
+    """The threads whose mark changed at ``now``: a call past its limit is marked stuck (once),
+    and the mark goes when that call has returned."""
+    changed = []
+    for thread in threads:
+        clock = thread.clock
+        call, stuck = clock.call, clock.stuck
+        if call is not None and call is not stuck and now - call.since >= limit_s(call, setting):
+            clock.stuck = call
+            log.critical("device thread %s is stuck: model %s's call on a batch of %d rows has "
+                         "run %.0f s (device_timeout_s %.0f); health says unhealthy and "
+                         "/v2/health/live 503 while it runs, for the orchestrator to restart "
+                         "the server", thread.label, call.model.name, call.rows,
+                         now - call.since, limit_s(call, setting))
+            changed.append(thread)
+        elif stuck is not None and call is not stuck:
+            clock.stuck = None
+            log.warning("device thread %s goes on: model %s's stuck call has returned",
+                        thread.label, stuck.model.name)
+            changed.append(thread)
+    return changed
+
+
+async def watch_stalls(threads: Iterable[T], setting: float | None,
+                       changed: Callable[[T], None]) -> None:
+    """Judge ``threads`` (a live view: the runtime's list) every second, or a quarter of a
+    shorter ``setting``, and tell ``changed`` of each change."""
+    every = min(WATCH_S, setting / 4) if setting is not None else WATCH_S
+    while True:
+        await asyncio.sleep(every)
+        for thread in judge(threads, time.monotonic(), setting):
+            changed(thread)

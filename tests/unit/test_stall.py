@@ -1,0 +1,70 @@
+"""app/stall.py: when a device thread's call counts as stuck, and when it goes on."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from app.stall import DEFAULT_LIMIT_S, Call, CallClock, judge, limit_s
+
+
+@dataclass
+class Thread:
+    label: str = "cuda:0"
+    clock: CallClock = field(default_factory=CallClock)
+
+
+def model(request_timeout_s: float = 30.0) -> Any:
+    return SimpleNamespace(name="mlp",
+                           settings=SimpleNamespace(request_timeout_s=request_timeout_s))
+
+
+def test_the_limit_is_the_setting_else_120_s_or_a_longer_request_timeout() -> None:
+    assert limit_s(Call(0.0, model(30), 8), 5.0) == 5.0
+    assert limit_s(Call(0.0, model(30), 8), None) == DEFAULT_LIMIT_S == 120
+    assert limit_s(Call(0.0, model(600), 8), None) == 600  # its requests may wait that long
+
+
+def test_a_call_past_its_limit_is_marked_once_and_cleared_when_it_returns(
+        caplog: pytest.LogCaptureFixture) -> None:
+    thread, other = Thread(), Thread("cuda:1")
+    with thread.clock.timing(model(), 256), other.clock.timing(model(), 4):
+        call = thread.clock.call
+        assert call is not None
+        other.clock.call = Call(call.since + 9.0, model(), 4)  # started later: not yet
+        with caplog.at_level(logging.WARNING, "batchserve.service"):
+            assert judge([thread, other], call.since + 9.9, 10.0) == []
+            assert judge([thread, other], call.since + 10.0, 10.0) == [thread]
+            assert thread.clock.stuck is call and other.clock.stuck is None
+            assert judge([thread, other], call.since + 18.0, 10.0) == []  # judged once
+        (line,) = caplog.records
+        assert line.levelno == logging.CRITICAL
+        assert line.getMessage().startswith(
+            "device thread cuda:0 is stuck: model mlp's call on a batch of 256 rows has run 10 s")
+    assert thread.clock.call is None  # returned
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, "batchserve.service"):
+        assert judge([thread, other], call.since + 31.0, 10.0) == [thread]
+    assert thread.clock.stuck is None
+    assert caplog.messages == ["device thread cuda:0 goes on: model mlp's stuck call has returned"]
+
+
+def test_a_new_call_after_a_stuck_one_clears_the_mark_and_is_judged_afresh() -> None:
+    thread = Thread()
+    stuck = Call(0.0, model(), 8)
+    thread.clock.call = stuck
+    assert judge([thread], 10.0, 5.0) == [thread]
+    thread.clock.call = Call(10.5, model(), 8)  # the stuck one returned, the next began
+    assert judge([thread], 11.0, 5.0) == [thread] and thread.clock.stuck is None
+    assert judge([thread], 15.5, 5.0) == [thread] and thread.clock.stuck is thread.clock.call
+
+
+def test_a_call_that_raises_is_no_longer_timed() -> None:
+    clock = CallClock()
+    with pytest.raises(RuntimeError), clock.timing(model(), 1):
+        raise RuntimeError("model failed")
+    assert clock.call is None
