@@ -2,9 +2,9 @@
 
 A job's result goes to ``batchserve:result:<id>`` and is announced on ``batchserve:results``
 (app/jobs/messages.py); only then is the entry acknowledged and deleted. A worker holds a lease on
-each job it reads (the group's pending entry), renews it while working, and takes over the jobs
-of lost workers once their lease has run out (XAUTOCLAIM). Everything in this module runs on the
-event loop of ``batchserve worker``.
+each job it reads (the group's pending entry), renews it while working (app/jobs/leases.py), and
+takes over the jobs of lost workers once their lease has run out (XAUTOCLAIM). Everything in
+this module runs on the event loop of ``batchserve worker``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from redis.exceptions import ResponseError
 
 from app.config import Settings
 from app.errors import ServeError, Unavailable
+from app.jobs.leases import keep_leases
 from app.jobs.messages import (
     RESULT_KEY,
     RESULTS_MAXLEN,
@@ -35,8 +36,15 @@ from app.runtime import InferenceService
 
 log = logging.getLogger("batchserve.jobs")
 
-BUSY_RETRY_S = 0.005  # how soon to look again at a device queue that was full
+# A model's health or refusal that says the worker cannot take a job now (a full queue; no live
+# device thread: one restarting, or stuck), not that the job is wrong: seconds to wait, ask again.
+WAIT_S = {"busy": 0.005, "unhealthy": 0.1}
 READ_BLOCK_MS = 500  # how long one read waits for new jobs; bounds the reaction to SIGTERM
+
+
+class Released(Exception):
+    """A job refused for want of a live device thread while the worker stops, or past the job's
+    deadline: left unacknowledged, to be taken over after its lease, not failed."""
 
 
 class JobWorker:
@@ -70,7 +78,9 @@ class JobWorker:
             asyncio.create_task(self._read_loop(), name="jobs-read"),
             asyncio.create_task(self._claim_loop(), name="jobs-claim"),
         ]
-        renew = asyncio.create_task(self._renew_loop(), name="jobs-renew")
+        renew = asyncio.create_task(
+            keep_leases(self.redis, self.settings, self.consumer, self.held, self.metrics),
+            name="jobs-renew")
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait([stopped, *background], return_when=asyncio.FIRST_COMPLETED)
         if stop.is_set():
@@ -102,14 +112,14 @@ class JobWorker:
     # ---- reading and taking over -----------------------------------------------------------------
 
     async def _wait_for_room(self) -> int:
-        """Wait until this worker may take more jobs: fewer than ``read_ahead`` held, and room in
-        the device queue (which HTTP traffic in the same process may also fill)."""
+        """Wait until this worker may take more jobs: fewer than ``read_ahead`` held, and the
+        model neither busy nor unhealthy (``_blocked``)."""
         while not self._stopping:
             if len(self.held) >= self.read_ahead:
                 self._room.clear()
                 await self._room.wait()
-            elif _full(self.service):
-                await asyncio.sleep(BUSY_RETRY_S)
+            elif wait_s := _blocked(self.service):
+                await asyncio.sleep(wait_s)
             else:
                 break
         return self.read_ahead - len(self.held)
@@ -193,6 +203,8 @@ class JobWorker:
                 await self._finish(job, await self._infer(job))
         except asyncio.CancelledError:
             raise
+        except Released as exc:
+            log.warning("job entry %s left to another worker (%s)", job.entry, exc)
         except Exception:
             # Not acknowledged: the job stays pending and is taken over after its lease.
             log.exception("job entry %s could not be finished; it will be retried", job.entry)
@@ -214,9 +226,12 @@ class JobWorker:
                     pending = model.enqueue(items, deadline, level, span)
                     break
                 except Unavailable as exc:
-                    if exc.type != "busy" or time.monotonic() > deadline:
+                    late = time.monotonic() > deadline
+                    if exc.type == "unhealthy" and (late or self._stopping):
+                        raise Released(exc.message) from None
+                    if exc.type not in WAIT_S or late:
                         raise
-                    await asyncio.sleep(BUSY_RETRY_S)  # shared with HTTP traffic: wait for room
+                    await asyncio.sleep(WAIT_S[exc.type])
             predictions = await model.result(pending)
             status = 200
         except ServeError as exc:
@@ -253,48 +268,11 @@ class JobWorker:
         elif result is not None:
             self.metrics.failed.labels(reason=result["error"]["type"]).inc()
 
-    # ---- leases, liveness ------------------------------------------------------------------------
 
-    async def _renew_loop(self) -> None:
-        """Reset the idle time of every held job (XCLAIM ... JUSTID) well within the lease, and
-        publish liveness and counters under ``batchserve:worker:<consumer>``."""
-        s = self.settings
-        interval = s.job_lease_s / 3
-        while True:
-            try:
-                await self.renew()
-                await self._publish()
-            except Exception:
-                log.exception("lease renewal failed; retrying in %.1fs", interval)
-            await asyncio.sleep(interval)
-
-    async def renew(self) -> None:
-        s = self.settings
-        held: list[Any] = list(self.held)
-        if held:
-            await self.redis.xclaim(
-                s.job_stream, s.job_group, self.consumer, 0, held, justid=True
-            )
-            self.metrics.lease_renewals.inc(len(held))
-
-    async def _publish(self) -> None:
-        s = self.settings
-        lag = 0
-        for group in await self.redis.xinfo_groups(s.job_stream):
-            name = group.get("name")
-            if name in (s.job_group, s.job_group.encode()):
-                lag = int(group.get("lag") or 0)
-        self.metrics.stream_lag.set(lag)
-        state = {"consumer": self.consumer, "held": len(self.held), "stream_lag": lag,
-                 "at": time.time()}
-        await self.redis.set(f"batchserve:worker:{self.consumer}", orjson.dumps(state),
-                             ex=max(1, int(s.job_lease_s)))
-
-
-def _full(service: InferenceService) -> bool:
-    """The default model's queue cannot take more (HTTP traffic may fill it too)."""
+def _blocked(service: InferenceService) -> float:
+    """Seconds to wait before taking more jobs (0: none): while the default model is busy
+    (HTTP traffic may fill its queue too) or unhealthy."""
     try:
-        model = service.repository.get()
+        return WAIT_S.get(service.repository.get().health, 0.0)
     except ServeError:
-        return False
-    return model.queue.depth >= model.settings.queue_capacity
+        return 0.0

@@ -17,7 +17,7 @@ from app.errors import ConfigError, os_reason
 from app.jobs.consumer import JobWorker
 from app.metrics import JobMetrics
 from app.process import fit_torch_threads, freeze_startup_objects, tune_for_serving
-from app.runtime import build_service
+from app.runtime import InferenceService, build_service
 
 log = logging.getLogger("batchserve.jobs")
 
@@ -66,6 +66,7 @@ async def run_worker(settings: Settings) -> int:
                            consumer_name())
         log.info("worker %s reading %s as group %s", worker.consumer, settings.job_stream,
                  settings.job_group)
+        stuck = asyncio.create_task(_stop_when_stuck(service, stop))
         try:
             await worker.run(stop)
         except Exception as exc:  # noqa: BLE001 - Redis gone: one line; anything else: logged
@@ -77,11 +78,23 @@ async def run_worker(settings: Settings) -> int:
                 log.exception("the worker stopped on an error")
             return 1
         finally:
+            stuck.cancel()
             await client.aclose()
         log.info("worker %s stopped", worker.consumer)
-        return 0
+        return 1 if stuck.done() and not stuck.cancelled() else 0
     finally:
-        await service.stop()
+        # A stuck device thread will not stop: waiting for it would only delay the restart.
+        await service.stop(timeout_s=1.0 if not service.live else None)
+
+
+async def _stop_when_stuck(service: InferenceService, stop: asyncio.Event) -> None:
+    """Stop the worker once a device thread is stuck in a call (app/stall.py): the jobs held
+    are finished (those the stuck call holds time out), the rest left to other workers, and
+    the process exits 1 for its orchestrator to restart it."""
+    while service.live:
+        await service.changed()
+    log.critical("a device thread is stuck in a call; stopping to be restarted")
+    stop.set()
 
 
 def _first_line(exc: BaseException) -> str:

@@ -238,6 +238,53 @@ def test_a_job_that_kills_every_worker_is_dead_lettered(redis_url: str) -> None:
     assert r.xlen(STREAM) == 0 and pending_count(r) == 0
 
 
+def test_jobs_read_while_a_device_thread_restarts_wait_for_it(redis_url: str) -> None:
+    """A job that kills the device thread gets its error; the jobs after it, read during the
+    restart, wait for the new thread instead of failing ``unhealthy``."""
+    r = redis.Redis.from_url(redis_url)
+    with worker(redis_url, "--model", "tests.fakes:CrashingHandler"):
+        crash = submit(redis_url, [[666]], timeout_s=WAIT_S)
+        results = submit(redis_url, [[i] for i in range(20)], timeout_s=WAIT_S)
+    assert crash[0]["status"] == "error"
+    assert [res.get("predictions") for res in results] == [[2.0 * i] for i in range(20)]
+    assert r.xlen(STREAM) == 0 and pending_count(r) == 0
+
+
+def device_up(port: int) -> float | None:
+    """``batchserve_device_up`` from a worker's metrics (None until it serves them)."""
+    try:
+        return sample(httpx.get(f"http://127.0.0.1:{port}/metrics").text, "batchserve_device_up")
+    except httpx.TransportError:
+        return None
+
+
+def test_a_stuck_device_thread_stops_the_worker_with_exit_1(redis_url: str,
+                                                             tmp_path: Path) -> None:
+    """A call past ``device_timeout_s``: the worker takes no more jobs (one its last read
+    brought is left unanswered), answers the stuck job (it times out) and exits 1; the jobs it
+    did not answer are another worker's after their lease."""
+    r = redis.Redis.from_url(redis_url)
+    gate = tmp_path / "gate"
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    args = ("--model", "tests.fakes:gate_file_module", "--device-timeout-s", "1",
+            "--request-timeout-s", "4", "--job-lease-s", "1", "--worker-metrics-port", str(port))
+    add = lambda job_id: r.xadd(STREAM, {"job": orjson.dumps(  # noqa: E731
+        {"id": job_id, "instances": [[1.0, 2.0]]})})
+    with worker(redis_url, *args, env={"GATE_FILE": str(gate)}) as proc:
+        add("stuck")
+        wait_until_sync(lambda: device_up(port) == 0, "stuck seen")
+        add("later")
+        assert proc.wait(WAIT_S) == 1
+    assert results_of(r, ["stuck"])["stuck"]["error"]["type"] == "timeout"
+    assert results_of(r, ["later"]) == {}  # read, if at all, and left for the lease
+    gate.touch()
+    with worker(redis_url, *args, env={"GATE_FILE": str(gate)}):
+        wait_until_sync(lambda: r.exists(RESULT_KEY + "later"), "taken by the next worker")
+    assert results_of(r, ["later"])["later"]["predictions"] == [[2.0, 4.0]]
+
+
 def test_sigterm_finishes_what_is_held_then_exits_0(redis_url: str) -> None:
     r = redis.Redis.from_url(redis_url)
     ids = [f"job-{i}" for i in range(20)]
