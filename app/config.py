@@ -201,7 +201,7 @@ class Settings(BaseSettings, BatchSettings):
         "event loop blocked) is killed and replaced",
     )
     device_timeout_s: float | None = Field(
-        None, gt=0, le=DAY_S, allow_inf_nan=False,
+        None, ge=1, le=DAY_S, allow_inf_nan=False,  # under a second: a slow batch would count
         description="a model call (a batch, or the wait for its device work) running this long "
         "marks its device thread stuck: health unhealthy, /v2/health/live 503, for the "
         "orchestrator to restart the server (default: 120, or a model's request_timeout_s "

@@ -342,7 +342,7 @@ async def test_a_stuck_device_thread_is_not_live_over_http_and_grpc() -> None:
     false (tritonclient), health unhealthy, a new request refused at once; all back once the
     call returns, and the stuck request answered."""
     handler = GatedHandler()
-    with live_server(make_settings(device_timeout_s=0.5), handler, grpc=True) as srv:
+    with live_server(make_settings(device_timeout_s=1), handler, grpc=True) as srv:
         client = client_for(srv)
         async with httpx.AsyncClient(base_url=srv.url, timeout=30) as http:
             first = asyncio.create_task(http.post("/predict", json={"instances": [1]}))

@@ -163,7 +163,7 @@ async def test_a_device_thread_stuck_in_a_call_is_reported_until_it_returns() ->
     """A call past ``device_timeout_s``: health unhealthy, not live, admission refused at once,
     ``device_up`` 0, and no restart (a thread cannot be stopped); all clears when it returns."""
     handler = GatedHandler()
-    async with running(handler, device_timeout_s=0.2) as service:
+    async with running(handler, device_timeout_s=1) as service:
         first = asyncio.create_task(call(service, [1]))
         await wait_until(lambda: service.status == "unhealthy", "stuck seen")
         assert not service.live and handler.entered.is_set() and not first.done()
