@@ -237,6 +237,25 @@ def test_a_request_past_its_deadline_is_answered_504_and_never_computed(tmp_path
         assert metric(url, "batchserve_batch_size_count") == 1  # only the first was computed
 
 
+def test_a_stuck_device_thread_fails_liveness_through_every_front_end(tmp_path: Path) -> None:
+    """The model's call past ``device_timeout_s``: ``/v2/health/live`` 503 and health
+    unhealthy from either front end; both back once the call returns."""
+    gate = tmp_path / "gate"
+    with split_server(*GATED, "--device-timeout-s", "1", env={"GATE_FILE": str(gate)}) as (
+            _, url), ThreadPoolExecutor(1) as pool:
+        first = pool.submit(post, url, [[2, 2]])
+        wait_until_sync(lambda: fresh_get(url, "/v2/health/live").status_code == 503, "stuck")
+        answers = [fresh_get(url, "/v2/health/live") for _ in range(8)]
+        assert {(a.status_code, a.content) for a in answers} == {(503, b'{"live":false}')}
+        assert {fresh_get(url, "/health_check").json()["status"] for _ in range(8)} == {
+            "unhealthy"}
+        assert metric(url, "batchserve_device_up") == 0
+        gate.touch()
+        assert first.result().json()["predictions"] == [[4.0, 4.0]]
+        wait_until_sync(lambda: fresh_get(url, "/v2/health/live").status_code == 200, "going on")
+        assert {fresh_get(url, "/v2/health/live").status_code for _ in range(8)} == {200}
+
+
 def test_load_and_unload_through_any_front_end_act_on_the_one_repository(
         tmp_path: Path) -> None:
     for name, model in (("lin", "linear"), ("other", "linear")):
