@@ -112,8 +112,8 @@ class JobWorker:
     # ---- reading and taking over -----------------------------------------------------------------
 
     async def _wait_for_room(self) -> int:
-        """Wait until this worker may take more jobs: fewer than ``read_ahead`` held, and the
-        model neither busy nor unhealthy (``_blocked``)."""
+        """Wait until this worker may take more jobs: fewer than ``read_ahead`` held, room in
+        the device queue and a live device thread serving the model (``_blocked``)."""
         while not self._stopping:
             if len(self.held) >= self.read_ahead:
                 self._room.clear()
@@ -270,9 +270,13 @@ class JobWorker:
 
 
 def _blocked(service: InferenceService) -> float:
-    """Seconds to wait before taking more jobs (0: none): while the default model is busy
-    (HTTP traffic may fill its queue too) or unhealthy."""
+    """Seconds to wait before taking more jobs (0: none): while the default model's queue is
+    full (HTTP traffic may fill it too; a job more urgent than its default level may still
+    fit), or no live device thread serves it."""
     try:
-        return WAIT_S.get(service.repository.get().health, 0.0)
+        model = service.repository.get()
     except ServeError:
         return 0.0
+    if model.stranded:
+        return WAIT_S["unhealthy"]
+    return WAIT_S["busy"] if model.queue.depth >= model.settings.queue_capacity else 0.0
