@@ -47,3 +47,22 @@ def devices_among(spec: str, server: list[torch.device]) -> list[torch.device]:
         raise ConfigError(f"devices {', '.join(missing)} are not among the server's "
                           f"({', '.join(str(d) for d in server)})")
     return list(dict.fromkeys(wanted))
+
+
+class DeviceFault(Exception):
+    """The device can no longer be used: its device thread stops, and is not restarted."""
+
+
+def device_fault(device: torch.device) -> str | None:
+    """Why ``device`` can no longer be used after a model call on it failed (None: it can).
+    A CUDA context with a sticky error (an illegal memory access, a device-side assert, a
+    launch failure) fails every later call, a synchronize included, until the process ends;
+    an error of the call alone (a bad argument, a shape) leaves it working. The CPU keeps no
+    such state."""
+    if device.type != "cuda":
+        return None
+    try:
+        torch.cuda.synchronize(device)
+    except RuntimeError as exc:  # torch.AcceleratorError from torch 2.8 on
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return None

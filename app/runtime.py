@@ -120,10 +120,11 @@ class InferenceService:
         return worker
 
     def _worker_changed(self, worker: DeviceWorker) -> None:
-        """A device thread started, died, or was found stuck in a call or going on from one."""
+        """A device thread started, died (restarted but for a broken device), or was found
+        stuck in a call or going on from one."""
         self._signal()
         self._check_stranded()
-        if self.state.draining or worker.state is not WorkerState.FAILED:
+        if self.state.draining or worker.state is not WorkerState.FAILED or worker.fault:
             return
         log.error("restarting the device thread %s in %.0fs", worker.label, RESTART_DELAY_S)
         assert self._loop is not None
@@ -268,8 +269,8 @@ class InferenceService:
 
     @property
     def live(self) -> bool:
-        """No device thread is stuck in a call (app/stall.py): only a restart mends that."""
-        return all(w.clock.stuck is None for w in self.workers)
+        """No device thread is stuck in a call (app/stall.py) or has a broken device (``fault``)."""
+        return all(w.clock.stuck is None and w.fault is None for w in self.workers)
 
     @property
     def status(self) -> str:

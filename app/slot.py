@@ -16,9 +16,11 @@ from typing import Any
 from app.models.base import Replica
 from app.pending import PendingItem, rows_in
 from app.queues import ModelQueue
+from app.report import BatchReport
 from app.scheduler.cost import CostModel
 from app.scheduler.waiting import ArrivalRate, ItemSource, Price
 from app.served import ServedModel
+from app.transfer import Launch
 
 BUDGET_SLACK = 2.0  # a text batch's default token budget: this x limit x typical item length
 
@@ -96,3 +98,20 @@ class SimilarLengths:
                 self.anchor = lengths[0]
             self.held = (self.held[0] + len(items), max(self.held[1], *lengths))
         return items
+
+
+@dataclass
+class Launched:
+    """A batch of a slot's model whose calls were launched: one (items, launch) per key group,
+    and the report its results go into."""
+
+    slot: Slot
+    report: BatchReport
+    groups: list[tuple[list[PendingItem], Launch]] = field(default_factory=list)
+
+    @property
+    def pending(self) -> bool:
+        return any(launch.pending for _, launch in self.groups)
+
+    def items(self) -> list[PendingItem]:
+        return [item for items, _ in self.groups for item in items]

@@ -2,8 +2,7 @@
 
 It chooses whose batch runs next (app/scheduler/fairness.py), collects that batch from where
 the model's slot says (app/slot.py), launches it, and hands the results to the model on the
-event loop.
-Replicas arrive loaded and measured (app/warmup.py). On CUDA one batch stays in
+event loop. Replicas arrive loaded and measured (app/warmup.py). On CUDA one batch stays in
 flight while the next is collected and launched (app/transfer.py), whichever models they are of.
 """
 
@@ -15,13 +14,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 import torch
 
 from app.bell import Bell
+from app.devices import DeviceFault, device_fault
 from app.errors import DeadlineExceeded, ModelError
 from app.models.base import Replica
 from app.pending import DROPPED, PendingItem, rows_in
@@ -29,9 +28,9 @@ from app.report import BatchReport, per_item
 from app.scheduler.fairness import Fairness
 from app.scheduler.waiting import collect_batch, group_by, split_live
 from app.served import ServedModel
-from app.slot import Slot
+from app.slot import Launched, Slot
 from app.stall import CallClock
-from app.transfer import DeviceExecutor, Launch
+from app.transfer import DeviceExecutor
 from app.warmup import Warm
 
 log = logging.getLogger("batchserve.worker")
@@ -44,22 +43,6 @@ class WorkerState(Enum):
     READY = "ready"
     FAILED = "failed"
     STOPPED = "stopped"
-
-
-@dataclass
-class Launched:
-    """A batch whose model calls were launched: one (items, launch) per key group."""
-
-    slot: Slot
-    report: BatchReport
-    groups: list[tuple[list[PendingItem], Launch]] = field(default_factory=list)
-
-    @property
-    def pending(self) -> bool:
-        return any(launch.pending for _, launch in self.groups)
-
-    def items(self) -> list[PendingItem]:
-        return [item for items, _ in self.groups for item in items]
 
 
 class DeviceWorker:
@@ -79,6 +62,7 @@ class DeviceWorker:
         self._on_state = on_state
         self.state = WorkerState.STARTING
         self.error: str | None = None  # why the thread died
+        self.fault: str | None = None  # why its device can no longer be used (not restarted)
         self.busy_s = 0.0
         self.clock = CallClock()  # its model calls, for the loop to see one stuck (app/stall.py)
         self._slots: dict[ServedModel, Slot] = {}
@@ -153,6 +137,10 @@ class DeviceWorker:
         self._loop.call_soon_threadsafe(self._on_state, self)
         try:
             while True:
+                if self.fault is not None:  # what was launched fails too, and is answered
+                    while flights:
+                        self._complete(flights.pop(0))
+                    raise DeviceFault(self.fault)
                 while self._commands:
                     self._commands.popleft()()
                 slot = self._choose()
@@ -215,7 +203,12 @@ class DeviceWorker:
     def _fail(self, error: str) -> None:
         self.state = WorkerState.FAILED
         self.error = error
-        log.critical("device thread %s died: %s", self.label, error, exc_info=True)
+        if self.fault is not None:
+            log.critical("device %s can no longer be used (%s): its models are refused and "
+                         "/v2/health/live 503, for the orchestrator to restart the server",
+                         self.label, self.fault)
+        else:
+            log.critical("device thread %s died: %s", self.label, error, exc_info=True)
         self._loop.call_soon_threadsafe(self._on_state, self)
 
     def _launch(self, executor: DeviceExecutor, slot: Slot, batch: list[PendingItem]
@@ -295,4 +288,5 @@ class DeviceWorker:
         log.exception("device %s: %s failed on a batch of %d", self.label, slot.model.name,
                       len(items))
         report.results.extend((i, ModelError()) for i in items)
+        self.fault = self.fault or device_fault(self.device)
 

@@ -62,9 +62,11 @@ PY=${PY:-python3}
 DEVICES=${DEVICES:-cuda}
 FRONTENDS=${FRONTENDS:-1,2,4,8,14}
 SECONDS_PER_POINT=${SECONDS_PER_POINT:-3}
+# The tests (empty: none): those with CUDA paths.
 TESTS=${TESTS-tests/unit/test_graphs.py tests/unit/test_text_graphs.py tests/unit/test_transfer.py \
 tests/unit/test_runtime.py \
-tests/unit/test_repository.py tests/unit/test_devices.py tests/api/test_predict.py}  # empty: none
+tests/unit/test_repository.py tests/unit/test_devices.py tests/api/test_predict.py \
+tests/integration/test_cli.py::test_a_sticky_cuda_error_fails_liveness_and_the_device_is_not_used_again}
 DEVICE_INSTANCES=${DEVICE_INSTANCES:-1 32}  # items a request in the device curve's runs
 PROFILE=${PROFILE:-0}  # 1: py-spy on the device process at each point of the mlp-json curve
 CURVES=${CURVES:-mlp-json mlp-binary32 minilm}

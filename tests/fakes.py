@@ -235,6 +235,22 @@ def poison_module() -> torch.nn.Module:
     return PoisonModule()
 
 
+class CudaFaultModule(torch.nn.Module):
+    """For CUDA servers: an instance starting with 666 indexes past a tensor's end, a
+    device-side assert that leaves the CUDA context failing every later call; anything else is
+    doubled."""
+
+    input_shape = (2,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        index = (x[:, 0] == 666).long() * 100
+        return x * 2 + torch.zeros(1, device=x.device)[index].unsqueeze(1)
+
+
+def cuda_fault_module() -> torch.nn.Module:
+    return CudaFaultModule()
+
+
 class PairModule(torch.nn.Module):
     """Declares its input but not its output: each item of 3 numbers gives a 2 x 3 array."""
 

@@ -66,7 +66,7 @@ async def run_worker(settings: Settings) -> int:
                            consumer_name())
         log.info("worker %s reading %s as group %s", worker.consumer, settings.job_stream,
                  settings.job_group)
-        stuck = asyncio.create_task(_stop_when_stuck(service, stop))
+        stuck = asyncio.create_task(_stop_when_not_live(service, stop))
         try:
             await worker.run(stop)
         except Exception as exc:  # noqa: BLE001 - Redis gone: one line; anything else: logged
@@ -87,13 +87,15 @@ async def run_worker(settings: Settings) -> int:
         await service.stop(timeout_s=1.0 if not service.live else None)
 
 
-async def _stop_when_stuck(service: InferenceService, stop: asyncio.Event) -> None:
-    """Stop the worker once a device thread is stuck in a call (app/stall.py): the jobs held
-    are finished (those the stuck call holds time out), the rest left to other workers, and
-    the process exits 1 for its orchestrator to restart it."""
+async def _stop_when_not_live(service: InferenceService, stop: asyncio.Event) -> None:
+    """Stop the worker once the service is not live (a device thread stuck in a call, or a
+    device with a sticky error): the jobs held are finished (those a stuck call holds time
+    out), the rest left to other workers, and the process exits 1 for its orchestrator to
+    restart it."""
     while service.live:
         await service.changed()
-    log.critical("a device thread is stuck in a call; stopping to be restarted")
+    log.critical("a device can no longer be used (stuck in a call, or broken); stopping to be "
+                 "restarted")
     stop.set()
 
 

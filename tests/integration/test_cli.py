@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from tests.conftest import (
     QUIET_ENV,
@@ -329,3 +330,23 @@ def test_check_model_prints_schema_timing_and_outputs() -> None:
     top = max(int(r[2]) for r in rows)
     picked = re.search(r"picks: under load, batches of (\d+) items", proc.stdout)
     assert picked is not None and [picked[1], top] in [[r[0], int(r[2])] for r in rows]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_sticky_cuda_error_fails_liveness_and_the_device_is_not_used_again() -> None:
+    """A device-side assert in one batch: that batch's request gets 500, then the device is
+    given up (a new thread on that context would fail too): requests refused at once,
+    health unhealthy, ``/v2/health/live`` 503."""
+    with serve("--model", "tests.fakes:cuda_fault_module", "--devices", "cuda:0",
+               "--frontends", "1") as (_, url):
+        wait_ready(url)
+        ok = httpx.post(url + "/predict", json={"instances": [[1, 2]]}, timeout=WAIT_S)
+        assert ok.json()["predictions"] == [[2.0, 4.0]]
+        bad = httpx.post(url + "/predict", json={"instances": [[666, 1]]}, timeout=WAIT_S)
+        assert bad.status_code == 500
+        wait_until_sync(lambda: httpx.get(url + "/v2/health/live").status_code == 503,
+                        "not live")
+        assert httpx.get(url + "/health_check").json()["status"] == "unhealthy"
+        refused = httpx.post(url + "/predict", json={"instances": [[1, 2]]}, timeout=WAIT_S)
+        assert refused.status_code == 503 and refused.json()["error"]["type"] == "unhealthy"
+

@@ -21,13 +21,14 @@ from app.models.base import ModelHandler
 from app.models.builtin import linear_handler, mlp_module
 from app.models.signature import TensorSpec
 from app.models.tensor import TensorHandler
-from app.runtime import InferenceService, build_service
+from app.runtime import RESTART_DELAY_S, InferenceService, build_service
 from app.worker import WorkerState
 from tests.conftest import make_settings, sample, wait_until
 from tests.fakes import (
     BrokenLoadHandler,
     CrashingHandler,
     EchoHandler,
+    FailingHandler,
     GatedHandler,
     OOMHandler,
 )
@@ -179,6 +180,30 @@ async def test_a_device_thread_stuck_in_a_call_is_reported_until_it_returns() ->
         assert sample(registry, "batchserve_device_up", device="cpu") == 1
         assert sample(registry, "batchserve_device_restarts_total", device="cpu") == 0
         assert [float(x) for x in await call(service, [3])] == [6.0]
+
+
+@pytest.mark.asyncio
+async def test_a_broken_device_stops_its_thread_for_good_and_fails_liveness(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch that fails on a device whose context then fails too (a sticky CUDA error, here
+    ``device_fault`` stood in for): that batch gets 500, the thread stops and is not restarted,
+    the model refuses at once, health unhealthy, not live."""
+    fault = "CUDA error: an illegal memory access was encountered"
+    monkeypatch.setattr("app.worker.device_fault", lambda device: fault)
+    async with running(FailingHandler()) as service:
+        first = service.workers[0]
+        with pytest.raises(ModelError):
+            await call(service, [-1])
+        await wait_until(lambda: first.state is WorkerState.FAILED, "stopped")
+        assert first.fault == fault and service.status == "unhealthy" and not service.live
+        with pytest.raises(Unavailable) as info:
+            service.repository.get().check_admissible(1)
+        assert info.value.type == "unhealthy"
+        registry = service.metrics.registry
+        assert sample(registry, "batchserve_device_up", device="cpu") == 0
+        await asyncio.sleep(RESTART_DELAY_S * 1.5)  # a dead thread would be restarted by now
+        assert service.workers == [first]
+        assert sample(registry, "batchserve_device_restarts_total", device="cpu") == 0
 
 
 @pytest.mark.asyncio
