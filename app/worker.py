@@ -288,5 +288,6 @@ class DeviceWorker:
         log.exception("device %s: %s failed on a batch of %d", self.label, slot.model.name,
                       len(items))
         report.results.extend((i, ModelError()) for i in items)
-        self.fault = self.fault or device_fault(self.device)
+        with self.clock.timing(slot.model, rows_in(items)):  # a synchronize may hang too
+            self.fault = self.fault or device_fault(self.device)
 
