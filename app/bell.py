@@ -6,10 +6,15 @@ that model's queue reaches a depth (``ring_at``) or the wait that pays is up. Th
 ``wants`` after each put, and rings once per loop pass (app/served.py), so a burst of requests is
 queued before the thread wakes and takes the GIL. The thread says it is asleep before it looks
 at the queues a last time, so a put is either seen by that look or rings the bell.
+
+``Mailbox``: what else the event loop asks of the thread (a model attached or detached), run
+by the thread between batches, or where it is given once the thread has ended.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
 from queue import Empty, SimpleQueue
@@ -63,3 +68,39 @@ class Bell:
         finally:
             self._asleep = False
             self._filling, self._ring_at = None, 1
+
+
+class Mailbox:
+    """Commands (calls) for one thread from any thread, rung in with its bell. Once the thread
+    has ended (``close``), a command runs where it is given: nothing else will run it, and
+    nothing else touches what it changes, so a model can still be detached from a dead
+    thread."""
+
+    def __init__(self, bell: Bell) -> None:
+        self._bell = bell
+        self._calls: deque[Callable[[], None]] = deque()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def __bool__(self) -> bool:
+        return bool(self._calls)
+
+    def give(self, call: Callable[[], None]) -> None:
+        with self._lock:
+            if not self._closed:
+                self._calls.append(call)
+                self._bell.ring_now()
+                return
+        call()
+
+    def run_all(self) -> None:
+        """The commands given so far, in order (the thread, between batches)."""
+        while self._calls:
+            self._calls.popleft()()
+
+    def close(self) -> None:
+        """The thread ends: what was given runs now, what comes later where it is given."""
+        with self._lock:
+            self._closed = True
+        self.run_all()
+

@@ -12,14 +12,13 @@ import functools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
 import torch
 
-from app.bell import Bell
+from app.bell import Bell, Mailbox
 from app.devices import DeviceFault, device_fault
 from app.errors import DeadlineExceeded, ModelError
 from app.models.base import Replica
@@ -66,11 +65,11 @@ class DeviceWorker:
         self.busy_s = 0.0
         self.clock = CallClock()  # its model calls, for the loop to see one stuck (app/stall.py)
         self._slots: dict[ServedModel, Slot] = {}
-        self._commands: deque[Callable[[], None]] = deque()
         self.bell = Bell()
+        self._commands = Mailbox(self.bell)
         self._stopping = False
         self._fairness: Fairness[ServedModel] = Fairness()
-        self._thread = threading.Thread(target=self._main, name=f"device-{label}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"device-{label}", daemon=True)
 
     # ---- any thread ------------------------------------------------------------------------------
 
@@ -89,18 +88,18 @@ class DeviceWorker:
                                       warm.padded)
             self._loop.call_soon_threadsafe(done)
 
-        self._command(run)
+        self._commands.give(run)
 
     def detach(self, model: ServedModel, done: Callable[[], None]) -> None:
         """Stop serving ``model`` and release its replica; ``done`` runs on the loop."""
         def run() -> None:
             self._slots.pop(model, None)
             self._fairness.forget(model)
-            if self.device.type == "cuda":
+            if self.device.type == "cuda" and self.fault is None:
                 torch.cuda.empty_cache()  # the replica's blocks go back to the driver
             self._loop.call_soon_threadsafe(done)
 
-        self._command(run)
+        self._commands.give(run)
 
     def holds(self, model: ServedModel) -> bool:
         return model in self._slots
@@ -118,11 +117,13 @@ class DeviceWorker:
         self._stopping = True
         self.bell.ring_now()
 
-    def _command(self, run: Callable[[], None]) -> None:
-        self._commands.append(run)
-        self.bell.ring_now()
-
     # ---- worker thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._main()
+        finally:
+            self._commands.close()
 
     def _main(self) -> None:
         flights: list[Launched] = []  # launched, not yet completed: at most one left pending
@@ -141,8 +142,7 @@ class DeviceWorker:
                     while flights:
                         self._complete(flights.pop(0))
                     raise DeviceFault(self.fault)
-                while self._commands:
-                    self._commands.popleft()()
+                self._commands.run_all()
                 slot = self._choose()
                 if slot is None:
                     if flights:

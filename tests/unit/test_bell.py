@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from app.bell import Bell
+from app.bell import Bell, Mailbox
 from tests.conftest import WAIT_S, wait_until_sync
 
 
@@ -47,3 +47,30 @@ def test_rings_while_awake_do_not_cut_a_later_sleep_short() -> None:
     start = time.monotonic()
     bell.sleep(0.05, lambda: True)  # nothing to do: sleeps its whole time, not woken by those
     assert time.monotonic() - start >= 0.05
+
+
+def test_commands_run_on_the_thread_until_it_ends_then_where_they_are_given() -> None:
+    bell = Bell()
+    mailbox = Mailbox(bell)
+    ran: list[tuple[str, str]] = []
+
+    def command(name: str) -> None:
+        mailbox.give(lambda: ran.append((name, threading.current_thread().name)))
+
+    command("first")
+    command("second")
+    assert not ran and mailbox  # waiting for the thread
+    started = time.monotonic()
+    bell.sleep(WAIT_S, lambda: not mailbox)  # a thread about to sleep sees them: no sleep
+    assert time.monotonic() - started < WAIT_S
+    worker = threading.Thread(target=mailbox.run_all, name="device")
+    worker.start()
+    worker.join(WAIT_S)
+    assert ran == [("first", "device"), ("second", "device")] and not mailbox
+    command("left")  # given before the thread ended, not yet run: the ending thread runs it
+    ender = threading.Thread(target=mailbox.close, name="ending")
+    ender.start()
+    ender.join(WAIT_S)
+    command("late")  # after: here, at once
+    assert ran[2:] == [("left", "ending"), ("late", threading.current_thread().name)]
+

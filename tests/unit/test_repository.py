@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import torch
 
-from app.errors import InvalidInput, NotFound, Unavailable
+from app.errors import InvalidInput, ModelError, NotFound, Unavailable
 from app.runtime import InferenceService, build_service
-from tests.conftest import make_settings, sample, wait_until
+from app.worker import WorkerState
+from tests.conftest import WAIT_S, make_settings, sample, wait_until
 from tests.fakes import export_scale
 
 pytestmark = pytest.mark.asyncio
@@ -192,6 +193,25 @@ async def test_explicit_mode_loads_on_request_and_unload_drains(tmp_path: Path) 
         assert not any(w.holds(model) for w in service.workers)
         assert repo.index()[0] == {"name": "echo", "version": "", "state": "UNAVAILABLE",
                                    "reason": "unloaded"}
+
+
+async def test_a_model_whose_device_thread_died_can_be_unloaded(tmp_path: Path) -> None:
+    """The detach a dead thread would have run runs where it is asked (app/bell.py's Mailbox):
+    the unload ends (it waited for ever), and the restarted thread serves the other model."""
+    write_config(tmp_path, "crasher", 'model = "tests.fakes:CrashingHandler"\n')
+    write_config(tmp_path, "other", 'model = "tests.fakes:EchoHandler"\n')
+    async with serving(tmp_path, model_control_mode="explicit",
+                       load_model=["crasher", "other"]) as service:
+        dead = service.workers[0]
+        crasher = service.repository.get("crasher")
+        with pytest.raises(ModelError):
+            await call(service, "crasher", [666])
+        await wait_until(lambda: dead.state is WorkerState.FAILED, "thread dead")
+        await asyncio.wait_for(service.repository.unload("crasher"), WAIT_S)
+        assert not dead.holds(crasher)
+        await wait_until(lambda: service.status == "ready", "restarted")
+        assert not any(w.holds(crasher) for w in service.workers)
+        assert await call(service, "other", [4]) == [8.0]
 
 
 async def test_none_mode_refuses_load_and_unload(tmp_path: Path) -> None:
