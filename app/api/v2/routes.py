@@ -54,13 +54,15 @@ async def server_metadata() -> dict[str, Any]:
 
 
 @router.get("/health/live", summary="200 while the process runs, 503 while a device thread "
-            "is stuck in one call (past device_timeout_s: a restart is the remedy)")
+            "is stuck in one call (past device_timeout_s) or its device is broken",
+            responses={503: {"description": "not live: a restart is the remedy"}})
 async def live(service: ServiceDep) -> Response:
     ok = service.live
     return JSONResponse({"live": ok}, status_code=200 if ok else 503)
 
 
-@router.get("/health/ready", summary="200 when ready to serve, else 503")
+@router.get("/health/ready", summary="200 when ready to serve, else 503",
+            responses={503: {"description": "loading, draining or unhealthy"}})
 async def ready(service: ServiceDep) -> Response:
     ok = service.status in ("ready", "busy")
     return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
