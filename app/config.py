@@ -204,8 +204,8 @@ class Settings(BaseSettings, BatchSettings):
         None, ge=1, le=DAY_S, allow_inf_nan=False,  # under a second: a slow batch would count
         description="a model call (a batch, or the wait for its device work) running this long "
         "marks its device thread stuck: health unhealthy, /v2/health/live 503, for the "
-        "orchestrator to restart the server (default: 120, or a model's request_timeout_s "
-        "where longer)",
+        "orchestrator to restart the server (default: the model's request_timeout_s, at "
+        "least 10)",
     )
     host: str = Field("127.0.0.1", min_length=1, description="address to bind")
     port: int = Field(8000, ge=0, le=65535, description="port to bind (0: any free port)")

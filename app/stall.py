@@ -23,7 +23,7 @@ from app.served import ServedModel
 
 log = logging.getLogger("batchserve.service")
 
-DEFAULT_LIMIT_S = 120.0  # TorchServe's default_response_timeout is the same
+LEAST_DEFAULT_S = 10.0  # the default's floor: a model with a short timeout does not flap
 WATCH_S = 1.0  # the longest between two looks
 
 
@@ -63,11 +63,12 @@ T = TypeVar("T", bound=Clocked)
 
 
 def limit_s(call: Call, setting: float | None) -> float:
-    """``device_timeout_s`` where set, else DEFAULT_LIMIT_S or the model's request timeout where
-    that is longer (a call its requests may wait for is not stuck)."""
+    """``device_timeout_s`` where set, else the model's request timeout: a call that ran that
+    long has answered none of its requests in time, and the requests admitted behind it could
+    only time out too (at least LEAST_DEFAULT_S)."""
     if setting is not None:
         return setting
-    return max(DEFAULT_LIMIT_S, call.model.settings.request_timeout_s)
+    return max(LEAST_DEFAULT_S, call.model.settings.request_timeout_s)
 
 
 def judge(threads: Iterable[T], now: float, setting: float | None) -> list[T]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from app.stall import DEFAULT_LIMIT_S, Call, CallClock, judge, limit_s
+from app.stall import LEAST_DEFAULT_S, Call, CallClock, judge, limit_s
 
 
 @dataclass
@@ -23,10 +23,11 @@ def model(request_timeout_s: float = 30.0) -> Any:
                            settings=SimpleNamespace(request_timeout_s=request_timeout_s))
 
 
-def test_the_limit_is_the_setting_else_120_s_or_a_longer_request_timeout() -> None:
+def test_the_limit_is_the_setting_else_the_models_request_timeout_at_least_10_s() -> None:
     assert limit_s(Call(0.0, model(30), 8), 5.0) == 5.0
-    assert limit_s(Call(0.0, model(30), 8), None) == DEFAULT_LIMIT_S == 120
-    assert limit_s(Call(0.0, model(600), 8), None) == 600  # its requests may wait that long
+    assert limit_s(Call(0.0, model(30), 8), None) == 30  # its requests all timed out by then
+    assert limit_s(Call(0.0, model(600), 8), None) == 600
+    assert limit_s(Call(0.0, model(2), 8), None) == LEAST_DEFAULT_S == 10
 
 
 def test_a_call_past_its_limit_is_marked_once_and_cleared_when_it_returns(
