@@ -42,6 +42,9 @@ _DROPPED = {b"connection", b"content-length", b"transfer-encoding", b"keep-alive
 _DROPPED_OUT = {"connection", "content-length", "transfer-encoding", "keep-alive", "date",
                 "server", REQUEST_ID_HEADER.decode()}
 _REPOSITORY_PREFIX = "/v2/repository/"
+# A health check the device process has not answered by then is answered here: 503 unhealthy
+# (its event loop is held: a call stuck holding the GIL, a deadlock). Other paths may take long.
+HEALTH_TIMEOUT_S = 5.0
 _VISIBLE = "".join(map(chr, range(0x21, 0x7F)))  # what a request target holds unescaped
 
 
@@ -73,10 +76,14 @@ class DeviceProxy:
         path = scope["path"]
         target = proxied_target(scope)
         try:
-            answer = await self._client().request(scope["method"], target, headers=headers,
-                                                  content=body)
+            answer = await self._client().request(
+                scope["method"], target, headers=headers, content=body,
+                timeout=HEALTH_TIMEOUT_S if path in HEALTH_PATHS else None)
+        except httpx.TimeoutException:
+            return _unreachable(path, "the device process did not answer within "
+                                      f"{HEALTH_TIMEOUT_S:g} s")
         except httpx.TransportError:
-            return _unreachable(path)
+            return _unreachable(path, GONE)
         if scope["method"] == "POST" and path.startswith(_REPOSITORY_PREFIX):
             await self.service.link.sync()
         response = Response(answer.content, status_code=answer.status_code)
@@ -103,11 +110,12 @@ def proxied_target(scope: Scope) -> str:
     return path + ("?" + quote_from_bytes(query, safe=_VISIBLE) if query else "")
 
 
-def _unreachable(path: str) -> Response:
+def _unreachable(path: str, reason: str) -> Response:
     if path in HEALTH_PATHS:
-        return Response(orjson.dumps({"status": "unhealthy", "reason": GONE}), status_code=503,
-                        media_type="application/json", headers={"Retry-After": "1"})
-    return errors.error_response(Unavailable("unhealthy", GONE))
+        return Response(orjson.dumps({"status": "unhealthy", "reason": reason}),
+                        status_code=503, media_type="application/json",
+                        headers={"Retry-After": "1"})
+    return errors.error_response(Unavailable("unhealthy", reason))
 
 
 def create_frontend_app(service: RemoteService, link: socket.socket,

@@ -504,6 +504,27 @@ def front_ends_with(marker: str) -> list[int]:
     return found
 
 
+def test_a_held_device_process_is_unhealthy_within_seconds_through_the_front_ends() -> None:
+    """The device process's event loop held (here: stopped): a health check through a front
+    end is answered 503 ``unhealthy`` after HEALTH_TIMEOUT_S, not held until its client gives
+    up; the same once the process goes on is ready."""
+    from app.frontend.app import HEALTH_TIMEOUT_S
+
+    with split_server("--model", "linear", "--devices", "cpu", "--frontends", "2") as (
+            proc, url):
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            for path in ("/health_check", "/v2/health/live", "/v2/health/ready"):
+                with httpx.Client(timeout=HEALTH_TIMEOUT_S + 30) as client:
+                    answer = client.get(url + path)
+                assert answer.status_code == 503, path
+                assert answer.json() == {"status": "unhealthy", "reason": (
+                    f"the device process did not answer within {HEALTH_TIMEOUT_S:g} s")}
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        assert fresh_get(url, "/health_check").json()["status"] == "ready"
+
+
 def test_a_killed_device_process_makes_the_front_ends_answer_503_and_exit(
         tmp_path: Path) -> None:
     gate = tmp_path / "gate"
