@@ -21,6 +21,10 @@ REQUEST_ID_HEADER = b"x-request-id"
 # Load balancers and kubelets probe these every few seconds: an answer like the last one is
 # logged at debug level only.
 HEALTH_PATHS = frozenset({"/health_check", "/v2/health/ready", "/v2/health/live"})
+# A front end answers a health check the device process has not answered by then itself: 503
+# unhealthy, with HELD (its event loop is held: a call stuck holding the GIL, a deadlock).
+HEALTH_TIMEOUT_S = 5.0
+HELD = f"the device process did not answer within {HEALTH_TIMEOUT_S:g} s"
 _SANE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 log = logging.getLogger("batchserve.access")

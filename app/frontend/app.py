@@ -23,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from app.api import error_responses as errors
 from app.api import predict
-from app.api.access import HEALTH_PATHS, REQUEST_ID_HEADER, AccessLog
+from app.api.access import HEALTH_PATHS, HEALTH_TIMEOUT_S, HELD, REQUEST_ID_HEADER, AccessLog
 from app.api.body import ClientGone, read_body
 from app.api.routing import BatchServeApp
 from app.api.v2.infer import infer_routes
@@ -42,9 +42,6 @@ _DROPPED = {b"connection", b"content-length", b"transfer-encoding", b"keep-alive
 _DROPPED_OUT = {"connection", "content-length", "transfer-encoding", "keep-alive", "date",
                 "server", REQUEST_ID_HEADER.decode()}
 _REPOSITORY_PREFIX = "/v2/repository/"
-# A health check the device process has not answered by then is answered here: 503 unhealthy
-# (its event loop is held: a call stuck holding the GIL, a deadlock). Other paths may take long.
-HEALTH_TIMEOUT_S = 5.0
 _VISIBLE = "".join(map(chr, range(0x21, 0x7F)))  # what a request target holds unescaped
 
 
@@ -78,10 +75,9 @@ class DeviceProxy:
         try:
             answer = await self._client().request(
                 scope["method"], target, headers=headers, content=body,
-                timeout=HEALTH_TIMEOUT_S if path in HEALTH_PATHS else None)
+                timeout=HEALTH_TIMEOUT_S if path in HEALTH_PATHS else None)  # a load: minutes
         except httpx.TimeoutException:
-            return _unreachable(path, "the device process did not answer within "
-                                      f"{HEALTH_TIMEOUT_S:g} s")
+            return _unreachable(path, HELD)
         except httpx.TransportError:
             return _unreachable(path, GONE)
         if scope["method"] == "POST" and path.startswith(_REPOSITORY_PREFIX):

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import orjson
 
+from app.api.access import HEALTH_PATHS, HEALTH_TIMEOUT_S, HELD
 from app.errors import Relayed
 from app.logs import request_id
 
@@ -32,8 +33,14 @@ class Control:
     async def get(self, path: str, metadata: Mapping[str, str],
                   params: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any]]:
         """(status, JSON body) of a GET; Relayed for an error other than 503, which health and
-        readiness answer with a body of their own."""
-        answer = await self._request("GET", path, metadata, params=params)
+        readiness answer with a body of their own. A health check not answered within
+        HEALTH_TIMEOUT_S is 503 unhealthy, as a front end answers it over HTTP."""
+        try:
+            answer = await self._request("GET", path, metadata, params=params,
+                                         timeout=HEALTH_TIMEOUT_S if path in HEALTH_PATHS
+                                         else None)
+        except httpx.TimeoutException:
+            return 503, {"status": "unhealthy", "reason": HELD}
         if answer.status_code >= 400 and answer.status_code != 503:
             raise _relayed(answer)
         return answer.status_code, orjson.loads(answer.content)
@@ -59,6 +66,8 @@ class Control:
             headers["x-request-id"] = rid
         try:
             return await self._client.request(method, path, headers=headers, **kwargs)
+        except httpx.TimeoutException:
+            raise
         except httpx.TransportError:
             raise Relayed(503, "unhealthy", "the device process has stopped", 1) from None
 

@@ -506,23 +506,34 @@ def front_ends_with(marker: str) -> list[int]:
 
 def test_a_held_device_process_is_unhealthy_within_seconds_through_the_front_ends() -> None:
     """The device process's event loop held (here: stopped): a health check through a front
-    end is answered 503 ``unhealthy`` after HEALTH_TIMEOUT_S, not held until its client gives
-    up; the same once the process goes on is ready."""
-    from app.frontend.app import HEALTH_TIMEOUT_S
+    end, over HTTP or gRPC, is answered unhealthy after HEALTH_TIMEOUT_S, not held until its
+    client gives up; the same once the process goes on is ready."""
+    import grpc
+    import tritonclient.grpc as triton
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with split_server("--model", "linear", "--devices", "cpu", "--frontends", "2") as (
-            proc, url):
+    from app.api.access import HEALTH_TIMEOUT_S, HELD
+
+    port = free_port()
+    with split_server("--model", "linear", "--devices", "cpu", "--frontends", "2",
+                      "--grpc-port", str(port)) as (proc, url):
         os.kill(proc.pid, signal.SIGSTOP)
         try:
             for path in ("/health_check", "/v2/health/live", "/v2/health/ready"):
                 with httpx.Client(timeout=HEALTH_TIMEOUT_S + 30) as client:
                     answer = client.get(url + path)
                 assert answer.status_code == 503, path
-                assert answer.json() == {"status": "unhealthy", "reason": (
-                    f"the device process did not answer within {HEALTH_TIMEOUT_S:g} s")}
+                assert answer.json() == {"status": "unhealthy", "reason": HELD}
+            client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+            assert not client.is_server_live() and not client.is_server_ready()
+            health = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+            status = health.Check(health_pb2.HealthCheckRequest(service=""),
+                                  timeout=HEALTH_TIMEOUT_S + 30).status
+            assert status == health_pb2.HealthCheckResponse.NOT_SERVING
         finally:
             os.kill(proc.pid, signal.SIGCONT)
         assert fresh_get(url, "/health_check").json()["status"] == "ready"
+        assert triton.InferenceServerClient(f"127.0.0.1:{port}").is_server_live()
 
 
 def test_a_killed_device_process_makes_the_front_ends_answer_503_and_exit(
