@@ -232,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_check.add_argument("--model", dest="model_flag", metavar="MODEL",
                          help="the same, as a flag (as serve takes it)")
     add_setting_flags(p_check, skip=JOB_SETTINGS | HTTP_SETTINGS | {
-        "model", "host", "model_control_mode", "load_model", "default_model"})
+        "model", "host", "model_control_mode", "load_model", "default_model",
+        "device_timeout_s"})
     p_check.set_defaults(func=check_model)
     return parser
 
