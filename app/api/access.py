@@ -25,6 +25,12 @@ HEALTH_PATHS = frozenset({"/health_check", "/v2/health/ready", "/v2/health/live"
 # unhealthy, with HELD (its event loop is held: a call stuck holding the GIL, a deadlock).
 HEALTH_TIMEOUT_S = 5.0
 HELD = f"the device process did not answer within {HEALTH_TIMEOUT_S:g} s"
+
+
+def proxy_timeout(path: str) -> float | None:
+    """How long a front end waits for the device process's answer to ``path``: a health check
+    HEALTH_TIMEOUT_S, anything else as long as it takes (a load may take minutes)."""
+    return HEALTH_TIMEOUT_S if path in HEALTH_PATHS else None
 _SANE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 log = logging.getLogger("batchserve.access")

@@ -23,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from app.api import error_responses as errors
 from app.api import predict
-from app.api.access import HEALTH_PATHS, HEALTH_TIMEOUT_S, HELD, REQUEST_ID_HEADER, AccessLog
+from app.api.access import HEALTH_PATHS, HELD, REQUEST_ID_HEADER, AccessLog, proxy_timeout
 from app.api.body import ClientGone, read_body
 from app.api.routing import BatchServeApp
 from app.api.v2.infer import infer_routes
@@ -75,7 +75,7 @@ class DeviceProxy:
         try:
             answer = await self._client().request(
                 scope["method"], target, headers=headers, content=body,
-                timeout=HEALTH_TIMEOUT_S if path in HEALTH_PATHS else None)  # a load: minutes
+                timeout=proxy_timeout(path))
         except httpx.TimeoutException:
             return _unreachable(path, HELD)
         except httpx.TransportError:

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import orjson
 
-from app.api.access import HEALTH_PATHS, HEALTH_TIMEOUT_S, HELD
+from app.api.access import HELD, proxy_timeout
 from app.errors import Relayed
 from app.logs import request_id
 
@@ -37,8 +37,7 @@ class Control:
         HEALTH_TIMEOUT_S is 503 unhealthy, as a front end answers it over HTTP."""
         try:
             answer = await self._request("GET", path, metadata, params=params,
-                                         timeout=HEALTH_TIMEOUT_S if path in HEALTH_PATHS
-                                         else None)
+                                         timeout=proxy_timeout(path))
         except httpx.TimeoutException:
             return 503, {"status": "unhealthy", "reason": HELD}
         if answer.status_code >= 400 and answer.status_code != 503:
