@@ -27,7 +27,7 @@ from app.models.registry import load_handler
 from app.process import refrozen, usable_cores
 from app.repository import ModelRepository
 from app.served import ServedModel
-from app.stall import watch_stalls
+from app.stall import unless_stuck, watch_stalls
 from app.state import ModelState, ServerState
 from app.tracing import Tracing
 from app.warmup import Loader
@@ -239,15 +239,14 @@ class InferenceService:
             task.add_done_callback(self._measuring.discard)
 
     async def remove(self, model: ServedModel) -> None:
-        """Detach ``model`` from every device thread and let its replicas go."""
+        """Detach ``model`` from each device thread, which lets its replica go (stuck: later)."""
         assert self._loop is not None
-        holders = [w for w in self.workers if w.holds(model)]
-        waits: list[asyncio.Future[None]] = []
+        waits = {w: self._loop.create_future() for w in self.workers if w.holds(model)}
         with refrozen(f"model {model.name} version {model.version}'s unload"):
-            for worker in holders:
-                waits.append(self._loop.create_future())
-                worker.detach(model, _settle(waits[-1]))
-            await asyncio.gather(*waits)
+            for worker, wait in waits.items():
+                worker.detach(model, _settle(wait))
+            await asyncio.gather(*(unless_stuck(wait, w, f"model {model.name}'s unload")
+                                   for w, wait in waits.items()))
             model.serve_with([], [])
             self._share_devices()
 

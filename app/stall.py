@@ -103,3 +103,13 @@ async def watch_stalls(threads: Iterable[T], setting: float | None,
         await asyncio.sleep(every)
         for thread in judge(threads, time.monotonic(), setting):
             changed(thread)
+
+
+async def unless_stuck(done: asyncio.Future[None], thread: Clocked, what: str) -> None:
+    """Wait for ``done`` (a command ``thread`` runs between calls) unless the thread is, or
+    becomes, stuck in a call, which may never return: then say so and go on (the command
+    still runs if the call returns)."""
+    while not done.done() and thread.clock.stuck is None:
+        await asyncio.wait({done}, timeout=WATCH_S)
+    if not done.done():
+        log.warning("%s goes on without device thread %s, stuck in a call", what, thread.label)

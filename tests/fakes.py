@@ -112,7 +112,7 @@ class GatedHandler(EchoHandler):
 
     def compute(self, batch: torch.Tensor) -> torch.Tensor:
         self.entered.set()
-        if not self.gate.wait(timeout=60):
+        if not self.gate.wait(timeout=120):
             raise RuntimeError("gate never opened")
         return super().compute(batch)
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from app.errors import InvalidInput, ModelError, NotFound, Unavailable
+from app.errors import DeadlineExceeded, InvalidInput, ModelError, NotFound, Unavailable
 from app.runtime import InferenceService, build_service
 from app.worker import WorkerState
 from tests.conftest import WAIT_S, make_settings, sample, wait_until
@@ -212,6 +212,32 @@ async def test_a_model_whose_device_thread_died_can_be_unloaded(tmp_path: Path) 
         await wait_until(lambda: service.status == "ready", "restarted")
         assert not any(w.holds(crasher) for w in service.workers)
         assert await call(service, "other", [4]) == [8.0]
+
+
+async def test_a_model_whose_device_thread_is_stuck_can_be_unloaded(tmp_path: Path) -> None:
+    """An unload does not wait for a stuck call (app/stall.py) to return: the model is gone from
+    the repository once its requests are answered (the stuck one at its deadline); the thread
+    lets the replica go when the call returns."""
+    write_config(tmp_path, "gated", 'model = "tests.fakes:GatedHandler"\n')
+    async with serving(tmp_path, model_control_mode="explicit", load_model=["gated"],
+                       device_timeout_s=1) as service:
+        gated = service.repository.get("gated")
+        handler = gated.handler
+        try:
+            stuck = gated.enqueue(await gated.decode([1]), time.monotonic() + 1)
+            await wait_until(lambda: not service.live, "stuck seen")
+            with pytest.raises(DeadlineExceeded):
+                await gated.result(stuck)
+            unload = asyncio.create_task(service.repository.unload("gated"))
+            await wait_until(unload.done, "unloaded while the call is stuck")
+            await unload
+            assert not handler.gate.is_set()
+            with pytest.raises(NotFound):
+                service.repository.get("gated")
+        finally:
+            handler.gate.set()
+        await wait_until(lambda: service.live, "the call returned")
+        await wait_until(lambda: not service.workers[0].holds(gated), "replica let go")
 
 
 async def test_none_mode_refuses_load_and_unload(tmp_path: Path) -> None:

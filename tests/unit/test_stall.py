@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from app.stall import LEAST_DEFAULT_S, Call, CallClock, judge, limit_s
+from app.stall import LEAST_DEFAULT_S, Call, CallClock, judge, limit_s, unless_stuck
 
 
 @dataclass
@@ -69,3 +70,20 @@ def test_a_call_that_raises_is_no_longer_timed() -> None:
     with pytest.raises(RuntimeError), clock.timing(model(), 1):
         raise RuntimeError("model failed")
     assert clock.call is None
+
+
+@pytest.mark.asyncio
+async def test_a_command_is_waited_for_unless_its_thread_is_stuck(
+        caplog: pytest.LogCaptureFixture) -> None:
+    thread = Thread()
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    loop.call_later(0.01, done.set_result, None)
+    await unless_stuck(done, thread, "an unload")  # returns once the command ran
+    assert done.done()
+    never = loop.create_future()
+    with thread.clock.timing(model(), 8), caplog.at_level(logging.WARNING, "batchserve.service"):
+        thread.clock.stuck = thread.clock.call
+        await unless_stuck(never, thread, "model mlp's unload")
+    assert not never.done()
+    assert "model mlp's unload goes on without device thread cuda:0" in caplog.text
