@@ -84,7 +84,9 @@ class GrpcListener:
         self._client = httpx.AsyncClient(transport=self._transport(), base_url="http://grpc",
                                          timeout=None)
         control = Control(self._client, self._changed)
-        server = grpc.aio.server(options=[
+        server = grpc.aio.server(
+            # Calls past this get RESOURCE_EXHAUSTED, as connections past it get 503 over HTTP.
+            maximum_concurrent_rpcs=settings.max_connections, options=[
             ("grpc.so_reuseport", 1),  # beside the reserved socket and the other front ends
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             ("grpc.max_send_message_length", -1),

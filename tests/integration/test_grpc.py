@@ -410,6 +410,26 @@ def test_a_message_over_max_body_bytes_is_refused_by_grpc() -> None:
             == grpc.StatusCode.UNIMPLEMENTED
 
 
+@pytest.mark.asyncio
+async def test_calls_past_max_connections_are_refused() -> None:
+    """``max_connections`` bounds the calls in flight in a process over gRPC as it bounds
+    connections over HTTP: one more is refused at once, and taken once one has ended."""
+    handler = GatedHandler()
+    with live_server(make_settings(max_connections=2), handler, grpc=True) as srv:
+        assert srv.grpc_url is not None
+        async with grpc.aio.insecure_channel(srv.grpc_url) as channel:
+            infer = GRPCInferenceServiceStub(channel).ModelInfer
+            held = [infer(echo_request(1)), infer(echo_request(2))]
+            await wait_until(handler.entered.is_set, "device busy")
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await infer(echo_request(3))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            handler.gate.set()
+            for call in held:
+                assert (await call).raw_output_contents
+            assert (await infer(echo_request(4))).raw_output_contents
+
+
 def test_sigterm_answers_the_calls_accepted_then_exits_0(tmp_path: Path) -> None:
     """SIGTERM: calls already queued are answered, a new one is refused (draining), exit 0."""
     from concurrent.futures import ThreadPoolExecutor
