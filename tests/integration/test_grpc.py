@@ -9,8 +9,10 @@ import json
 import logging
 import re
 import signal
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -72,6 +74,18 @@ def echo_request(value: float) -> pb.ModelInferRequest:
     r.inputs.add(name="INPUT0", datatype="FP32", shape=[1],
                  contents=pb.InferTensorContents(fp32_contents=[value]))
     return r
+
+
+@asynccontextmanager
+async def gated_calls(**overrides: Any
+                      ) -> AsyncIterator[tuple[GatedHandler, LiveServer, Any]]:
+    """A server (``overrides`` to its settings) on a ``GatedHandler``, and ``ModelInfer`` on a
+    channel to it."""
+    handler = GatedHandler()
+    with live_server(make_settings(**overrides), handler, grpc=True) as srv:
+        assert srv.grpc_url is not None
+        async with grpc.aio.insecure_channel(srv.grpc_url) as channel:
+            yield handler, srv, GRPCInferenceServiceStub(channel).ModelInfer
 
 
 def code_of(call: object) -> grpc.StatusCode:
@@ -316,23 +330,18 @@ def test_a_refusal_is_unavailable_at_once_with_its_reason() -> None:
 
 @pytest.mark.asyncio
 async def test_a_cancelled_call_drops_its_queued_items() -> None:
-    handler = GatedHandler()
-    with live_server(make_settings(), handler, grpc=True) as srv:
-        assert srv.grpc_url is not None
-        async with grpc.aio.insecure_channel(srv.grpc_url) as channel:
-            infer = GRPCInferenceServiceStub(channel).ModelInfer
-
-            first = infer(echo_request(1))
-            await wait_until(handler.entered.is_set, "device busy")
-            second = infer(echo_request(5))
-            await wait_until(lambda: queued(srv) == 1, "queued")
-            second.cancel()
-            registry = srv.app.state.service.metrics.registry
-            await wait_until(lambda: sample(registry, "batchserve_rejected_total",
-                                            reason="disconnected") == 1, "cancel noticed")
-            handler.gate.set()
-            assert len((await first).raw_output_contents) == 1
-            await infer(echo_request(6))
+    async with gated_calls() as (handler, srv, infer):
+        first = infer(echo_request(1))
+        await wait_until(handler.entered.is_set, "device busy")
+        second = infer(echo_request(5))
+        await wait_until(lambda: queued(srv) == 1, "queued")
+        second.cancel()
+        registry = srv.app.state.service.metrics.registry
+        await wait_until(lambda: sample(registry, "batchserve_rejected_total",
+                                        reason="disconnected") == 1, "cancel noticed")
+        handler.gate.set()
+        assert len((await first).raw_output_contents) == 1
+        await infer(echo_request(6))
     assert handler.seen == [1.0, 6.0]
 
 
@@ -414,20 +423,16 @@ def test_a_message_over_max_body_bytes_is_refused_by_grpc() -> None:
 async def test_calls_past_max_connections_are_refused() -> None:
     """``max_connections`` bounds the calls in flight in a process over gRPC as it bounds
     connections over HTTP: one more is refused at once, and taken once one has ended."""
-    handler = GatedHandler()
-    with live_server(make_settings(max_connections=2), handler, grpc=True) as srv:
-        assert srv.grpc_url is not None
-        async with grpc.aio.insecure_channel(srv.grpc_url) as channel:
-            infer = GRPCInferenceServiceStub(channel).ModelInfer
-            held = [infer(echo_request(1)), infer(echo_request(2))]
-            await wait_until(handler.entered.is_set, "device busy")
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await infer(echo_request(3))
-            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            handler.gate.set()
-            for call in held:
-                assert (await call).raw_output_contents
-            assert (await infer(echo_request(4))).raw_output_contents
+    async with gated_calls(max_connections=2) as (handler, srv, infer):
+        held = [infer(echo_request(1)), infer(echo_request(2))]
+        await wait_until(handler.entered.is_set, "device busy")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await infer(echo_request(3))
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        handler.gate.set()
+        for call in held:
+            assert (await call).raw_output_contents
+        assert (await infer(echo_request(4))).raw_output_contents
 
 
 def test_sigterm_answers_the_calls_accepted_then_exits_0(tmp_path: Path) -> None:
@@ -468,21 +473,16 @@ def test_sigterm_answers_the_calls_accepted_then_exits_0(tmp_path: Path) -> None
 async def test_the_grpc_deadline_bounds_the_request() -> None:
     """A call whose gRPC deadline passes while queued ends DEADLINE_EXCEEDED, counts as 504 and
     its item is never computed."""
-    handler = GatedHandler()
-    with live_server(make_settings(), handler, grpc=True) as srv:
-        assert srv.grpc_url is not None
-        async with grpc.aio.insecure_channel(srv.grpc_url) as channel:
-            infer = GRPCInferenceServiceStub(channel).ModelInfer
-
-            first = infer(echo_request(1))
-            await wait_until(handler.entered.is_set, "device busy")
-            with pytest.raises(grpc.aio.AioRpcError) as late:
-                await infer(echo_request(5), timeout=0.3)
-            assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            registry = srv.app.state.service.metrics.registry
-            await wait_until(lambda: sample(registry, "batchserve_requests_total",
-                                            protocol="grpc", status="504") == 1, "counted")
-            handler.gate.set()
-            await first
-            await infer(echo_request(6))
+    async with gated_calls() as (handler, srv, infer):
+        first = infer(echo_request(1))
+        await wait_until(handler.entered.is_set, "device busy")
+        with pytest.raises(grpc.aio.AioRpcError) as late:
+            await infer(echo_request(5), timeout=0.3)
+        assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        registry = srv.app.state.service.metrics.registry
+        await wait_until(lambda: sample(registry, "batchserve_requests_total",
+                                        protocol="grpc", status="504") == 1, "counted")
+        handler.gate.set()
+        await first
+        await infer(echo_request(6))
     assert handler.seen == [1.0, 6.0]
