@@ -38,6 +38,7 @@ from app.pending import DROPPED, Answer, PendingRequest, RowsAnswer
 from app.runtime import InferenceService
 from app.served import ServedModel
 from app.snapshot import Snapshot, snapshot
+from app.tasks import Background
 
 log = logging.getLogger("batchserve.bridge")
 
@@ -57,7 +58,7 @@ class Bridge:
         self.service = service
         self._links: set[_Link] = set()
         self._counts: dict[tuple[str, str], ModelMetrics] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = Background()
         self._watch: asyncio.Task[None] | None = None
         service.metrics.frontends.set_function(lambda: len(self._links))
         service.before_scrape.append(self.gather_counts)
@@ -148,9 +149,7 @@ class Bridge:
                 ack.set_result(None)
         tokens = message.get("sync")
         if tokens:
-            task = asyncio.get_running_loop().create_task(self._sync_all(link, tokens))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._tasks.start(self._sync_all(link, tokens))
 
     def _metrics(self, name: str, version: str) -> ModelMetrics:
         key = (name, version)

@@ -27,8 +27,9 @@ from app.models.registry import load_handler
 from app.process import refrozen, usable_cores
 from app.repository import ModelRepository
 from app.served import ServedModel
-from app.stall import unless_stuck, watch_stalls
+from app.stall import check_not_stuck, unless_stuck, watch_stalls
 from app.state import ModelState, ServerState
+from app.tasks import Background
 from app.tracing import Tracing
 from app.warmup import Loader
 from app.worker import DeviceWorker, WorkerState
@@ -75,7 +76,7 @@ class InferenceService:
         self._startup: asyncio.Task[None] | None = None
         self._changed: asyncio.Event | None = None  # set when a device thread or start-up moves
         self._loaders: dict[torch.device, Loader] = {}  # per device, made at its first load
-        self._measuring: set[asyncio.Task[None]] = set()
+        self._background = Background()  # re-attaches after a restart, first measurements
         self._stalls: asyncio.Task[None] | None = None  # the watch for stuck device threads
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -138,9 +139,8 @@ class InferenceService:
         self.workers.remove(dead)
         self.metrics.device_restarts.labels(device=dead.label).inc()
         fresh = self._spawn(dead.device, dead.label)
-        assert self._loop is not None
         for model in held:
-            self._loop.create_task(self._attach(model, fresh))
+            self._background.start(self._attach(model, fresh))
 
     def begin_drain(self) -> None:
         """Refuse new work from now on (health says draining); safe from a signal handler."""
@@ -208,6 +208,7 @@ class InferenceService:
         await asyncio.gather(*(self._attach(model, w) for w in self._workers_of(model)))
 
     async def _attach(self, model: ServedModel, worker: DeviceWorker) -> None:
+        check_not_stuck(worker)
         loader = self._loaders.get(worker.device)
         if loader is None:
             loader = self._loaders[worker.device] = Loader(worker.device)
@@ -216,7 +217,9 @@ class InferenceService:
         model.learn(worker.label, warm.cost, warm.work_per_item, warm.outputs, warm.batch_limit)
         attached: asyncio.Future[None] = self._loop.create_future()
         worker.attach(model, warm, _settle(attached))
-        await attached
+        if not await unless_stuck(attached, worker):  # it would attach when the call returns:
+            worker.detach(model, lambda: None)  # then let it go again
+            check_not_stuck(worker)
         self._share_devices(model)
         if model.stranded:
             self._check_stranded()
@@ -231,12 +234,9 @@ class InferenceService:
         had no warm-up examples, on each device's loader (app/learning.py)."""
         key = model.handler.key
         alike = [item for item in items if key(item) == key(items[0])]
-        assert self._loop is not None
         for worker in self.workers:
-            task = self._loop.create_task(measure_on(
-                model, worker, self._loaders[worker.device], alike, self.metrics))
-            self._measuring.add(task)
-            task.add_done_callback(self._measuring.discard)
+            self._background.start(measure_on(model, worker, self._loaders[worker.device], alike,
+                                             self.metrics))
 
     async def remove(self, model: ServedModel) -> None:
         """Detach ``model`` from each device thread, which lets its replica go (stuck: later)."""
@@ -245,8 +245,9 @@ class InferenceService:
         with refrozen(f"model {model.name} version {model.version}'s unload"):
             for worker, wait in waits.items():
                 worker.detach(model, _settle(wait))
-            await asyncio.gather(*(unless_stuck(wait, w, f"model {model.name}'s unload")
-                                   for w, wait in waits.items()))
+            if not all(await asyncio.gather(*(unless_stuck(f, w) for w, f in waits.items()))):
+                log.warning("model %s unloaded; a device thread stuck in a call holds its "
+                            "replica till the call returns", model.name)
             model.serve_with([], [])
             self._share_devices()
 

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from app.errors import Unavailable
 from app.served import ServedModel
 
 log = logging.getLogger("batchserve.service")
@@ -105,11 +106,19 @@ async def watch_stalls(threads: Iterable[T], setting: float | None,
             changed(thread)
 
 
-async def unless_stuck(done: asyncio.Future[None], thread: Clocked, what: str) -> None:
+def check_not_stuck(thread: Clocked) -> None:
+    """Raise Unavailable (``unhealthy``) while ``thread`` is stuck in a call: what needs the
+    thread (a load) would wait for a call that may never return."""
+    stuck = thread.clock.stuck
+    if stuck is not None:
+        seconds = time.monotonic() - stuck.since
+        raise Unavailable("unhealthy", f"device thread {thread.label} is stuck in a call "
+                          f"(model {stuck.model.name}'s, for {seconds:.0f} s)")
+
+
+async def unless_stuck(done: asyncio.Future[None], thread: Clocked) -> bool:
     """Wait for ``done`` (a command ``thread`` runs between calls) unless the thread is, or
-    becomes, stuck in a call, which may never return: then say so and go on (the command
-    still runs if the call returns)."""
+    becomes, stuck in a call, which may never return. Whether it was done."""
     while not done.done() and thread.clock.stuck is None:
         await asyncio.wait({done}, timeout=WATCH_S)
-    if not done.done():
-        log.warning("%s goes on without device thread %s, stuck in a call", what, thread.label)
+    return done.done()

@@ -16,14 +16,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Coroutine
-from typing import Any
 
 from app.bridge import Bridge, Heartbeat
 from app.config import Settings
 from app.errors import os_reason
 from app.links import connect
 from app.process import usable_cores
+from app.tasks import Background
 
 log = logging.getLogger("batchserve.frontends")
 
@@ -79,12 +78,12 @@ class Frontends:
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self.beats: dict[int, Heartbeat] = {}  # when each was last heard from
         self.stopping = False
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = Background()
 
     def start(self) -> None:
         for index in range(len(self.listeners)):
             self._spawn(index)
-        self._task(self._watch_hangs())
+        self._tasks.start(self._watch_hangs())
 
     @property
     def alive(self) -> bool:
@@ -133,13 +132,8 @@ class Frontends:
         process.stdin.close()
         self.processes[index] = process
         self.beats[index] = beat = Heartbeat()
-        self._task(self._link(ours, beat))
-        self._task(self._watch(index, process))
-
-    def _task(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.start(self._link(ours, beat))
+        self._tasks.start(self._watch(index, process))
 
     async def _link(self, sock: socket.socket, beat: Heartbeat) -> None:
         await self.bridge.serve(*await connect(sock), beat)

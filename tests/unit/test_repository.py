@@ -240,6 +240,30 @@ async def test_a_model_whose_device_thread_is_stuck_can_be_unloaded(tmp_path: Pa
         await wait_until(lambda: not service.workers[0].holds(gated), "replica let go")
 
 
+async def test_a_load_onto_a_stuck_device_thread_fails_at_once(tmp_path: Path) -> None:
+    """A load that needs a device thread stuck in a call fails with why (it waited for the
+    call); once the call returns, the load succeeds."""
+    write_config(tmp_path, "gated", 'model = "tests.fakes:GatedHandler"\n')
+    write_config(tmp_path, "echo", 'model = "tests.fakes:EchoHandler"\n')
+    async with serving(tmp_path, model_control_mode="explicit", load_model=["gated"],
+                       device_timeout_s=1) as service:
+        gated = service.repository.get("gated")
+        handler = gated.handler
+        try:
+            stuck = asyncio.create_task(call(service, "gated", [1]))
+            await wait_until(lambda: not service.live, "stuck seen")
+            load = asyncio.create_task(service.repository.load("echo"))
+            await wait_until(load.done, "load refused while the call is stuck")
+            with pytest.raises(InvalidInput, match="device thread cpu is stuck in a call"):
+                await load
+        finally:
+            handler.gate.set()
+        assert await stuck == [2.0]
+        await wait_until(lambda: service.live, "the call returned")
+        await service.repository.load("echo")
+        assert await call(service, "echo", [4]) == [8.0]
+
+
 async def test_none_mode_refuses_load_and_unload(tmp_path: Path) -> None:
     write_config(tmp_path, "echo", 'model = "tests.fakes:EchoHandler"\n')
     async with serving(tmp_path) as service:

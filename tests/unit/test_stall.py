@@ -10,7 +10,16 @@ from typing import Any
 
 import pytest
 
-from app.stall import LEAST_DEFAULT_S, Call, CallClock, judge, limit_s, unless_stuck
+from app.errors import Unavailable
+from app.stall import (
+    LEAST_DEFAULT_S,
+    Call,
+    CallClock,
+    check_not_stuck,
+    judge,
+    limit_s,
+    unless_stuck,
+)
 
 
 @dataclass
@@ -73,17 +82,18 @@ def test_a_call_that_raises_is_no_longer_timed() -> None:
 
 
 @pytest.mark.asyncio
-async def test_a_command_is_waited_for_unless_its_thread_is_stuck(
-        caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_command_is_waited_for_unless_its_thread_is_stuck() -> None:
     thread = Thread()
     loop = asyncio.get_running_loop()
     done = loop.create_future()
     loop.call_later(0.01, done.set_result, None)
-    await unless_stuck(done, thread, "an unload")  # returns once the command ran
-    assert done.done()
+    assert await unless_stuck(done, thread)  # once the command ran
+    check_not_stuck(thread)
     never = loop.create_future()
-    with thread.clock.timing(model(), 8), caplog.at_level(logging.WARNING, "batchserve.service"):
+    with thread.clock.timing(model(), 8):
         thread.clock.stuck = thread.clock.call
-        await unless_stuck(never, thread, "model mlp's unload")
-    assert not never.done()
-    assert "model mlp's unload goes on without device thread cuda:0" in caplog.text
+        assert not await unless_stuck(never, thread)
+        with pytest.raises(Unavailable, match="device thread cuda:0 is stuck in a call "
+                           r"\(model mlp's, for 0 s\)") as refused:
+            check_not_stuck(thread)
+    assert refused.value.type == "unhealthy" and not never.done()

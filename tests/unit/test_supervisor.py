@@ -3,7 +3,6 @@ replaced in a live server: tests/integration/test_frontends.py."""
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import io
 import logging
@@ -113,7 +112,7 @@ async def test_a_front_end_that_cannot_be_started_again_is_tried_again(
             await frontends._watch(0, Dead())  # type: ignore[arg-type]
     finally:
         frontends.stopping = True  # the started one's own watch and link end here
-        await asyncio.gather(*frontends._tasks)
+        await frontends._tasks.wait()
         listener.close()
     assert len(started) == 3 and restarts.count == 1
     assert isinstance(frontends.processes[0], Fake)

@@ -1,0 +1,41 @@
+"""app/tasks.py: background tasks kept until done."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.tasks import Background
+
+
+@pytest.mark.asyncio
+async def test_wait_returns_once_every_started_task_has_ended() -> None:
+    background = Background()
+    gate = asyncio.Event()
+    ran: list[int] = []
+
+    async def job(n: int) -> None:
+        await gate.wait()
+        ran.append(n)
+
+    for n in range(3):
+        background.start(job(n))
+    await asyncio.sleep(0)
+    assert ran == []
+    gate.set()
+    await background.wait()
+    assert sorted(ran) == [0, 1, 2]
+    await background.wait()  # nothing left: returns at once
+
+
+@pytest.mark.asyncio
+async def test_wait_raises_a_tasks_error() -> None:
+    background = Background()
+
+    async def fails() -> None:
+        raise ValueError("boom")
+
+    background.start(fails())
+    with pytest.raises(ValueError, match="boom"):
+        await background.wait()
