@@ -29,7 +29,7 @@ from app.repository import ModelRepository
 from app.served import ServedModel
 from app.stall import check_not_stuck, unless_stuck, watch_stalls
 from app.state import ModelState, ServerState
-from app.tasks import Background
+from app.tasks import Background, resolver
 from app.tracing import Tracing
 from app.warmup import Loader
 from app.worker import DeviceWorker, WorkerState
@@ -204,8 +204,14 @@ class InferenceService:
 
     async def place(self, model: ServedModel) -> None:
         """Load ``model``'s replicas on its devices (beside whatever serves there) and attach
-        them to their device threads; returns once every device serves it."""
-        await asyncio.gather(*(self._attach(model, w) for w in self._workers_of(model)))
+        them to their device threads; returns once every device serves it, or raises the first
+        failure once none holds it."""
+        outcomes = await asyncio.gather(*(self._attach(model, w) for w in self._workers_of(model)),
+                                        return_exceptions=True)
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed:  # where it did attach, let it go
+            await self.remove(model)
+            raise failed[0]
 
     async def _attach(self, model: ServedModel, worker: DeviceWorker) -> None:
         check_not_stuck(worker)
@@ -216,7 +222,7 @@ class InferenceService:
         warm = await warm_on(loader, model, worker.label, self._loop)
         model.learn(worker.label, warm.cost, warm.work_per_item, warm.outputs, warm.batch_limit)
         attached: asyncio.Future[None] = self._loop.create_future()
-        worker.attach(model, warm, _settle(attached))
+        worker.attach(model, warm, resolver(attached))
         if not await unless_stuck(attached, worker):  # it would attach when the call returns:
             worker.detach(model, lambda: None)  # then let it go again
             check_not_stuck(worker)
@@ -244,7 +250,7 @@ class InferenceService:
         waits = {w: self._loop.create_future() for w in self.workers if w.holds(model)}
         with refrozen(f"model {model.name} version {model.version}'s unload"):
             for worker, wait in waits.items():
-                worker.detach(model, _settle(wait))
+                worker.detach(model, resolver(wait))
             if not all(await asyncio.gather(*(unless_stuck(f, w) for w, f in waits.items()))):
                 log.warning("model %s unloaded; a device thread stuck in a call holds its "
                             "replica till the call returns", model.name)
@@ -290,11 +296,3 @@ class InferenceService:
             return "busy"
         return "ready"
 
-
-def _settle(future: asyncio.Future[None]) -> Callable[[], None]:
-    """A callback that resolves ``future`` (once)."""
-    def settle() -> None:
-        if not future.done():
-            future.set_result(None)
-
-    return settle

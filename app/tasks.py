@@ -1,10 +1,11 @@
-"""Background tasks started and left to run: each kept referenced until it is done (the event
-loop keeps only a weak reference to a task, which could otherwise be collected mid-run)."""
+"""Background tasks started and left to run, each kept referenced until it is done (the event
+loop keeps only a weak reference to a task, which could otherwise be collected mid-run); and a
+future's resolver for a callback from another thread."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 
@@ -23,3 +24,13 @@ class Background:
     async def wait(self) -> None:
         """Until the tasks running now have ended; the first error of one is raised."""
         await asyncio.gather(*self._running)
+
+
+def resolver(future: asyncio.Future[None]) -> Callable[[], None]:
+    """A callback (on the loop) that resolves ``future`` unless it is done: cancelled, as an
+    awaiting ``gather`` cancels it."""
+    def resolve() -> None:
+        if not future.done():
+            future.set_result(None)
+
+    return resolve

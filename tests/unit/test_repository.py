@@ -264,6 +264,27 @@ async def test_a_load_onto_a_stuck_device_thread_fails_at_once(tmp_path: Path) -
         assert await call(service, "echo", [4]) == [8.0]
 
 
+async def test_a_load_that_fails_on_one_device_holds_no_replica_on_another(
+        tmp_path: Path) -> None:
+    """Two device threads, one stuck in a call: a load fails there at once and attaches on the
+    other; the failed load lets that replica go too."""
+    write_config(tmp_path, "gated", 'model = "tests.fakes:GatedHandler"\n')
+    write_config(tmp_path, "echo", 'model = "tests.fakes:EchoHandler"\n')
+    async with serving(tmp_path, model_control_mode="explicit", load_model=["gated"],
+                       devices="cpu,cpu", device_timeout_s=1) as service:
+        handler = service.repository.get("gated").handler
+        try:
+            stuck = asyncio.create_task(call(service, "gated", [1]))
+            await wait_until(lambda: not service.live, "stuck seen")
+            with pytest.raises(InvalidInput, match="is stuck in a call"):
+                await service.repository.load("echo")
+            held = [m.name for w in service.workers for m in w._slots]
+            assert sorted(held) == ["gated", "gated"]
+        finally:
+            handler.gate.set()
+        assert await stuck == [2.0]
+
+
 async def test_none_mode_refuses_load_and_unload(tmp_path: Path) -> None:
     write_config(tmp_path, "echo", 'model = "tests.fakes:EchoHandler"\n')
     async with serving(tmp_path) as service:

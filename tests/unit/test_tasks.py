@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from app.tasks import Background
+from app.tasks import Background, resolver
 
 
 @pytest.mark.asyncio
@@ -39,3 +39,16 @@ async def test_wait_raises_a_tasks_error() -> None:
     background.start(fails())
     with pytest.raises(ValueError, match="boom"):
         await background.wait()
+
+
+@pytest.mark.asyncio
+async def test_a_resolver_resolves_its_future_once_unless_it_was_cancelled() -> None:
+    loop = asyncio.get_running_loop()
+    future, cancelled = loop.create_future(), loop.create_future()
+    resolve = resolver(future)
+    resolve()
+    resolve()  # a second call changes nothing
+    assert future.result() is None
+    cancelled.cancel()
+    resolver(cancelled)()  # no InvalidStateError
+    assert cancelled.cancelled()
