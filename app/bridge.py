@@ -58,7 +58,7 @@ class Bridge:
         self.service = service
         self._links: set[_Link] = set()
         self._counts: dict[tuple[str, str], ModelMetrics] = {}
-        self._tasks = Background()
+        self._tasks = Background(log)
         self._watch: asyncio.Task[None] | None = None
         service.metrics.frontends.set_function(lambda: len(self._links))
         service.before_scrape.append(self.gather_counts)
@@ -149,7 +149,7 @@ class Bridge:
                 ack.set_result(None)
         tokens = message.get("sync")
         if tokens:
-            self._tasks.start(self._sync_all(link, tokens))
+            self._tasks.start(self._sync_all(link, tokens), "the front ends' sync to the models")
 
     def _metrics(self, name: str, version: str) -> ModelMetrics:
         key = (name, version)

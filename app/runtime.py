@@ -76,7 +76,7 @@ class InferenceService:
         self._startup: asyncio.Task[None] | None = None
         self._changed: asyncio.Event | None = None  # set when a device thread or start-up moves
         self._loaders: dict[torch.device, Loader] = {}  # per device, made at its first load
-        self._background = Background()  # re-attaches after a restart, first measurements
+        self._background = Background(log)  # re-attaches after a restart, measurements
         self._stalls: asyncio.Task[None] | None = None  # the watch for stuck device threads
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -140,7 +140,8 @@ class InferenceService:
         self.metrics.device_restarts.labels(device=dead.label).inc()
         fresh = self._spawn(dead.device, dead.label)
         for model in held:
-            self._background.start(self._attach(model, fresh))
+            self._background.start(self._attach(model, fresh),
+                                   f"model {model.name}'s attach to the restarted {fresh.label}")
 
     def begin_drain(self) -> None:
         """Refuse new work from now on (health says draining); safe from a signal handler."""
@@ -242,7 +243,7 @@ class InferenceService:
         alike = [item for item in items if key(item) == key(items[0])]
         for worker in self.workers:
             self._background.start(measure_on(model, worker, self._loaders[worker.device], alike,
-                                             self.metrics))
+                                              self.metrics), f"model {model.name}'s measurement")
 
     async def remove(self, model: ServedModel) -> None:
         """Detach ``model`` from each device thread, which lets its replica go (stuck: later)."""

@@ -78,12 +78,12 @@ class Frontends:
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self.beats: dict[int, Heartbeat] = {}  # when each was last heard from
         self.stopping = False
-        self._tasks = Background()
+        self._tasks = Background(log)
 
     def start(self) -> None:
         for index in range(len(self.listeners)):
             self._spawn(index)
-        self._tasks.start(self._watch_hangs())
+        self._tasks.start(self._watch_hangs(), "the watch for hung front ends")
 
     @property
     def alive(self) -> bool:
@@ -132,8 +132,8 @@ class Frontends:
         process.stdin.close()
         self.processes[index] = process
         self.beats[index] = beat = Heartbeat()
-        self._tasks.start(self._link(ours, beat))
-        self._tasks.start(self._watch(index, process))
+        self._tasks.start(self._link(ours, beat), f"front end {index}'s link")
+        self._tasks.start(self._watch(index, process), f"the watch on front end {index}")
 
     async def _link(self, sock: socket.socket, beat: Heartbeat) -> None:
         await self.bridge.serve(*await connect(sock), beat)

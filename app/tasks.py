@@ -5,21 +5,31 @@ future's resolver for a callback from another thread."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 
 class Background:
-    """The tasks one owner started and that still run."""
+    """The tasks one owner started and that still run; a task that fails is logged in one line
+    on ``log`` (asyncio would print its traceback when the task is collected)."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: logging.Logger) -> None:
+        self._log = log
         self._running: set[asyncio.Task[Any]] = set()
 
-    def start(self, coroutine: Coroutine[Any, Any, Any]) -> None:
-        """Run ``coroutine`` as a task on the running loop."""
+    def start(self, coroutine: Coroutine[Any, Any, Any], what: str) -> None:
+        """Run ``coroutine`` as a task on the running loop; ``what`` names it in the log."""
         task = asyncio.get_running_loop().create_task(coroutine)
         self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        task.add_done_callback(functools.partial(self._ended, what))
+
+    def _ended(self, what: str, task: asyncio.Task[Any]) -> None:
+        self._running.discard(task)
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            self._log.error("%s failed: %s: %s", what, type(exc).__name__, exc)
 
     async def wait(self) -> None:
         """Until the tasks running now have ended; the first error of one is raised."""

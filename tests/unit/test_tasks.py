@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
 from app.tasks import Background, resolver
 
+LOG = logging.getLogger("batchserve.test")
+
 
 @pytest.mark.asyncio
 async def test_wait_returns_once_every_started_task_has_ended() -> None:
-    background = Background()
+    background = Background(LOG)
     gate = asyncio.Event()
     ran: list[int] = []
 
@@ -20,7 +23,7 @@ async def test_wait_returns_once_every_started_task_has_ended() -> None:
         ran.append(n)
 
     for n in range(3):
-        background.start(job(n))
+        background.start(job(n), f"job {n}")
     await asyncio.sleep(0)
     assert ran == []
     gate.set()
@@ -30,15 +33,18 @@ async def test_wait_returns_once_every_started_task_has_ended() -> None:
 
 
 @pytest.mark.asyncio
-async def test_wait_raises_a_tasks_error() -> None:
-    background = Background()
+async def test_a_tasks_error_is_logged_in_one_line_and_raised_by_wait(
+        caplog: pytest.LogCaptureFixture) -> None:
+    background = Background(LOG)
 
     async def fails() -> None:
         raise ValueError("boom")
 
-    background.start(fails())
-    with pytest.raises(ValueError, match="boom"):
-        await background.wait()
+    with caplog.at_level(logging.ERROR, LOG.name):
+        background.start(fails(), "the fuse")
+        with pytest.raises(ValueError, match="boom"):
+            await background.wait()
+    assert [r.getMessage() for r in caplog.records] == ["the fuse failed: ValueError: boom"]
 
 
 @pytest.mark.asyncio
