@@ -6,7 +6,8 @@ batch's model call, the wait for its device work); ``watch_stalls``, on the even
 thread stuck once its call has run past its limit and clears the mark when the call returns. A
 thread cannot be stopped from outside, nor a hung CUDA context trusted again, so a stuck thread
 is reported (health, liveness, ``batchserve_device_up``), not replaced: the orchestrator
-restarts the server.
+restarts the server. Meanwhile nothing waits on it for ever: a load that needs it fails
+(``check_not_stuck``) and an unload goes on without it (``unless_stuck``).
 """
 
 from __future__ import annotations
