@@ -221,6 +221,8 @@ class InferenceService:
             loader = self._loaders[worker.device] = Loader(worker.device)
         assert self._loop is not None
         warm = await warm_on(loader, model, worker.label, self._loop)
+        # The thread that serves the device now: one that died meanwhile has been replaced.
+        worker = next((w for w in self.workers if w.label == worker.label), worker)
         model.learn(worker.label, warm.cost, warm.work_per_item, warm.outputs, warm.batch_limit)
         attached: asyncio.Future[None] = self._loop.create_future()
         worker.attach(model, warm, resolver(attached))
@@ -228,8 +230,7 @@ class InferenceService:
             worker.detach(model, lambda: None)  # then let it go again
             check_not_stuck(worker)
         self._share_devices(model)
-        if model.stranded:
-            self._check_stranded()
+        self._check_stranded()
         self.metrics.batch_limit.labels(model=model.name, device=worker.label).set_function(
             lambda: worker.batch_limit(model))
         export_cost(self.metrics, model, worker.label, warm.cost)

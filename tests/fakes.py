@@ -182,6 +182,20 @@ class BrokenLoadHandler(EchoHandler):
         raise RuntimeError("weights are corrupt")
 
 
+class GatedLoadHandler(EchoHandler):
+    """Its load waits until ``gate`` is set (``entered`` set once it waits). Class-level: the
+    repository makes the instance; a test clears both before it loads one."""
+
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def load(self, device: torch.device) -> Replica:
+        GatedLoadHandler.entered.set()
+        if not GatedLoadHandler.gate.wait(timeout=120):
+            raise RuntimeError("gate never opened")
+        return super().load(device)
+
+
 class GateFileModule(torch.nn.Module):
     """For subprocess servers: a forward waits until the file named by $GATE_FILE exists, except
     for the (negative) warm-up example."""

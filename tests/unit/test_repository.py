@@ -18,7 +18,7 @@ from app.errors import DeadlineExceeded, InvalidInput, ModelError, NotFound, Una
 from app.runtime import InferenceService, build_service
 from app.worker import WorkerState
 from tests.conftest import WAIT_S, make_settings, sample, wait_until
-from tests.fakes import export_scale
+from tests.fakes import GatedLoadHandler, export_scale
 
 pytestmark = pytest.mark.asyncio
 
@@ -283,6 +283,30 @@ async def test_a_load_that_fails_on_one_device_holds_no_replica_on_another(
         finally:
             handler.gate.set()
         assert await stuck == [2.0]
+
+
+async def test_a_load_whose_device_thread_died_meanwhile_is_served_by_its_successor(
+        tmp_path: Path) -> None:
+    """The device thread dies while a model loads: the model attaches to the thread that
+    replaced it, not to the dead one (where it was never served)."""
+    write_config(tmp_path, "crasher", 'model = "tests.fakes:CrashingHandler"\n')
+    write_config(tmp_path, "slow", 'model = "tests.fakes:GatedLoadHandler"\n')
+    GatedLoadHandler.gate.clear()
+    GatedLoadHandler.entered.clear()
+    async with serving(tmp_path, model_control_mode="explicit",
+                       load_model=["crasher"]) as service:
+        dead = service.workers[0]
+        try:
+            load = asyncio.create_task(service.repository.load("slow"))
+            await wait_until(GatedLoadHandler.entered.is_set, "loading")
+            with pytest.raises(ModelError):
+                await call(service, "crasher", [666])
+            await wait_until(lambda: dead not in service.workers, "restarted")
+        finally:
+            GatedLoadHandler.gate.set()
+        await load
+        assert await call(service, "slow", [2]) == [4.0]
+        assert not dead.holds(service.repository.get("slow"))
 
 
 async def test_none_mode_refuses_load_and_unload(tmp_path: Path) -> None:
