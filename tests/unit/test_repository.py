@@ -16,6 +16,7 @@ import torch
 
 from app.errors import DeadlineExceeded, InvalidInput, ModelError, NotFound, Unavailable
 from app.runtime import InferenceService, build_service
+from app.served import ServedModel
 from app.worker import WorkerState
 from tests.conftest import WAIT_S, make_settings, sample, wait_until
 from tests.fakes import GatedLoadHandler, export_scale
@@ -214,28 +215,40 @@ async def test_a_model_whose_device_thread_died_can_be_unloaded(tmp_path: Path) 
         assert await call(service, "other", [4]) == [8.0]
 
 
+@asynccontextmanager
+async def stuck(repo: Path, deadline_s: float = 30.0, **overrides: Any
+                ) -> AsyncIterator[tuple[InferenceService, ServedModel, asyncio.Task[list[float]]]]:
+    """A server (explicit control, ``echo`` not loaded) whose device thread is stuck in model
+    ``gated``'s call on one request (its answer: the task) with this ``deadline_s``. The test
+    opens ``gated.handler.gate`` to let the call return; it opens on the way out in any case."""
+    write_config(repo, "gated", 'model = "tests.fakes:GatedHandler"\n')
+    write_config(repo, "echo", 'model = "tests.fakes:EchoHandler"\n')
+    async with serving(repo, model_control_mode="explicit", load_model=["gated"],
+                       device_timeout_s=1, **overrides) as service:
+        gated = service.repository.get("gated")
+        request = gated.enqueue(await gated.decode([1]), time.monotonic() + deadline_s)
+        answer = asyncio.create_task(gated.result(request))
+        try:
+            await wait_until(lambda: not service.live, "stuck seen")
+            yield service, gated, answer
+        finally:
+            gated.handler.gate.set()
+
+
 async def test_a_model_whose_device_thread_is_stuck_can_be_unloaded(tmp_path: Path) -> None:
     """An unload does not wait for a stuck call (app/stall.py) to return: the model is gone from
     the repository once its requests are answered (the stuck one at its deadline); the thread
     lets the replica go when the call returns."""
-    write_config(tmp_path, "gated", 'model = "tests.fakes:GatedHandler"\n')
-    async with serving(tmp_path, model_control_mode="explicit", load_model=["gated"],
-                       device_timeout_s=1) as service:
-        gated = service.repository.get("gated")
-        handler = gated.handler
-        try:
-            stuck = gated.enqueue(await gated.decode([1]), time.monotonic() + 1)
-            await wait_until(lambda: not service.live, "stuck seen")
-            with pytest.raises(DeadlineExceeded):
-                await gated.result(stuck)
-            unload = asyncio.create_task(service.repository.unload("gated"))
-            await wait_until(unload.done, "unloaded while the call is stuck")
-            await unload
-            assert not handler.gate.is_set()
-            with pytest.raises(NotFound):
-                service.repository.get("gated")
-        finally:
-            handler.gate.set()
+    async with stuck(tmp_path, deadline_s=1) as (service, gated, answer):
+        with pytest.raises(DeadlineExceeded):
+            await answer
+        unload = asyncio.create_task(service.repository.unload("gated"))
+        await wait_until(unload.done, "unloaded while the call is stuck")
+        await unload
+        assert not gated.handler.gate.is_set()
+        with pytest.raises(NotFound):
+            service.repository.get("gated")
+        gated.handler.gate.set()
         await wait_until(lambda: service.live, "the call returned")
         await wait_until(lambda: not service.workers[0].holds(gated), "replica let go")
 
@@ -243,22 +256,13 @@ async def test_a_model_whose_device_thread_is_stuck_can_be_unloaded(tmp_path: Pa
 async def test_a_load_onto_a_stuck_device_thread_fails_at_once(tmp_path: Path) -> None:
     """A load that needs a device thread stuck in a call fails with why (it waited for the
     call); once the call returns, the load succeeds."""
-    write_config(tmp_path, "gated", 'model = "tests.fakes:GatedHandler"\n')
-    write_config(tmp_path, "echo", 'model = "tests.fakes:EchoHandler"\n')
-    async with serving(tmp_path, model_control_mode="explicit", load_model=["gated"],
-                       device_timeout_s=1) as service:
-        gated = service.repository.get("gated")
-        handler = gated.handler
-        try:
-            stuck = asyncio.create_task(call(service, "gated", [1]))
-            await wait_until(lambda: not service.live, "stuck seen")
-            load = asyncio.create_task(service.repository.load("echo"))
-            await wait_until(load.done, "load refused while the call is stuck")
-            with pytest.raises(InvalidInput, match="device thread cpu is stuck in a call"):
-                await load
-        finally:
-            handler.gate.set()
-        assert await stuck == [2.0]
+    async with stuck(tmp_path) as (service, gated, answer):
+        load = asyncio.create_task(service.repository.load("echo"))
+        await wait_until(load.done, "load refused while the call is stuck")
+        with pytest.raises(InvalidInput, match="device thread cpu is stuck in a call"):
+            await load
+        gated.handler.gate.set()
+        assert [float(x) for x in await answer] == [2.0]
         await wait_until(lambda: service.live, "the call returned")
         await service.repository.load("echo")
         assert await call(service, "echo", [4]) == [8.0]
@@ -268,21 +272,13 @@ async def test_a_load_that_fails_on_one_device_holds_no_replica_on_another(
         tmp_path: Path) -> None:
     """Two device threads, one stuck in a call: a load fails there at once and attaches on the
     other; the failed load lets that replica go too."""
-    write_config(tmp_path, "gated", 'model = "tests.fakes:GatedHandler"\n')
-    write_config(tmp_path, "echo", 'model = "tests.fakes:EchoHandler"\n')
-    async with serving(tmp_path, model_control_mode="explicit", load_model=["gated"],
-                       devices="cpu,cpu", device_timeout_s=1) as service:
-        handler = service.repository.get("gated").handler
-        try:
-            stuck = asyncio.create_task(call(service, "gated", [1]))
-            await wait_until(lambda: not service.live, "stuck seen")
-            with pytest.raises(InvalidInput, match="is stuck in a call"):
-                await service.repository.load("echo")
-            held = [m.name for w in service.workers for m in w._slots]
-            assert sorted(held) == ["gated", "gated"]
-        finally:
-            handler.gate.set()
-        assert await stuck == [2.0]
+    async with stuck(tmp_path, devices="cpu,cpu") as (service, gated, answer):
+        with pytest.raises(InvalidInput, match="is stuck in a call"):
+            await service.repository.load("echo")
+        held = [m.name for w in service.workers for m in w._slots]
+        assert sorted(held) == ["gated", "gated"]
+        gated.handler.gate.set()
+        assert [float(x) for x in await answer] == [2.0]
 
 
 async def test_a_load_whose_device_thread_died_meanwhile_is_served_by_its_successor(
