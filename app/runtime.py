@@ -200,15 +200,12 @@ class InferenceService:
             model.set_stranded(not any(w.state is WorkerState.READY and w.clock.stuck is None
                                        and w.holds(model) for w in self.workers))
 
-    def _workers_of(self, model: ServedModel) -> list[DeviceWorker]:
-        return [w for w in self.workers if w.device in model.devices]
-
     async def place(self, model: ServedModel) -> None:
         """Load ``model``'s replicas on its devices (beside whatever serves there) and attach
         them to their device threads; returns once every device serves it, or raises the first
         failure once none holds it."""
-        outcomes = await asyncio.gather(*(self._attach(model, w) for w in self._workers_of(model)),
-                                        return_exceptions=True)
+        outcomes = await asyncio.gather(*(self._attach(model, w) for w in self.workers
+                                          if w.device in model.devices), return_exceptions=True)
         failed = [o for o in outcomes if isinstance(o, BaseException)]
         if failed:  # where it did attach, let it go
             await self.remove(model)
@@ -221,6 +218,8 @@ class InferenceService:
             loader = self._loaders[worker.device] = Loader(worker.device)
         assert self._loop is not None
         warm = await warm_on(loader, model, worker.label, self._loop)
+        if model.state is ModelState.UNLOADING:  # unloaded meanwhile (a restart re-attaching)
+            return
         # The thread that serves the device now: one that died meanwhile has been replaced.
         worker = next((w for w in self.workers if w.label == worker.label), worker)
         model.learn(worker.label, warm.cost, warm.work_per_item, warm.outputs, warm.batch_limit)

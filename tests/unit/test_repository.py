@@ -305,6 +305,32 @@ async def test_a_load_whose_device_thread_died_meanwhile_is_served_by_its_succes
         assert not dead.holds(service.repository.get("slow"))
 
 
+async def test_a_model_unloaded_while_a_restarted_thread_warms_it_is_not_attached(
+        tmp_path: Path) -> None:
+    """A device thread dies; while its successor warms the models it served, one of them is
+    unloaded: that one is not attached once warm (it was, held for good with nothing to serve)."""
+    write_config(tmp_path, "crasher", 'model = "tests.fakes:CrashingHandler"\n')
+    write_config(tmp_path, "slow", 'model = "tests.fakes:GatedLoadHandler"\n')
+    GatedLoadHandler.gate.set()
+    async with serving(tmp_path, model_control_mode="explicit",
+                       load_model=["crasher", "slow"]) as service:
+        slow = service.repository.get("slow")
+        dead = service.workers[0]
+        GatedLoadHandler.gate.clear()
+        GatedLoadHandler.entered.clear()
+        try:
+            with pytest.raises(ModelError):
+                await call(service, "crasher", [666])
+            await wait_until(GatedLoadHandler.entered.is_set, "the successor warms slow")
+            await service.repository.unload("slow")
+        finally:
+            GatedLoadHandler.gate.set()
+        await service._background.wait()  # the successor's attaches have ended
+        assert dead not in service.workers
+        assert not any(w.holds(slow) for w in service.workers)
+        assert await call(service, "crasher", [3]) == [6.0]
+
+
 async def test_none_mode_refuses_load_and_unload(tmp_path: Path) -> None:
     write_config(tmp_path, "echo", 'model = "tests.fakes:EchoHandler"\n')
     async with serving(tmp_path) as service:
