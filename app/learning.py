@@ -20,6 +20,7 @@ from app.metrics import Metrics
 from app.process import refrozen
 from app.scheduler.cost import CostModel
 from app.served import ServedModel
+from app.tasks import Background
 from app.warmup import Loader, Warm
 from app.worker import DeviceWorker
 
@@ -64,6 +65,17 @@ async def measure_on(model: ServedModel, worker: DeviceWorker, loader: Loader,
     export_cost(metrics, model, worker.label, cost)
     log.info("model %s version %s: cost measured on %s from its first request",
              model.name, model.version, worker.label)
+
+
+def measure_first(model: ServedModel, workers: list[DeviceWorker], loaders: dict[Any, Loader],
+                  metrics: Metrics, background: Background, items: list[Any]) -> None:
+    """The first request's items (of the first item's key) measure the cost of a model that
+    had no warm-up examples, on each device's loader, in the background."""
+    key = model.handler.key
+    alike = [item for item in items if key(item) == key(items[0])]
+    for worker in workers:
+        background.start(measure_on(model, worker, loaders[worker.device], alike, metrics),
+                         f"model {model.name}'s measurement on {worker.label}")
 
 
 def export_cost(metrics: Metrics, model: ServedModel, label: str, cost: CostModel) -> None:

@@ -13,14 +13,13 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import torch
 
 from app.catalog import Catalog
 from app.config import Settings
 from app.devices import resolve_devices
-from app.learning import busy_ratio, export_cost, measure_on, warm_on
+from app.learning import busy_ratio, export_cost, measure_first, warm_on
 from app.metrics import Metrics
 from app.models.base import ModelHandler
 from app.models.registry import load_handler
@@ -77,6 +76,7 @@ class InferenceService:
         self._changed: asyncio.Event | None = None  # set when a device thread or start-up moves
         self._loaders: dict[torch.device, Loader] = {}  # per device, made at its first load
         self._background = Background(log)  # re-attaches after a restart, measurements
+        self._lost: set[ServedModel] = set()  # models a restarted thread failed to take back
         self._stalls: asyncio.Task[None] | None = None  # the watch for stuck device threads
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -141,7 +141,13 @@ class InferenceService:
         fresh = self._spawn(dead.device, dead.label)
         for model in held:
             self._background.start(self._attach(model, fresh),
-                                   f"model {model.name}'s attach to the restarted {fresh.label}")
+                                   f"model {model.name}'s attach to the restarted {fresh.label}",
+                                   failed=functools.partial(self._lose, model))
+
+    def _lose(self, model: ServedModel) -> None:
+        """A restarted thread could not take ``model`` back: not live while it stays loaded."""
+        self._lost.add(model)
+        self._signal()
 
     def begin_drain(self) -> None:
         """Refuse new work from now on (health says draining); safe from a signal handler."""
@@ -234,16 +240,8 @@ class InferenceService:
             lambda: worker.batch_limit(model))
         export_cost(self.metrics, model, worker.label, warm.cost)
         if not warm.cost.known and model.handler.measured_from_traffic:  # no examples
-            model.measure_first(functools.partial(self._measure_from, model))
-
-    def _measure_from(self, model: ServedModel, items: list[Any]) -> None:
-        """The first request's items (of the first item's key) measure the cost of a model that
-        had no warm-up examples, on each device's loader (app/learning.py)."""
-        key = model.handler.key
-        alike = [item for item in items if key(item) == key(items[0])]
-        for worker in self.workers:
-            self._background.start(measure_on(model, worker, self._loaders[worker.device], alike,
-                                              self.metrics), f"model {model.name}'s measurement")
+            model.measure_first(functools.partial(measure_first, model, self.workers,
+                                                  self._loaders, self.metrics, self._background))
 
     async def remove(self, model: ServedModel) -> None:
         """Detach ``model`` from each device thread, which lets its replica go (stuck: later)."""
@@ -276,8 +274,10 @@ class InferenceService:
 
     @property
     def live(self) -> bool:
-        """No device thread is stuck in a call (app/stall.py) or has a broken device (``fault``)."""
-        return all(w.clock.stuck is None and w.fault is None for w in self.workers)
+        """No device thread is stuck in a call (app/stall.py) or has a broken device (``fault``),
+        and no model serves that a restarted thread failed to take back (refused for good)."""
+        return (all(w.clock.stuck is None and w.fault is None for w in self.workers)
+                and not any(m.state is ModelState.READY for m in self._lost))
 
     @property
     def status(self) -> str:

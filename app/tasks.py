@@ -19,17 +19,22 @@ class Background:
         self._log = log
         self._running: set[asyncio.Task[Any]] = set()
 
-    def start(self, coroutine: Coroutine[Any, Any, Any], what: str) -> None:
-        """Run ``coroutine`` as a task on the running loop; ``what`` names it in the log."""
+    def start(self, coroutine: Coroutine[Any, Any, Any], what: str,
+              failed: Callable[[], object] | None = None) -> None:
+        """Run ``coroutine`` as a task on the running loop; ``what`` names it in the log, and
+        ``failed`` is called if it raises."""
         task = asyncio.get_running_loop().create_task(coroutine)
         self._running.add(task)
-        task.add_done_callback(functools.partial(self._ended, what))
+        task.add_done_callback(functools.partial(self._ended, what, failed))
 
-    def _ended(self, what: str, task: asyncio.Task[Any]) -> None:
+    def _ended(self, what: str, failed: Callable[[], object] | None,
+               task: asyncio.Task[Any]) -> None:
         self._running.discard(task)
         exc = None if task.cancelled() else task.exception()
         if exc is not None:
             self._log.error("%s failed: %s: %s", what, type(exc).__name__, exc)
+            if failed is not None:
+                failed()
 
     async def wait(self) -> None:
         """Until the tasks running now have ended; the first error of one is raised."""

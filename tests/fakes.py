@@ -144,6 +144,21 @@ class CrashingHandler(EchoHandler):
         return super().compute(batch)
 
 
+class LoadsOnceHandler(CrashingHandler):
+    """Kills its device thread on 666; loads once, and every load after fails (as a restarted
+    thread's re-attach would where the device's memory is gone)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loads = 0
+
+    def load(self, device: torch.device) -> Replica:
+        self.loads += 1
+        if self.loads > 1:
+            raise RuntimeError("device memory is gone")
+        return super().load(device)
+
+
 class OOMHandler(EchoHandler):
     """Out of device memory above ``fits`` items, or on the value 999 even alone; with
     ``examples``, warmed up (and measured) with them."""

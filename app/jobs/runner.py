@@ -88,14 +88,14 @@ async def run_worker(settings: Settings) -> int:
 
 
 async def _stop_when_not_live(service: InferenceService, stop: asyncio.Event) -> None:
-    """Stop the worker once the service is not live (a device thread stuck in a call, or a
-    device with a sticky error): the jobs held are finished (those a stuck call holds time
-    out), the rest left to other workers, and the process exits 1 for its orchestrator to
-    restart it."""
+    """Stop the worker once the service is not live (a device thread stuck in a call, a
+    device with a sticky error, or a model a restarted thread could not take back): the jobs
+    held are finished (those a stuck call holds time out), the rest left to other workers, and
+    the process exits 1 for its orchestrator to restart it."""
     while service.live:
         await service.changed()
-    log.critical("a device can no longer be used (stuck in a call, or broken); stopping to be "
-                 "restarted")
+    log.critical("a device or a model can no longer be used (a call stuck, a device broken, or "
+                 "a model not taken back after a restart); stopping to be restarted")
     stop.set()
 
 

@@ -331,6 +331,28 @@ async def test_a_model_unloaded_while_a_restarted_thread_warms_it_is_not_attache
         assert await call(service, "crasher", [3]) == [6.0]
 
 
+async def test_a_model_a_restarted_thread_cannot_take_back_fails_liveness(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A restarted device thread whose re-attach of a model fails: one error line, and the
+    server is not live while that model, refused for good, is loaded; the others serve."""
+    write_config(tmp_path, "crasher", 'model = "tests.fakes:LoadsOnceHandler"\n')
+    write_config(tmp_path, "other", 'model = "tests.fakes:EchoHandler"\n')
+    async with serving(tmp_path, model_control_mode="explicit",
+                       load_model=["crasher", "other"]) as service:
+        dead = service.workers[0]
+        with pytest.raises(ModelError):
+            await call(service, "crasher", [666])
+        await wait_until(lambda: dead not in service.workers, "restarted")
+        await wait_until(lambda: not service.live, "not live")
+        assert ("model crasher's attach to the restarted cpu failed: RuntimeError: device "
+                "memory is gone") in caplog.text
+        assert await call(service, "other", [4]) == [8.0]
+        with pytest.raises(Unavailable):
+            await call(service, "crasher", [1])
+        await service.repository.unload("crasher")
+        assert service.live
+
+
 async def test_none_mode_refuses_load_and_unload(tmp_path: Path) -> None:
     write_config(tmp_path, "echo", 'model = "tests.fakes:EchoHandler"\n')
     async with serving(tmp_path) as service:

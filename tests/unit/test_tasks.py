@@ -23,7 +23,7 @@ async def test_wait_returns_once_every_started_task_has_ended() -> None:
         ran.append(n)
 
     for n in range(3):
-        background.start(job(n), f"job {n}")
+        background.start(job(n), f"job {n}", failed=lambda: ran.append(-1))
     await asyncio.sleep(0)
     assert ran == []
     gate.set()
@@ -36,15 +36,17 @@ async def test_wait_returns_once_every_started_task_has_ended() -> None:
 async def test_a_tasks_error_is_logged_in_one_line_and_raised_by_wait(
         caplog: pytest.LogCaptureFixture) -> None:
     background = Background(LOG)
+    told: list[str] = []
 
     async def fails() -> None:
         raise ValueError("boom")
 
     with caplog.at_level(logging.ERROR, LOG.name):
-        background.start(fails(), "the fuse")
+        background.start(fails(), "the fuse", failed=lambda: told.append("failed"))
         with pytest.raises(ValueError, match="boom"):
             await background.wait()
     assert [r.getMessage() for r in caplog.records] == ["the fuse failed: ValueError: boom"]
+    assert told == ["failed"]
 
 
 @pytest.mark.asyncio
