@@ -145,7 +145,8 @@ class InferenceService:
                                    failed=functools.partial(self._lose, model))
 
     def _lose(self, model: ServedModel) -> None:
-        """A restarted thread could not take ``model`` back: not live while it stays loaded."""
+        """A restarted thread could not take ``model`` back: not live while it stays loaded
+        with no other thread serving it."""
         self._lost.add(model)
         self._signal()
 
@@ -275,9 +276,9 @@ class InferenceService:
     @property
     def live(self) -> bool:
         """No device thread is stuck in a call (app/stall.py) or has a broken device (``fault``),
-        and no model serves that a restarted thread failed to take back (refused for good)."""
+        and no model that a restarted thread failed to take back is left with none to serve it."""
         return (all(w.clock.stuck is None and w.fault is None for w in self.workers)
-                and not any(m.state is ModelState.READY for m in self._lost))
+                and not any(m.state is ModelState.READY and m.stranded for m in self._lost))
 
     @property
     def status(self) -> str:
