@@ -145,8 +145,7 @@ class InferenceService:
                                    failed=functools.partial(self._lose, model))
 
     def _lose(self, model: ServedModel) -> None:
-        """A restarted thread could not take ``model`` back: not live while it stays loaded
-        with no other thread serving it."""
+        """A restarted thread could not take ``model`` back (``live`` says what follows)."""
         self._lost.add(model)
         self._signal()
 
@@ -225,8 +224,6 @@ class InferenceService:
             loader = self._loaders[worker.device] = Loader(worker.device)
         assert self._loop is not None
         warm = await warm_on(loader, model, worker.label, self._loop)
-        if model.state is ModelState.UNLOADING:  # unloaded meanwhile (a restart re-attaching)
-            return
         # The thread that serves the device now: one that died meanwhile has been replaced.
         worker = next((w for w in self.workers if w.label == worker.label), worker)
         model.learn(worker.label, warm.cost, warm.work_per_item, warm.outputs, warm.batch_limit)
@@ -235,6 +232,9 @@ class InferenceService:
         if not await unless_stuck(attached, worker):  # it would attach when the call returns:
             worker.detach(model, lambda: None)  # then let it go again
             check_not_stuck(worker)
+        if model.state is ModelState.UNLOADING:  # unloaded meanwhile (a restart re-attaching)
+            worker.detach(model, lambda: None)
+            return
         self._share_devices(model)
         self._check_stranded()
         self.metrics.batch_limit.labels(model=model.name, device=worker.label).set_function(

@@ -353,6 +353,38 @@ async def test_a_model_a_restarted_thread_cannot_take_back_fails_liveness(
         assert service.live
 
 
+async def test_a_model_unloaded_while_its_attach_waits_for_a_batch_is_let_go(
+        tmp_path: Path) -> None:
+    """A restarted thread is given a model's attach while it runs a batch, and the model is
+    unloaded before the thread gets to it: once attached, the model is let go again."""
+    write_config(tmp_path, "crasher", 'model = "tests.fakes:CrashingHandler"\n')
+    write_config(tmp_path, "gated", 'model = "tests.fakes:GatedHandler"\n')
+    write_config(tmp_path, "slow", 'model = "tests.fakes:GatedLoadHandler"\n')
+    GatedLoadHandler.gate.set()
+    async with serving(tmp_path, model_control_mode="explicit",
+                       load_model=["crasher", "gated", "slow"]) as service:
+        slow, gated = service.repository.get("slow"), service.repository.get("gated")
+        dead = service.workers[0]
+        GatedLoadHandler.gate.clear()
+        try:
+            with pytest.raises(ModelError):
+                await call(service, "crasher", [666])
+            await wait_until(lambda: dead not in service.workers
+                             and service.workers[0].holds(gated), "gated on the new thread")
+            fresh = service.workers[0]
+            batch = asyncio.create_task(call(service, "gated", [1]))
+            await wait_until(gated.handler.entered.is_set, "the new thread in a batch")
+            GatedLoadHandler.gate.set()
+            await wait_until(lambda: bool(fresh._commands), "slow's attach given")
+            await service.repository.unload("slow")
+        finally:
+            GatedLoadHandler.gate.set()
+            gated.handler.gate.set()
+        assert await batch == [2.0]
+        await service._background.wait()
+        assert not fresh._commands and not fresh.holds(slow)
+
+
 async def test_none_mode_refuses_load_and_unload(tmp_path: Path) -> None:
     write_config(tmp_path, "echo", 'model = "tests.fakes:EchoHandler"\n')
     async with serving(tmp_path) as service:
