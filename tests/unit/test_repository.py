@@ -327,7 +327,7 @@ async def test_a_model_unloaded_while_a_restarted_thread_warms_it_is_not_attache
             GatedLoadHandler.gate.set()
         await service._background.wait()  # the successor's attaches have ended
         assert dead not in service.workers
-        assert not any(w.holds(slow) for w in service.workers)
+        await wait_until(lambda: not any(w.holds(slow) for w in service.workers), "let go")
         assert await call(service, "crasher", [3]) == [6.0]
 
 
@@ -346,6 +346,8 @@ async def test_a_model_a_restarted_thread_cannot_take_back_fails_liveness(
         await wait_until(lambda: not service.live, "not live")
         assert ("model crasher's attach to the restarted cpu failed: RuntimeError: device "
                 "memory is gone") in caplog.text
+        other = service.repository.get("other")
+        await wait_until(lambda: not other.stranded, "other taken back")
         assert await call(service, "other", [4]) == [8.0]
         with pytest.raises(Unavailable):
             await call(service, "crasher", [1])
@@ -381,8 +383,8 @@ async def test_a_model_unloaded_while_its_attach_waits_for_a_batch_is_let_go(
             GatedLoadHandler.gate.set()
             gated.handler.gate.set()
         assert await batch == [2.0]
-        await service._background.wait()
-        assert not fresh._commands and not fresh.holds(slow)
+        await service._background.wait()  # the attach is done; the thread lets it go next
+        await wait_until(lambda: not fresh._commands and not fresh.holds(slow), "let go")
 
 
 async def test_none_mode_refuses_load_and_unload(tmp_path: Path) -> None:
