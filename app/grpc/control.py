@@ -65,7 +65,7 @@ class Control:
             headers["x-request-id"] = rid
         try:
             return await self._client.request(method, path, headers=headers, **kwargs)
-        except httpx.TimeoutException:
+        except httpx.TimeoutException:  # a TransportError too, but the caller's to answer
             raise
         except httpx.TransportError:
             raise Relayed(503, "unhealthy", "the device process has stopped", 1) from None
