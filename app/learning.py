@@ -3,8 +3,8 @@
 ``warm_on`` loads and warms up a replica on a device's loader, measuring its cost. A model whose
 warm-up had no examples serves without a cost model (its batches do not wait to fill):
 ``measure_on`` times its replica with its first request's items on the device's loader, off the
-request path. ``export_cost`` and ``busy_ratio`` are the gauges of what a device believes and
-does.
+request path. ``export_replica``, ``unexport`` and ``busy_ratio`` are the gauges of what a
+device believes and does.
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ async def measure_on(model: ServedModel, worker: DeviceWorker, loader: Loader,
         log.warning("model %s version %s: no cost measured on %s from its first request "
                     "(%s: %s)", model.name, model.version, worker.label, type(exc).__name__, exc)
         return
+    if not worker.holds(model):  # unloaded while measured: no gauge reads it again
+        return
     cost.take(measured)
     model.learn(worker.label, cost, model.work_per_item, None, fits)
     export_cost(metrics, model, worker.label, cost)
@@ -76,6 +78,27 @@ def measure_first(model: ServedModel, workers: list[DeviceWorker], loaders: dict
     for worker in workers:
         background.start(measure_on(model, worker, loaders[worker.device], alike, metrics),
                          f"model {model.name}'s measurement on {worker.label}")
+
+
+def export_replica(metrics: Metrics, model: ServedModel, worker: DeviceWorker) -> None:
+    """The per-device gauges of ``model``'s name, its batch limit and cost curve, read this
+    replica (where several versions of a name are served: the one attached last)."""
+    metrics.batch_limit.labels(model=model.name, device=worker.label).set_function(
+        lambda: worker.batch_limit(model))
+    export_cost(metrics, model, worker.label, model.costs[worker.label])
+
+
+def unexport(metrics: Metrics, model: ServedModel, models: list[ServedModel],
+             workers: list[DeviceWorker]) -> None:
+    """``model``'s name's per-device gauges stop reading it (unloaded, or its load failed):
+    they read a replica of another version of its name among ``models``, or go."""
+    for gauge in (metrics.batch_limit, metrics.cost):
+        gauge.remove_by_labels({"model": model.name})
+    for other in models:
+        if other.name == model.name and other is not model:
+            for worker in workers:
+                if worker.holds(other):
+                    export_replica(metrics, other, worker)
 
 
 def export_cost(metrics: Metrics, model: ServedModel, label: str, cost: CostModel) -> None:

@@ -20,7 +20,7 @@ from app.errors import BatchServeError, InvalidInput, NotFound, Unavailable
 from app.metrics import Metrics
 from app.models.registry import load_handler
 from app.served import ServedModel
-from app.state import ModelState, ServerState
+from app.state import STATES, ModelState, ServerState
 from app.versions import pick
 
 log = logging.getLogger("batchserve.models")
@@ -230,9 +230,16 @@ class ModelRepository:
         return current is not None and current is not model
 
     def _discard(self, model: ServedModel) -> None:
+        """``model`` is let go (unloaded, or its load failed): its version's state metric says
+        what serves that version now, a reload's object or nothing (UNAVAILABLE, as the index
+        says), and its gauges that read it go."""
         model.queue.shutdown()
-        if not self._replaced(model):
-            self.runtime.metrics.forget_model(model.name, model.version)
+        current = self.served.get(model.name, {}).get(model.version)
+        if current is not None:  # another object serves the version (a reload, or a failed one)
+            current.set_state(current.state, current.reason)
+            return
+        model.metrics.state(ModelState.UNAVAILABLE.value, STATES)
+        self.runtime.metrics.forget_model(model.name, model.version)
 
     def _failed(self, name: str, reason: str) -> NoReturn:
         """Record why ``name`` cannot be loaded and raise it as a 400."""
@@ -245,12 +252,12 @@ class ModelRepository:
         model.set_state(ModelState.UNLOADING, publish=not self._replaced(model))
         await model.settled()  # what is still queued belongs to requests nobody waits for
         await self.runtime.remove(model)
-        self._discard(model)
         versions = self.served.get(model.name, {})
         if versions.get(model.version) is model:
             del versions[model.version]
         if not versions:
             self.served.pop(model.name, None)
+        self._discard(model)
         log.info("model %s version %s unloaded", model.name, model.version)
 
 

@@ -19,7 +19,7 @@ import torch
 from app.catalog import Catalog
 from app.config import Settings
 from app.devices import resolve_devices
-from app.learning import busy_ratio, export_cost, measure_first, warm_on
+from app.learning import busy_ratio, export_replica, measure_first, unexport, warm_on
 from app.metrics import Metrics
 from app.models.base import ModelHandler
 from app.models.registry import load_handler
@@ -237,9 +237,7 @@ class InferenceService:
             return
         self._share_devices(model)
         self._check_stranded()
-        self.metrics.batch_limit.labels(model=model.name, device=worker.label).set_function(
-            lambda: worker.batch_limit(model))
-        export_cost(self.metrics, model, worker.label, warm.cost)
+        export_replica(self.metrics, model, worker)
         if not warm.cost.known and model.handler.measured_from_traffic:  # no examples
             model.measure_first(functools.partial(measure_first, model, self.workers,
                                                   self._loaders, self.metrics, self._background))
@@ -256,6 +254,7 @@ class InferenceService:
                             "replica till the call returns", model.name)
             model.serve_with([], [])
             self._share_devices()
+        unexport(self.metrics, model, self.repository.models(), self.workers)
 
     # ---- state -----------------------------------------------------------------------------------
 

@@ -293,6 +293,25 @@ def pair_module() -> torch.nn.Module:
     return PairModule()
 
 
+class GatedWide(torch.nn.Module):
+    """x * 2, whose calls on more than one row wait for ``gate``: a model without warm-up
+    examples, whose cost is measured from its first request (batches of 1, 2, 4...), held
+    in that measurement."""
+
+    gate = threading.Event()
+    entered = threading.Event()  # a call waits at the gate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 1:
+            self.entered.set()
+            self.gate.wait(120)
+        return x * 2
+
+
+def gated_wide() -> torch.nn.Module:
+    return GatedWide()
+
+
 def raising_factory() -> torch.nn.Module:
     raise RuntimeError("no weights here")
 

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import shutil
 import time
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,7 +20,7 @@ from app.runtime import InferenceService, build_service
 from app.served import ServedModel
 from app.worker import WorkerState
 from tests.conftest import WAIT_S, make_settings, sample, wait_until
-from tests.fakes import GatedLoadHandler, export_scale
+from tests.fakes import GatedLoadHandler, GatedWide, export_scale
 
 pytestmark = pytest.mark.asyncio
 
@@ -472,6 +473,79 @@ async def test_per_model_metrics_carry_the_model(tmp_path: Path) -> None:
         assert sample(registry, "batchserve_batch_size_sum", model="a") == 2
         assert sample(registry, "batchserve_batch_size_sum", model="b") == 1
         assert sample(registry, "batchserve_model_state", model="a", state="READY") == 1
+
+
+def states(service: InferenceService, name: str) -> dict[str, float]:
+    """``batchserve_model_state`` of ``name``'s version 1, by state."""
+    return {state: sample(service.metrics.registry, "batchserve_model_state", model=name,
+                          version="1", state=state)
+            for state in ("LOADING", "READY", "UNLOADING", "UNAVAILABLE")}
+
+
+async def test_an_unloaded_version_reads_unavailable_and_no_gauge_reads_it(
+        tmp_path: Path) -> None:
+    """A reload's gauges read the new object; once the model is unloaded its state metric says
+    UNAVAILABLE (as the repository index does), its per-device gauges (batch limit, cost
+    curve) are gone, and nothing holds it."""
+    write_config(tmp_path, "a", 'model = "linear"\n')
+    async with serving(tmp_path, model_control_mode="explicit") as service:
+        registry = service.metrics.registry
+        await service.repository.load("a")
+        assert len(await call(service, "a", [[1.0, 2.0, 3.0, 4.0]])) == 1
+
+        def gauges() -> list[str]:
+            return [s.name for f in registry.collect() if f.type == "gauge"
+                    and f.name != "batchserve_model_state" for s in f.samples
+                    if s.labels.get("model") == "a"]
+
+        first = weakref.ref(service.repository.get("a"))
+        await service.repository.load("a", {})  # a reload: another object serves version 1
+        gc.collect()
+        assert first() is None and states(service, "a")["READY"] == 1
+        assert {"batchserve_effective_batch_limit", "batchserve_cost_seconds"} <= set(gauges())
+        gone = weakref.ref(service.repository.get("a"))
+        await service.repository.unload("a")
+        assert states(service, "a") == {"LOADING": 0, "READY": 0, "UNLOADING": 0,
+                                         "UNAVAILABLE": 1}
+        assert gauges() == []
+        gc.collect()
+        assert gone() is None
+
+
+async def test_a_model_unloaded_while_its_cost_is_measured_leaves_no_gauge(
+        tmp_path: Path) -> None:
+    """A model without warm-up examples has its cost measured after its first request; if it
+    is unloaded meanwhile, the measurement's end exports no cost gauge of it."""
+    write_config(tmp_path, "wide", 'model = "tests.fakes:gated_wide"\n')
+    GatedWide.gate.clear()
+    GatedWide.entered.clear()
+    async with serving(tmp_path, model_control_mode="explicit") as service:
+        try:
+            await service.repository.load("wide")
+            assert await call(service, "wide", [[1.0, 2.0]]) == [[2.0, 4.0]]
+            await wait_until(GatedWide.entered.is_set, "measuring")
+            await service.repository.unload("wide")
+        finally:
+            GatedWide.gate.set()
+        await service._background.wait()
+        assert sample(service.metrics.registry, "batchserve_cost_seconds", model="wide") == 0
+
+
+async def test_a_failed_load_reads_unavailable_and_a_failed_reload_ready(tmp_path: Path) -> None:
+    """A version whose load failed reads UNAVAILABLE; one whose reload failed reads READY, the
+    version before serving on."""
+    async with stuck(tmp_path) as (service, gated, answer):
+        with pytest.raises(InvalidInput, match="is stuck in a call"):
+            await service.repository.load("echo")
+        assert states(service, "echo") == {"LOADING": 0, "READY": 0, "UNLOADING": 0,
+                                            "UNAVAILABLE": 1}
+        with pytest.raises(InvalidInput, match="is stuck in a call"):
+            await service.repository.load("gated", {})
+        assert service.repository.get("gated") is gated
+        assert states(service, "gated") == {"LOADING": 0, "READY": 1, "UNLOADING": 0,
+                                             "UNAVAILABLE": 0}
+        gated.handler.gate.set()
+        assert [float(x) for x in await answer] == [2.0]
 
 
 def cuda_tensors() -> list[tuple[tuple[int, ...], list[str]]]:
