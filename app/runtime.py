@@ -136,6 +136,7 @@ class InferenceService:
         if self.state.draining or dead not in self.workers:
             return
         held = [m for m in self.repository.models() if dead.holds(m)]
+        dead.release()
         self.workers.remove(dead)
         self.metrics.device_restarts.labels(device=dead.label).inc()
         fresh = self._spawn(dead.device, dead.label)

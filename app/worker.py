@@ -101,6 +101,10 @@ class DeviceWorker:
 
         self._commands.give(run)
 
+    def release(self) -> None:
+        """A dead thread lets its replicas go (the thread that replaces it loads its own)."""
+        self._slots.clear()
+
     def holds(self, model: ServedModel) -> bool:
         return model in self._slots
 

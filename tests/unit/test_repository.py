@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import shutil
 import time
 import weakref
@@ -330,6 +331,35 @@ async def test_a_model_unloaded_while_a_restarted_thread_warms_it_is_not_attache
         assert dead not in service.workers
         await wait_until(lambda: not any(w.holds(slow) for w in service.workers), "let go")
         assert await call(service, "crasher", [3]) == [6.0]
+
+
+async def test_a_dead_device_thread_lets_its_replicas_go_before_they_load_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device thread that died holds no replica once a new thread replaces it: its models
+    load again there beside nothing of the dead one's (on a GPU: not twice their memory)."""
+    write_config(tmp_path, "crasher", 'model = "tests.fakes:CrashingHandler"\n')
+    write_config(tmp_path, "slow", 'model = "tests.fakes:GatedLoadHandler"\n')
+    GatedLoadHandler.gate.set()
+    # A log record pytest keeps would keep the dead thread's frames, and a replica with them.
+    monkeypatch.setattr(logging.getLogger("batchserve.worker"), "propagate", False)
+    async with serving(tmp_path, model_control_mode="explicit",
+                       load_model=["crasher", "slow"]) as service:
+        slow = service.repository.get("slow")
+        replica = weakref.ref(service.workers[0].replica_of(slow))
+        dead = weakref.ref(service.workers[0])
+        GatedLoadHandler.gate.clear()
+        GatedLoadHandler.entered.clear()
+        try:
+            with pytest.raises(ModelError):
+                await call(service, "crasher", [666])
+            await wait_until(lambda: dead() not in service.workers, "restarted")
+            await wait_until(GatedLoadHandler.entered.is_set, "slow loading again")
+            gc.collect()
+            assert replica() is None
+        finally:
+            GatedLoadHandler.gate.set()
+        await wait_until(lambda: service.workers[0].holds(slow), "slow back")
+        assert await call(service, "slow", [4]) == [8.0]
 
 
 async def test_a_model_a_restarted_thread_cannot_take_back_fails_liveness(
