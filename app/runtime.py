@@ -135,8 +135,7 @@ class InferenceService:
         """A new thread for a dead one's device, serving the models the dead one served."""
         if self.state.draining or dead not in self.workers:
             return
-        held = [m for m in self.repository.models() if dead.holds(m)]
-        dead.release()
+        held = [m for m in dead.release() if m in self.repository.models()]
         self.workers.remove(dead)
         self.metrics.device_restarts.labels(device=dead.label).inc()
         fresh = self._spawn(dead.device, dead.label)
@@ -247,6 +246,7 @@ class InferenceService:
         """Detach ``model`` from each device thread, which lets its replica go (stuck: later)."""
         assert self._loop is not None
         waits = {w: self._loop.create_future() for w in self.workers if w.holds(model)}
+        self._lost.discard(model)
         with refrozen(f"model {model.name} version {model.version}'s unload"):
             for worker, wait in waits.items():
                 worker.detach(model, resolver(wait))

@@ -101,9 +101,12 @@ class DeviceWorker:
 
         self._commands.give(run)
 
-    def release(self) -> None:
-        """A dead thread lets its replicas go (the thread that replaces it loads its own)."""
+    def release(self) -> list[ServedModel]:
+        """A dead thread lets its replicas go (the thread that replaces it loads its own) and
+        says whose they were."""
+        held = list(self._slots)
         self._slots.clear()
+        return held
 
     def holds(self, model: ServedModel) -> bool:
         return model in self._slots

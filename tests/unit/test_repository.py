@@ -386,6 +386,23 @@ async def test_a_model_a_restarted_thread_cannot_take_back_fails_liveness(
         assert service.live
 
 
+async def test_a_model_a_restarted_thread_could_not_take_back_is_let_go_once_unloaded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a model a restarted thread could not take back is unloaded, nothing holds it."""
+    write_config(tmp_path, "crasher", 'model = "tests.fakes:LoadsOnceHandler"\n')
+    for name in ("batchserve.worker", "batchserve.service"):  # records kept hold tracebacks
+        monkeypatch.setattr(logging.getLogger(name), "propagate", False)
+    async with serving(tmp_path, model_control_mode="explicit",
+                       load_model=["crasher"]) as service:
+        with pytest.raises(ModelError):
+            await call(service, "crasher", [666])
+        await wait_until(lambda: not service.live, "not live")
+        lost = weakref.ref(service.repository.get("crasher"))
+        await service.repository.unload("crasher")
+        gc.collect()
+        assert lost() is None
+
+
 async def test_a_model_unloaded_while_its_attach_waits_for_a_batch_is_let_go(
         tmp_path: Path) -> None:
     """A restarted thread is given a model's attach while it runs a batch, and the model is
