@@ -578,6 +578,25 @@ async def test_a_model_unloaded_while_its_cost_is_measured_leaves_no_gauge(
         assert sample(service.metrics.registry, "batchserve_cost_seconds", model="wide") == 0
 
 
+async def test_a_version_retired_beside_another_leaves_the_gauges_to_it(
+        tmp_path: Path, exported: dict[int, Path]) -> None:
+    """Two versions of a name served, then one: the name's per-device gauges read the one left,
+    and nothing holds the retired version."""
+    add_version(tmp_path, "scale", 1, exported[1])
+    add_version(tmp_path, "scale", 2, exported[2])
+    write_config(tmp_path, "scale", "versions = [1, 2]\n")
+    async with serving(tmp_path, model_control_mode="explicit", load_model=["scale"]) as service:
+        repo = service.repository
+        old = weakref.ref(repo.get("scale", "1"))
+        await repo.load("scale", {"versions": [2]})
+        assert repo.index() == [{"name": "scale", "version": "2", "state": "READY", "reason": ""}]
+        gc.collect()
+        assert old() is None
+        assert sample(service.metrics.registry, "batchserve_effective_batch_limit",
+                      model="scale") > 0
+        assert states(service, "scale")["UNAVAILABLE"] == 1  # version 1's
+
+
 async def test_a_failed_load_reads_unavailable_and_a_failed_reload_ready(tmp_path: Path) -> None:
     """A version whose load failed reads UNAVAILABLE; one whose reload failed reads READY, the
     version before serving on."""
