@@ -221,6 +221,8 @@ class ModelRepository:
         model = ServedModel(name, version, settings, handler, devices,
                             self.runtime.metrics.for_model(name, version),
                             source.versions.get(version, ""), self.runtime.state)
+        # A reload's version serves on till the new object is ready: its state metric stays.
+        model.set_state(ModelState.LOADING, publish=version not in self.served.get(name, {}))
         self.runtime.open(model)
         return model
 
@@ -230,16 +232,13 @@ class ModelRepository:
         return current is not None and current is not model
 
     def _discard(self, model: ServedModel) -> None:
-        """``model`` is let go (unloaded, or its load failed): its version's state metric says
-        what serves that version now, a reload's object or nothing (UNAVAILABLE, as the index
-        says), and its gauges that read it go."""
+        """``model`` is let go (unloaded, or its load failed). Where nothing else serves its
+        version, the version's state metric reads UNAVAILABLE (as the index says) and its
+        gauges that read it go."""
         model.queue.shutdown()
-        current = self.served.get(model.name, {}).get(model.version)
-        if current is not None:  # another object serves the version (a reload, or a failed one)
-            current.set_state(current.state, current.reason)
-            return
-        model.metrics.state(ModelState.UNAVAILABLE.value, STATES)
-        self.runtime.metrics.forget_model(model.name, model.version)
+        if not self._replaced(model):
+            model.metrics.state(ModelState.UNAVAILABLE.value, STATES)
+            self.runtime.metrics.forget_model(model.name, model.version)
 
     def _failed(self, name: str, reason: str) -> NoReturn:
         """Record why ``name`` cannot be loaded and raise it as a 400."""

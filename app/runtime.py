@@ -135,7 +135,8 @@ class InferenceService:
         """A new thread for a dead one's device, serving the models the dead one served."""
         if self.state.draining or dead not in self.workers:
             return
-        held = [m for m in dead.release() if m in self.repository.models()]
+        loaded = self.repository.models()
+        held = [m for m in dead.release() if m in loaded]
         self.workers.remove(dead)
         self.metrics.device_restarts.labels(device=dead.label).inc()
         fresh = self._spawn(dead.device, dead.label)

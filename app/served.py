@@ -55,7 +55,7 @@ class ServedModel(ModelFacade):
         # The janus queue must hold what the most urgent level may fill.
         self.queue = ModelQueue(self.room(1), settings.priority_levels)
         self.policy = BatchPolicy(self.batch_limit, settings.max_wait_s)
-        self.state, self.reason = ModelState.LOADING, ""  # and in the metric, below
+        self.state, self.reason = ModelState.LOADING, ""  # its metric: ModelRepository sets it
         self.in_flight = 0
         self._peak = RecentPeak()  # of in_flight: the clients to expect (``concurrency``)
         self.costs: dict[str, CostModel] = {}  # per device (label); refined on the loop
@@ -70,7 +70,6 @@ class ServedModel(ModelFacade):
         self._settled: asyncio.Event | None = None  # set once nothing is in flight (``settled``)
         self.stranded = False  # no device thread serving it is alive
         self.tracing: Tracing | None = None
-        self.set_state(ModelState.LOADING)
 
     @cached_property
     def sent_handler(self) -> bytes | None:
