@@ -81,21 +81,20 @@ def measure_first(model: ServedModel, workers: list[DeviceWorker], loaders: dict
 
 
 def export_replica(metrics: Metrics, model: ServedModel, worker: DeviceWorker) -> None:
-    """The per-device gauges of ``model``'s name, its batch limit and cost curve, read this
-    replica (where several versions of a name are served: the one attached last)."""
-    metrics.batch_limit.labels(model=model.name, device=worker.label).set_function(
+    """``model``'s per-device gauges, its batch limit and cost curve, read this replica."""
+    metrics.batch_limit.labels(model.name, model.version, worker.label).set_function(
         lambda: worker.batch_limit(model))
     export_cost(metrics, model, worker.label, model.costs[worker.label])
 
 
 def unexport(metrics: Metrics, model: ServedModel, models: list[ServedModel],
              workers: list[DeviceWorker]) -> None:
-    """``model``'s name's per-device gauges stop reading it (unloaded, or its load failed):
-    they read a replica of another version of its name among ``models``, or go."""
+    """``model``'s version's per-device gauges stop reading it (unloaded, or its load failed):
+    they read the object among ``models`` that serves its version now (a reload's), or go."""
     for gauge in (metrics.batch_limit, metrics.cost):
-        gauge.remove_by_labels({"model": model.name})
+        gauge.remove_by_labels({"model": model.name, "version": model.version})
     for other in models:
-        if other.name == model.name and other is not model:
+        if (other.name, other.version) == (model.name, model.version) and other is not model:
             for worker in workers:
                 if worker.holds(other):
                     export_replica(metrics, other, worker)
@@ -104,7 +103,7 @@ def unexport(metrics: Metrics, model: ServedModel, models: list[ServedModel],
 def export_cost(metrics: Metrics, model: ServedModel, label: str, cost: CostModel) -> None:
     """``batchserve_cost_seconds``: the curve a device believes, point by point as it is now."""
     for index, (work, _) in enumerate(cost.curve()):
-        metrics.cost.labels(model.name, label, f"{work:g}").set_function(
+        metrics.cost.labels(model.name, model.version, label, f"{work:g}").set_function(
             functools.partial(_point, cost, index))
 
 

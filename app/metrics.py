@@ -139,7 +139,7 @@ class Metrics:
             ),
             batch_limit=Gauge(
                 "batchserve_effective_batch_limit", "Current batch limit (lowered after OOM)",
-                ["model", "device"], registry=r,
+                ["model", "version", "device"], registry=r,
             ),
             model_state=Gauge(
                 "batchserve_model_state", "1 for the state a model version is in",
@@ -148,7 +148,7 @@ class Metrics:
             cost=Gauge(
                 "batchserve_cost_seconds",
                 "What the scheduler believes a batch takes, by work (items, or padded tokens)",
-                ["model", "device", "work"], registry=r,
+                ["model", "version", "device", "work"], registry=r,
             ),
             frontends=Gauge(
                 "batchserve_frontends_connected",

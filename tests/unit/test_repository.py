@@ -578,22 +578,32 @@ async def test_a_model_unloaded_while_its_cost_is_measured_leaves_no_gauge(
         assert sample(service.metrics.registry, "batchserve_cost_seconds", model="wide") == 0
 
 
-async def test_a_version_retired_beside_another_leaves_the_gauges_to_it(
+async def test_each_served_version_has_its_gauges_and_a_retired_one_leaves_none(
         tmp_path: Path, exported: dict[int, Path]) -> None:
-    """Two versions of a name served, then one: the name's per-device gauges read the one left,
-    and nothing holds the retired version."""
+    """Two versions of a name served: each has its own per-device gauges (batch limit, cost
+    curve); once version 1 is retired, its series are gone, version 2's stay, and nothing holds
+    the retired version."""
     add_version(tmp_path, "scale", 1, exported[1])
     add_version(tmp_path, "scale", 2, exported[2])
     write_config(tmp_path, "scale", "versions = [1, 2]\n")
     async with serving(tmp_path, model_control_mode="explicit", load_model=["scale"]) as service:
         repo = service.repository
+
+        def versions(gauge: str) -> set[str]:
+            return {s.labels["version"] for f in service.metrics.registry.collect()
+                    for s in f.samples if s.name == gauge and s.labels["model"] == "scale"}
+
+        for gauge in ("batchserve_effective_batch_limit", "batchserve_cost_seconds"):
+            assert versions(gauge) == {"1", "2"}
         old = weakref.ref(repo.get("scale", "1"))
         await repo.load("scale", {"versions": [2]})
         assert repo.index() == [{"name": "scale", "version": "2", "state": "READY", "reason": ""}]
         gc.collect()
         assert old() is None
+        for gauge in ("batchserve_effective_batch_limit", "batchserve_cost_seconds"):
+            assert versions(gauge) == {"2"}
         assert sample(service.metrics.registry, "batchserve_effective_batch_limit",
-                      model="scale") > 0
+                      model="scale", version="2") == repo.get("scale", "2").batch_limit
         assert states(service, "scale")["UNAVAILABLE"] == 1  # version 1's
 
 
