@@ -64,7 +64,10 @@ class BatchServeApp(FastAPI):
     """FastAPI, whose raw routes are matched before its middleware stack (module docstring)."""
 
     def __init__(self, access_level: int = logging.INFO, **kwargs: Any) -> None:
-        """``access_level``: the level of the raw routes' access lines (``AccessLog``)."""
+        """``access_level``: the level of the raw routes' access lines (``AccessLog``). A path
+        with a trailing slash no route has is a 404, not a redirect to the path without it
+        (which would name the host and scheme as this server saw them, not as the client did)."""
+        kwargs.setdefault("redirect_slashes", False)
         super().__init__(**kwargs)
         self.raw_routes: list[RawRoute] = []
         self._fixed: dict[str, RawRoute] = {}  # raw routes without path parameters, by path

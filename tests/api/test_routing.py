@@ -108,3 +108,20 @@ async def test_a_path_no_route_matches_is_answered_in_its_protocols_form(
         r = await client.get(path)
     assert r.status_code == 404
     assert r.json() == {"error": error}
+
+
+@pytest.mark.parametrize(("method", "path", "error"), [
+    ("POST", "/predict/", {"type": "not_found", "message": "Not Found"}),
+    ("GET", "/health_check/", {"type": "not_found", "message": "Not Found"}),
+    ("POST", "/v2/models/linear/infer/", "Not Found"),
+    ("GET", "/v2/health/ready/", "Not Found"),
+])
+async def test_a_path_with_a_trailing_slash_is_a_404_not_a_redirect(
+        method: str, path: str, error: Any) -> None:
+    """A redirect would name this server's host and scheme as the client reached it (http
+    behind a TLS gateway) and most clients do not follow one for a POST: the route is not
+    there, so say so."""
+    async with app_client(make_settings()) as client:
+        r = await client.request(method, path, json={"instances": [[1, 2, 3, 4]]})
+    assert r.status_code == 404 and "location" not in r.headers
+    assert r.json() == {"error": error}
