@@ -87,33 +87,40 @@ def refreeze() -> int | None:
 @contextlib.contextmanager
 def refrozen(what: str, loop: asyncio.AbstractEventLoop | None = None) -> Iterator[None]:
     """Around a model's load or unload: ``refreeze`` once it is over, however it ends, logged
-    (debug) as ``what``. With ``loop`` (a load on a loader thread, the loop serving on), what
-    exists is also frozen every LOADING_FREEZE_S while it runs, so that the full collections
-    its allocations set off scan only what came since, not all the load has made so far (for
-    MiniLM: none came, against four of 19-124 ms); ``refreeze`` collects whatever of it is
-    garbage at the end, and what the requests in flight at a tick left as cyclic garbage since
-    (held until then). Both only once the process has frozen its start-up objects, which may
-    happen while a load runs (one asked for as the server says it is ready); nothing in tests
-    and tools, which never do."""
+    (debug) as ``what``; with ``loop`` (a load on a loader thread, the loop serving on),
+    ``freezing`` while it runs. Both only once the process has frozen its start-up objects,
+    which may happen while a load runs (one asked for as the server says it is ready); nothing
+    in tests and tools, which never do."""
+    try:
+        with freezing(loop) if loop is not None else contextlib.nullcontext():
+            yield
+    finally:
+        frozen = refreeze()
+        if frozen is not None:
+            log.debug("after %s: %d objects frozen", what, frozen)
+
+
+@contextlib.contextmanager
+def freezing(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+    """While a model's code or replica is built on another thread: what exists is frozen every
+    LOADING_FREEZE_S, so that the full collections its allocations set off scan only what came
+    since, not all the build has made so far (for MiniLM: none came, against four of 19-124
+    ms); ``refreeze`` collects whatever of it is garbage at the end, and what the requests in
+    flight at a tick left as cyclic garbage since (held until then)."""
     ticking: asyncio.TimerHandle | None = None
 
     def tick() -> None:
         nonlocal ticking
         if gc.get_freeze_count():
             gc.freeze()
-        assert loop is not None
         ticking = loop.call_later(LOADING_FREEZE_S, tick)
 
-    if loop is not None:
-        ticking = loop.call_later(LOADING_FREEZE_S, tick)
+    ticking = loop.call_later(LOADING_FREEZE_S, tick)
     try:
         yield
     finally:
-        if ticking is not None:
-            ticking.cancel()
-        frozen = refreeze()
-        if frozen is not None:
-            log.debug("after %s: %d objects frozen", what, frozen)
+        assert ticking is not None
+        ticking.cancel()
 
 
 class ShortSwitch:

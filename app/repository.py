@@ -18,7 +18,9 @@ from app.catalog import Catalog, ModelSource
 from app.devices import devices_among
 from app.errors import BatchServeError, InvalidInput, NotFound, Unavailable
 from app.metrics import Metrics
+from app.models.base import ModelHandler
 from app.models.registry import load_handler
+from app.process import freezing
 from app.served import ServedModel
 from app.state import STATES, ModelState, ServerState
 from app.versions import pick
@@ -95,10 +97,8 @@ class ModelRepository:
         versions = self.served.get(name)
         if not versions and self.loading.get(name):
             versions = {m.version: m for m in self.loading[name]}
-        if not versions and self._starts(name):
-            raise Unavailable("loading", f"model '{name}' is loading")
         return pick(name, version, versions, self.current.get(name), self.failed.get(name),
-                    self.names)
+                    self.names, loading=name in self.loading or self._starts(name))
 
     def _starts(self, name: str) -> bool:
         """``name`` is one the start-up loads have yet to reach (they run in a task: a request
@@ -137,7 +137,9 @@ class ModelRepository:
             for model in sorted(versions, key=lambda m: int(m.version)):
                 entries.append({"name": name, "version": model.version,
                                 "state": model.state.value, "reason": model.reason})
-            if not versions:
+            if not versions and name in self.loading:  # its code is being built
+                entries.append({"name": name, "version": "", "state": "LOADING", "reason": ""})
+            elif not versions:
                 reason = self.failed.get(name) or sources[name].reason or "unloaded"
                 entries.append({"name": name, "version": "", "state": "UNAVAILABLE",
                                 "reason": reason})
@@ -190,10 +192,11 @@ class ModelRepository:
         ready = {m.version for m in before if m.state is ModelState.READY}
         fresh = [v for v in wanted if reload or v not in ready]
         started: list[ServedModel] = []
-        self.loading[name] = started
+        self.loading[name] = started  # a request for it is told it loads, its code built first
         try:
-            for version in fresh:
-                started.append(self._start_version(source, name, version))
+            handlers = [await self._handler(source, name, version) for version in fresh]
+            for version, handler in zip(fresh, handlers, strict=True):
+                started.append(self._start_version(source, name, version, handler))
             await asyncio.gather(*(self.runtime.place(m) for m in started))
         except Exception as exc:  # noqa: BLE001 - whatever loading the model raised
             for model in started:
@@ -211,12 +214,22 @@ class ModelRepository:
         log.info("model %s: serving version %s", name, self.current[name])
         await asyncio.gather(*(self._retire(m) for m in superseded))
 
-    def _start_version(self, source: ModelSource, name: str, version: str) -> ServedModel:
+    @staticmethod
+    async def _handler(source: ModelSource, name: str, version: str) -> ModelHandler:
+        """``version``'s handler: the one the settings gave, or one built from its model
+        setting on a thread, as importing the model's code and calling its factory (reading
+        weights, loading a program) may take long: the event loop serves on meanwhile."""
+        if source.handler is not None:
+            return source.handler
+        with freezing(asyncio.get_running_loop()):
+            return await asyncio.to_thread(load_handler, source.versions[version], name)
+
+    def _start_version(self, source: ModelSource, name: str, version: str,
+                       handler: ModelHandler) -> ServedModel:
         """A ServedModel for one version, LOADING: requests that reach it are told so. What
         cannot be loaded raises (``_load`` records it)."""
         settings = source.settings
         assert settings is not None
-        handler = source.handler or load_handler(source.versions[version], name)
         devices = devices_among(settings.devices, self.runtime.devices)
         model = ServedModel(name, version, settings, handler, devices,
                             self.runtime.metrics.for_model(name, version),

@@ -42,6 +42,7 @@ class Snapshot:
     names: list[str] = field(default_factory=list)
     default: str | None = None  # the name /predict serves; None: see default_error
     default_error: str = ""
+    loading: list[str] = field(default_factory=list)  # names loading with no version to show
 
 
 def snapshot(service: InferenceService) -> Snapshot:
@@ -60,4 +61,6 @@ def snapshot(service: InferenceService) -> Snapshot:
         default, error = repo.default_name(), ""
     except ServeError as exc:
         default, error = None, exc.message
-    return Snapshot(served, dict(repo.current), dict(repo.failed), repo.names(), default, error)
+    loading = [name for name, models in repo.loading.items() if not models]
+    return Snapshot(served, dict(repo.current), dict(repo.failed), repo.names(), default, error,
+                    loading)

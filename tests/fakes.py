@@ -312,6 +312,40 @@ def gated_wide() -> torch.nn.Module:
     return GatedWide()
 
 
+class SlowBuild:
+    """A model factory that waits for ``gate`` (up to ``WAIT_S``; ``timed_out`` set if it never
+    opened) before it returns its module: a model whose code takes long to build (weights
+    read in its factory, a large program). ``entered`` is set once it waits."""
+
+    WAIT_S = 10.0
+    gate = threading.Event()
+    entered = threading.Event()
+    timed_out = threading.Event()
+
+    @classmethod
+    def reset(cls) -> None:
+        for event in (cls.gate, cls.entered, cls.timed_out):
+            event.clear()
+
+
+def slow_build() -> torch.nn.Module:
+    SlowBuild.entered.set()
+    if not SlowBuild.gate.wait(SlowBuild.WAIT_S):
+        SlowBuild.timed_out.set()
+    return Scale(2.0)
+
+
+def gate_file_build() -> torch.nn.Module:
+    """For subprocess servers: a factory that returns Scale(2) once the file named by
+    $GATE_FILE exists (a minute at most): a model whose code takes long to build."""
+    gate = Path(os.environ["GATE_FILE"])
+    for _ in range(60_000):
+        if gate.exists():
+            break
+        time.sleep(0.001)
+    return Scale(2.0)
+
+
 def raising_factory() -> torch.nn.Module:
     raise RuntimeError("no weights here")
 

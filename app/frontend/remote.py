@@ -94,7 +94,7 @@ class RemoteRepository:
                 raise NotFound(snap.default_error)
             name = snap.default
         entry = pick(name, version, snap.served.get(name), snap.current.get(name),
-                     snap.failed.get(name), lambda: snap.names)
+                     snap.failed.get(name), lambda: snap.names, name in snap.loading)
         model = self._models.get((entry.name, entry.version))
         if model is None:
             raise Unavailable("unavailable", f"model '{name}' cannot be served by this front "

@@ -281,6 +281,34 @@ def test_load_and_unload_through_any_front_end_act_on_the_one_repository(
 
 
 @pytest.mark.parametrize("frontends", [1, 2])
+def test_a_model_whose_code_builds_slowly_leaves_the_server_serving(tmp_path: Path,
+                                                                     frontends: int) -> None:
+    """While a loaded model's factory runs (off the device process's event loop), every front
+    end answers health, serves the other model and says the new one is loading."""
+    gate = tmp_path / "gate"
+    for name, model in (("lin", "linear"), ("slow", "tests.fakes:gate_file_build")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.toml").write_text(f'model = "{model}"\n')
+    with (split_server if frontends > 1 else serve)(
+            "--model-repository", str(tmp_path), "--devices", "cpu", "--model-control-mode",
+            "explicit", "--load-model", "lin", "--frontends", str(frontends),
+            env={"GATE_FILE": str(gate)}) as (_, url), ThreadPoolExecutor(1) as pool:
+        wait_ready(url)
+        load = pool.submit(httpx.post, url + "/v2/repository/models/slow/load", timeout=120)
+        wait_until_sync(lambda: post(url, [[1, 2]], "/models/slow/predict").status_code == 503,
+                        "the load begun")
+        for _ in range(6):
+            r = post(url, [[1, 2]], "/models/slow/predict")
+            assert r.status_code == 503 and r.json()["error"]["type"] == "loading"
+            assert fresh_get(url, "/health_check").json()["status"] == "ready"
+            assert post(url, [[1, 2, 3, 4]], "/models/lin/predict").status_code == 200
+        assert not gate.exists() and not load.done()  # all that while the factory waited
+        gate.touch()
+        assert load.result().status_code == 200
+        assert post(url, [[1, 2]], "/models/slow/predict").json()["predictions"] == [[2.0, 4.0]]
+
+
+@pytest.mark.parametrize("frontends", [1, 2])
 def test_each_process_refreezes_its_heap_after_a_load_and_an_unload(tmp_path: Path,
                                                                    frontends: int) -> None:
     """A model loaded once the server is up leaves its objects out of the collector's reach,

@@ -21,7 +21,7 @@ from app.runtime import InferenceService, build_service
 from app.served import ServedModel
 from app.worker import WorkerState
 from tests.conftest import WAIT_S, make_settings, sample, wait_until
-from tests.fakes import GatedLoadHandler, GatedWide, export_scale
+from tests.fakes import GatedLoadHandler, GatedWide, SlowBuild, export_scale
 
 pytestmark = pytest.mark.asyncio
 
@@ -281,6 +281,31 @@ async def test_a_load_that_fails_on_one_device_holds_no_replica_on_another(
         assert sorted(held) == ["gated", "gated"]
         gated.handler.gate.set()
         assert [float(x) for x in await answer] == [2.0]
+
+
+async def test_a_model_whose_code_builds_slowly_leaves_the_server_serving(
+        tmp_path: Path) -> None:
+    """A model's code is built (imported, its factory called: weights read, a program loaded)
+    off the event loop: while it builds, the other models answer, health answers, and a
+    request for it is told it is loading (so is the index); the load answers once it serves."""
+    write_config(tmp_path, "lin", 'model = "linear"\n')
+    write_config(tmp_path, "slow", 'model = "tests.fakes:slow_build"\n')
+    SlowBuild.reset()
+    async with serving(tmp_path, model_control_mode="explicit", load_model=["lin"]) as service:
+        try:
+            load = asyncio.create_task(service.repository.load("slow"))
+            await wait_until(SlowBuild.entered.is_set, "the factory called")
+            assert len(await call(service, "lin", [[1.0, 2.0, 3.0, 4.0]])) == 1
+            assert service.status == "ready"
+            with pytest.raises(Unavailable, match="'slow' is loading"):
+                service.repository.get("slow")
+            assert {"name": "slow", "version": "", "state": "LOADING",
+                    "reason": ""} in service.repository.index()
+            assert not SlowBuild.timed_out.is_set()  # all the above while the factory waited
+        finally:
+            SlowBuild.gate.set()
+        await load
+        assert await call(service, "slow", [[1.0, 2.0]]) == [[2.0, 4.0]]
 
 
 async def test_a_load_whose_device_thread_died_meanwhile_is_served_by_its_successor(
