@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Coroutine
 from typing import Any, NoReturn, Protocol
 
 import torch
@@ -23,9 +24,12 @@ from app.models.registry import load_handler
 from app.process import freezing
 from app.served import ServedModel
 from app.state import STATES, ModelState, ServerState
+from app.tasks import DaemonThread
 from app.versions import pick
 
 log = logging.getLogger("batchserve.models")
+
+DRAIN_POLL_S = 0.1  # how often a load checks whether the server has begun to drain
 
 
 
@@ -162,8 +166,28 @@ class ModelRepository:
         source = self.catalog.read(name, config)
         if source.missing:  # nothing of that name: neither a lock nor a failure kept for it
             raise InvalidInput(f"failed to load '{name}': {source.reason}")
+        await self._until_drain(self._locked_load(source, name, config is not None),
+                                f"the load of '{name}'")
+
+    async def _locked_load(self, source: ModelSource, name: str, reload: bool) -> None:
         async with self._lock(name):
-            await self._load(source, name, reload=config is not None)
+            await self._load(source, name, reload)
+
+    async def _until_drain(self, work: Coroutine[Any, Any, None], what: str) -> None:
+        """Run ``work`` unless the server drains first (from the start, or while it waits): it
+        is abandoned then and Unavailable (503 draining) raised at once, as the process is
+        about to exit, rather than after the drain's limit or never (a load may take minutes,
+        or hang)."""
+        task = asyncio.ensure_future(work)
+        try:
+            while not task.done():
+                if self.runtime.state.draining:
+                    raise Unavailable("draining", f"the server is shutting down: {what} was "
+                                                  "abandoned")
+                await asyncio.wait({task}, timeout=DRAIN_POLL_S)
+        finally:
+            task.cancel()
+        task.result()
 
     async def unload(self, name: str) -> None:
         """Unload every version of ``name``: new requests are refused at once, the admitted ones
@@ -221,8 +245,12 @@ class ModelRepository:
         weights, loading a program) may take long: the event loop serves on meanwhile."""
         if source.handler is not None:
             return source.handler
-        with freezing(asyncio.get_running_loop()):
-            return await asyncio.to_thread(load_handler, source.versions[version], name)
+        thread = DaemonThread(f"build-{name}")  # one that never returns keeps no exit waiting
+        try:
+            with freezing(asyncio.get_running_loop()):
+                return await thread.run(load_handler, source.versions[version], name)
+        finally:
+            thread.close()
 
     def _start_version(self, source: ModelSource, name: str, version: str,
                        handler: ModelHandler) -> ServedModel:

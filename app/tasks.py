@@ -1,14 +1,21 @@
 """Background tasks started and left to run, each kept referenced until it is done (the event
-loop keeps only a weak reference to a task, which could otherwise be collected mid-run); and a
-future's resolver for a callback from another thread."""
+loop keeps only a weak reference to a task, which could otherwise be collected mid-run); a
+thread for calls that may never return; and a future's resolver for a callback from another
+thread."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import functools
 import logging
+import queue
+import threading
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class Background:
@@ -39,6 +46,56 @@ class Background:
     async def wait(self) -> None:
         """Until the tasks running now have ended; the first error of one is raised."""
         await asyncio.gather(*self._running)
+
+
+class DaemonThread:
+    """Runs calls one at a time, in order, on one thread of its own that the process does not
+    wait for at exit: a model's code that never returns (its weights on a file system that
+    hangs) cannot keep a stopped server from exiting, as a ThreadPoolExecutor's thread would
+    (the interpreter joins those at exit, and ``asyncio.run`` its default executor's)."""
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], asyncio.AbstractEventLoop,
+                                             asyncio.Future[Any]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the thread (in the caller's context: its log lines keep the request
+        id); cancelling the wait leaves the call to run on, its outcome dropped."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        call = functools.partial(contextvars.copy_context().run, fn, *args)
+        self._calls.put((call, loop, future))
+        return await future
+
+    def close(self) -> None:
+        """The thread ends once the call it runs returns; calls queued after it never run."""
+        self._calls.put(None)
+
+    def _serve(self) -> None:
+        while (item := self._calls.get()) is not None:
+            _run(*item)
+            del item  # nothing of a call is held while the thread waits for the next
+
+
+def _run(call: Callable[[], Any], loop: asyncio.AbstractEventLoop,
+         future: asyncio.Future[Any]) -> None:
+    try:
+        outcome = functools.partial(_settle, future, call(), None)
+    except BaseException as exc:  # noqa: BLE001 - the caller's to see
+        outcome = functools.partial(_settle, future, None, exc)
+    with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+        loop.call_soon_threadsafe(outcome)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if future.done():  # the wait was cancelled
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
 
 
 def resolver(future: asyncio.Future[None]) -> Callable[[], None]:

@@ -8,11 +8,9 @@ docs/scheduler.md, section 1).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,6 +22,7 @@ from app.models.base import ModelHandler, Replica
 from app.models.signature import TensorSpec, describe_outputs
 from app.scheduler.cost import CostModel, grid
 from app.scheduler.waiting import group_by
+from app.tasks import DaemonThread
 from app.text_graphs import TextGraphedReplica, capture_text, record_text_cuda
 from app.transfer import DeviceExecutor
 
@@ -51,16 +50,15 @@ class Loader:
     same streams every time. cuBLAS keeps a workspace for each (thread, stream) it has run on
     until the process ends (tens of MB each on recent GPUs): a fresh thread or stream per load
     would leave that much behind each time, so an unloaded model's memory would never all come
-    back."""
+    back. A daemon thread: a load that never returns does not keep the process from exiting."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"load-{device}")
+        self._thread = DaemonThread(f"load-{device}")
         self._executor: DeviceExecutor | None = None
 
     async def warm(self, handler: ModelHandler, limit: int, graphs: Graphs = False) -> Warm:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._warm, handler, limit, graphs)
+        return await self._thread.run(self._warm, handler, limit, graphs)
 
     def _warm(self, handler: ModelHandler, limit: int, graphs: Graphs) -> Warm:
         if self._executor is None:
@@ -71,9 +69,7 @@ class Loader:
                       limit: int) -> tuple[CostModel, int]:
         """The cost grid of a replica already serving, from real items (a model without
         warm-up examples, after its first request)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._measure, handler, replica, items,
-                                          limit)
+        return await self._thread.run(self._measure, handler, replica, items, limit)
 
     def _measure(self, handler: ModelHandler, replica: Replica, items: list[Any],
                  limit: int) -> tuple[CostModel, int]:
@@ -83,7 +79,7 @@ class Loader:
             return measure(handler, replica, self._executor, items, limit, padded=False)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._thread.close()
 
 
 def warm_replica(handler: ModelHandler, device: torch.device, limit: int,

@@ -335,15 +335,29 @@ def slow_build() -> torch.nn.Module:
     return Scale(2.0)
 
 
-def gate_file_build() -> torch.nn.Module:
-    """For subprocess servers: a factory that returns Scale(2) once the file named by
-    $GATE_FILE exists (a minute at most): a model whose code takes long to build."""
+def wait_for_gate_file() -> None:
+    """Until the file named by $GATE_FILE exists (ten minutes at most: longer than any test
+    waits, so a test whose gate never opens sees a call that does not return)."""
     gate = Path(os.environ["GATE_FILE"])
-    for _ in range(60_000):
-        if gate.exists():
-            break
-        time.sleep(0.001)
+    deadline = time.monotonic() + 600
+    while not gate.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def gate_file_build() -> torch.nn.Module:
+    """For subprocess servers: a factory that returns Scale(2) once the gate file exists: a
+    model whose code takes long to build."""
+    wait_for_gate_file()
     return Scale(2.0)
+
+
+class GateFileLoad(EchoHandler):
+    """For subprocess servers: its replica loads once the gate file exists (weights on a file
+    system that hangs)."""
+
+    def load(self, device: torch.device) -> Replica:
+        wait_for_gate_file()
+        return super().load(device)
 
 
 def raising_factory() -> torch.nn.Module:

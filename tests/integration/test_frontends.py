@@ -368,6 +368,37 @@ def test_sigterm_answers_everything_accepted_then_exits_0(tmp_path: Path) -> Non
     assert not any(Path(f"/proc/{pid}").exists() for pid in fronts)
 
 
+@pytest.mark.parametrize("frontends", [1, 2])
+@pytest.mark.parametrize("model", ["tests.fakes:gate_file_build", "tests.fakes:GateFileLoad"])
+def test_sigterm_during_a_load_that_never_ends_answers_it_and_exits_0(
+        tmp_path: Path, model: str, frontends: int) -> None:
+    """A load whose model code (its factory, or its replica's load) never returns: SIGTERM
+    answers the load 503 draining at once and the server exits 0 (it waited on the load's
+    thread for good)."""
+    gate = tmp_path / "gate"  # never opened
+    for name, spec in (("lin", "linear"), ("slow", model)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.toml").write_text(f'model = "{spec}"\n')
+    with (split_server if frontends > 1 else serve)(
+            "--model-repository", str(tmp_path), "--devices", "cpu", "--model-control-mode",
+            "explicit", "--load-model", "lin", "--frontends", str(frontends),
+            env={"GATE_FILE": str(gate)}) as (proc, url), ThreadPoolExecutor(1) as pool:
+        wait_ready(url)
+        load = pool.submit(httpx.post, url + "/v2/repository/models/slow/load", timeout=WAIT_S)
+
+        def loading() -> bool:
+            index = httpx.post(url + "/v2/repository/index", timeout=10).json()
+            return {"name": "slow", "state": "LOADING"}.items() <= index[-1].items()
+
+        wait_until_sync(loading, "the load begun")
+        proc.send_signal(signal.SIGTERM)
+        answer = load.result()
+        assert answer.status_code == 503
+        assert answer.json() == {"error": "the server is shutting down: the load of 'slow' "
+                                          "was abandoned"}
+        assert proc.wait(WAIT_S) == 0
+
+
 def test_new_connections_while_draining_are_answered_not_held(tmp_path: Path) -> None:
     """Draining, a front end with nothing in flight exits at once, the other answers new
     requests 503 till its own are done. The device process kept the first one's listening

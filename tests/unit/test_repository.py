@@ -308,6 +308,31 @@ async def test_a_model_whose_code_builds_slowly_leaves_the_server_serving(
         assert await call(service, "slow", [[1.0, 2.0]]) == [[2.0, 4.0]]
 
 
+async def test_a_load_under_way_when_the_server_drains_is_abandoned_at_once(
+        tmp_path: Path) -> None:
+    """The drain begins while a model's code builds: its load is answered 503 draining without
+    waiting for the build (which may never end), and a load asked during the drain is refused
+    the same way."""
+    write_config(tmp_path, "lin", 'model = "linear"\n')
+    write_config(tmp_path, "slow", 'model = "tests.fakes:slow_build"\n')
+    SlowBuild.reset()
+    async with serving(tmp_path, model_control_mode="explicit") as service:
+        try:
+            load = asyncio.create_task(service.repository.load("slow"))
+            await wait_until(SlowBuild.entered.is_set, "the factory called")
+            service.begin_drain()
+            with pytest.raises(Unavailable, match="shutting down: the load of 'slow' was"):
+                await load
+            with pytest.raises(Unavailable, match="the load of 'lin' was abandoned"):
+                await service.repository.load("lin")
+            assert not SlowBuild.timed_out.is_set()  # all while the factory waited
+            assert service.repository.index() == [
+                {"name": "lin", "version": "", "state": "UNAVAILABLE", "reason": "unloaded"},
+                {"name": "slow", "version": "", "state": "UNAVAILABLE", "reason": "unloaded"}]
+        finally:
+            SlowBuild.gate.set()
+
+
 async def test_a_load_whose_device_thread_died_meanwhile_is_served_by_its_successor(
         tmp_path: Path) -> None:
     """The device thread dies while a model loads: the model attaches to the thread that

@@ -1,13 +1,19 @@
-"""app/tasks.py: background tasks kept until done."""
+"""app/tasks.py: background tasks kept until done, a thread for calls that may never return."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import subprocess
+import sys
+import threading
+import weakref
 
 import pytest
 
-from app.tasks import Background, resolver
+from app.tasks import Background, DaemonThread, resolver
+from tests.conftest import ROOT, WAIT_S
 
 LOG = logging.getLogger("batchserve.test")
 
@@ -60,3 +66,68 @@ async def test_a_resolver_resolves_its_future_once_unless_it_was_cancelled() -> 
     cancelled.cancel()
     resolver(cancelled)()  # no InvalidStateError
     assert cancelled.cancelled()
+
+
+@pytest.mark.asyncio
+async def test_a_daemon_thread_runs_calls_in_order_and_gives_back_results_and_errors() -> None:
+    thread = DaemonThread("calls")
+    seen: list[tuple[int, str, bool]] = []
+
+    def record(n: int) -> int:
+        current = threading.current_thread()
+        seen.append((n, current.name, current.daemon))
+        return n * 2
+
+    try:
+        assert await asyncio.gather(*(thread.run(record, n) for n in range(3))) == [0, 2, 4]
+        assert seen == [(0, "calls", True), (1, "calls", True), (2, "calls", True)]
+        with pytest.raises(ZeroDivisionError):
+            await thread.run(lambda: 1 / 0)
+        gate = threading.Event()
+        waiting = asyncio.ensure_future(thread.run(gate.wait))
+        await asyncio.sleep(0.01)
+        waiting.cancel()  # the wait is let go; the call runs on, its outcome dropped
+        gate.set()
+        assert await thread.run(record, 5) == 10
+    finally:
+        thread.close()
+
+
+def test_a_call_that_never_returns_keeps_no_process_from_exiting() -> None:
+    """A process whose daemon thread is stuck in a call exits once its event loop is done (a
+    ThreadPoolExecutor's stuck thread is joined at exit: the process never ends)."""
+    script = ("import asyncio, threading\n"
+              "from app.tasks import DaemonThread\n"
+              "async def main():\n"
+              "    thread = DaemonThread('stuck')\n"
+              "    task = asyncio.ensure_future(thread.run(threading.Event().wait))\n"
+              "    await asyncio.sleep(0.1)\n"
+              "    task.cancel()\n"
+              "asyncio.run(main())\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, timeout=WAIT_S,
+                          check=False)
+    assert done.returncode == 0
+
+
+@pytest.mark.asyncio
+async def test_a_daemon_thread_holds_nothing_of_a_call_once_it_is_answered() -> None:
+    """Neither a call's arguments nor its error (whose traceback holds them) are kept while
+    the thread waits for the next call: an unloaded model's objects are let go."""
+    class Weights:
+        pass
+
+    def fail(weights: Weights) -> None:
+        raise RuntimeError("device memory is gone")
+
+    thread = DaemonThread("calls")
+    try:
+        weights = Weights()
+        held = weakref.ref(weights)
+        with pytest.raises(RuntimeError):
+            await thread.run(fail, weights)
+        del weights
+        await asyncio.sleep(0)  # the loop's handle that woke this task holds the error till then
+        gc.collect()
+        assert held() is None
+    finally:
+        thread.close()
