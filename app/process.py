@@ -105,8 +105,8 @@ def freezing(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
     """While a model's code or replica is built on another thread: what exists is frozen every
     LOADING_FREEZE_S, so that the full collections its allocations set off scan only what came
     since, not all the build has made so far (for MiniLM: none came, against four of 19-124
-    ms); ``refreeze`` collects whatever of it is garbage at the end, and what the requests in
-    flight at a tick left as cyclic garbage since (held until then)."""
+    ms); the ``refreeze`` that ends the load (``refrozen``) collects whatever of it is garbage,
+    and what the requests in flight at a tick left as cyclic garbage since (held until then)."""
     ticking: asyncio.TimerHandle | None = None
 
     def tick() -> None:

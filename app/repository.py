@@ -32,8 +32,6 @@ log = logging.getLogger("batchserve.models")
 DRAIN_POLL_S = 0.1  # how often a load checks whether the server has begun to drain
 
 
-
-
 class Runtime(Protocol):
     """What the repository needs from the service that runs the models."""
 
