@@ -35,7 +35,7 @@ from app.logs import request_id
 from app.version import __version__
 
 # Hop-by-hop headers and those the proxy's own answer sets. The client's Host goes on: the
-# device process's app builds URLs from it (a redirect's Location), as one process would.
+# device process's app sees the request as one process would.
 _DROPPED = {b"connection", b"content-length", b"transfer-encoding", b"keep-alive",
             REQUEST_ID_HEADER}
 # A front end's own server sends its date and name, and the length of what it sends.

@@ -82,8 +82,8 @@ def test_admission_is_global_and_every_front_end_gives_one_answer(tmp_path: Path
 
 def test_answers_from_the_device_process_carry_one_date_and_head_keeps_the_connection() -> None:
     """What a front end passes on from the device process (health, metadata) has the front
-    end's Date and Server only and the client's Host in its URLs, and a HEAD check answers a
-    GET's length with no body, so the next request on the connection is read as one."""
+    end's Date and Server only, and a HEAD check answers a GET's length with no body, so the
+    next request on the connection is read as one."""
     with split_server("--model", "linear", "--devices", "cpu", "--frontends", "2") as (_, url):
         host, port = url.removeprefix("http://").rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=10) as sock:
@@ -92,9 +92,6 @@ def test_answers_from_the_device_process_carry_one_date_and_head_keeps_the_conne
             data = b""
             while chunk := sock.recv(65536):
                 data += chunk
-        # A URL the device process's app builds (a redirect's) names the host the client used.
-        moved = httpx.get(url + "/health_check/", headers={"host": "example.com:8080"})
-        assert moved.headers["location"] == "http://example.com:8080/health_check"
     head, rest = data.split(b"\r\n\r\n", 1)
     get, body = rest.split(b"\r\n\r\n", 1)
     for answer in (head, get):
@@ -134,7 +131,7 @@ SAME_ANSWERS = [  # (method, path, headers, body): what two front ends must answ
 
 def test_every_answer_is_the_one_a_single_process_gives() -> None:
     """Status, headers and body, through two front ends and from one process alike (their own
-    Date, request id and, in a redirect, port aside): what a front end answers itself and what
+    Date and request id aside): what a front end answers itself and what
     it passes on from the device process. Neither front end has torch loaded."""
     linear = ("--model", "linear", "--devices", "cpu")
     answers: list[list[tuple[int, list[tuple[str, str]], bytes]]] = []
@@ -144,7 +141,7 @@ def test_every_answer_is_the_one_a_single_process_gives() -> None:
             wait_ready(url)
             with httpx.Client(base_url=url, timeout=10) as client:
                 answers.append([_answer(client.request(method, path, headers=headers,
-                                                       content=body), url)
+                                                       content=body))
                                 for method, path, headers, body in SAME_ANSWERS])
             assert torch_loaded(proc.pid)
             assert not any(torch_loaded(pid) for pid in children(proc.pid))
@@ -184,8 +181,8 @@ def torch_loaded(pid: int) -> bool:
     return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
 
 
-def _answer(response: httpx.Response, url: str) -> tuple[int, list[tuple[str, str]], bytes]:
-    headers = sorted((k.lower(), v.replace(url, "URL")) for k, v in response.headers.multi_items()
+def _answer(response: httpx.Response) -> tuple[int, list[tuple[str, str]], bytes]:
+    headers = sorted((k.lower(), v) for k, v in response.headers.multi_items()
                      if k.lower() not in ("date", "x-request-id"))
     return response.status_code, headers, response.content
 
