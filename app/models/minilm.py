@@ -19,11 +19,17 @@ from app.models.base import ModelHandler, Replica, Tensors
 
 if TYPE_CHECKING:
     import torch
+    from tokenizers import Encoding
 
 MAX_SEQ_LENGTH = 256  # the model's sentence_bert_config.json
 # The longest text tokenized on the event loop (app/facade.py), in about 100 us (0.8 us a
 # character here); longer ones go to the pool.
 INLINE_TEXT_CHARS = 128
+# A longer text is tokenized from its first HEAD_CHARS characters, then four times as many, ...
+# until they give the tokens the model reads (``_first_tokens``); a text whose first
+# MAX_HEAD_CHARS characters do not (white space, control characters) is refused.
+HEAD_CHARS = 4096
+MAX_HEAD_CHARS = 1 << 20
 
 
 def model_dir() -> Path:
@@ -75,9 +81,31 @@ class MiniLMHandler(ModelHandler):
                 got = "null" if text is None else type(text).__name__
                 raise InvalidInput(f"instances[{i}]: expected a string, got {got}")
         tokenizer = self._tokenizer
-        encodings = ([tokenizer.encode(instances[0])] if self.decodes_inline(instances)
-                     else tokenizer.encode_batch(instances))
+        heads = [text[:HEAD_CHARS] for text in instances]
+        encodings = ([tokenizer.encode(heads[0])] if self.decodes_inline(instances)
+                     else tokenizer.encode_batch(heads))
+        for i, text in enumerate(instances):
+            if len(text) > HEAD_CHARS and not _first_tokens(encodings[i]):
+                encodings[i] = self._encode_long(text, i)
         return [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+
+    def _encode_long(self, text: str, index: int) -> Encoding:
+        """A text whose first HEAD_CHARS characters are not enough: four times as many, and
+        so on (the whole text, once that is shorter). Tokenizing all of a long text costs its
+        whole length (16 MB of words: 19 s of a decode thread here, a hostile client's way to
+        hold the decode pool) for nothing past the tokens the model reads."""
+        size = HEAD_CHARS * 4
+        while size < len(text):
+            encoding = self._tokenizer.encode(text[:size])
+            if _first_tokens(encoding):
+                return encoding
+            if size >= MAX_HEAD_CHARS:
+                raise InvalidInput(
+                    f"instances[{index}]: a text of {len(text)} characters whose first "
+                    f"{MAX_HEAD_CHARS} make fewer than the {MAX_SEQ_LENGTH} tokens the model "
+                    f"reads (white space, control characters): send at most {MAX_HEAD_CHARS}")
+            size *= 4
+        return self._tokenizer.encode(text)
 
     def length(self, item: Any) -> int | None:
         return len(item)  # tokens: a batch is padded to its longest item
@@ -98,3 +126,16 @@ class MiniLMHandler(ModelHandler):
         input_ids[real] = np.concatenate(items)
         return {"input_ids": torch.from_numpy(input_ids),
                 "attention_mask": torch.from_numpy(real.astype(np.int64))}
+
+
+def _first_tokens(head: Encoding) -> bool:
+    """``head``, a text's first part tokenized (truncated to what the model reads, the rest in
+    ``overflowing``), holds the same tokens as the whole text would: each kept one comes from a
+    word before the part's last. Words end where the text's own characters say (white space,
+    punctuation, a CJK character), so every word but the last, which the cut may have split, is
+    the whole text's too, tokenized alike."""
+    if not head.overflowing:  # fewer tokens than the model reads: the rest of the text may add
+        return False
+    kept = head.word_ids[-2]  # the last kept token's word (the last id is [SEP])
+    last = max(w for w in head.overflowing[-1].word_ids if w is not None)
+    return kept is not None and kept < last

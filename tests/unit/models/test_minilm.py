@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -87,6 +89,75 @@ def test_only_one_short_sentence_is_tokenized_on_the_event_loop() -> None:
     assert not handler.decodes_inline([long])
     assert not handler.decodes_inline(["Hello.", "World."])
     assert not handler.decodes_inline([3])  # decode names the fault, in the pool
+
+
+class RecordingTokenizer:
+    """A tokenizer that records the longest text it was given."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.longest = 0
+
+    def encode(self, text: str) -> Any:
+        self.longest = max(self.longest, len(text))
+        return self.tokenizer.encode(text)
+
+    def encode_batch(self, texts: list[str]) -> Any:
+        self.longest = max([self.longest, *map(len, texts)])
+        return self.tokenizer.encode_batch(texts)
+
+
+def test_a_long_text_is_tokenized_from_its_first_part_alone() -> None:
+    """The model reads a text's first 256 tokens: a megabyte of words is tokenized from its
+    first HEAD_CHARS characters, with the ids all of it gives; CJK text and punctuation too."""
+    from app.models.minilm import HEAD_CHARS, MiniLMHandler
+
+    handler = MiniLMHandler()
+    whole = handler._tokenizer
+    texts = ["Dynamic batching, at scale. " * 40_000, "中文的句子" * 1_000, "!?" * 3_000]
+    handler._tokenizer = recording = RecordingTokenizer(whole)  # type: ignore[assignment]
+    items = handler.decode(texts)
+    assert recording.longest == HEAD_CHARS
+    assert [i.tolist() for i in items] == [whole.encode(t).ids for t in texts]
+    assert all(len(i) == 256 for i in items)
+
+
+def test_a_text_cut_anywhere_gives_the_ids_of_all_of_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a head of 8 characters (so cuts fall in words, in runs of white space, between a
+    letter and its accent, in CJK text, among control characters), every random text decodes
+    to the ids of tokenizing it whole, many of them from a first part."""
+    import app.models.minilm as minilm
+
+    monkeypatch.setattr(minilm, "HEAD_CHARS", 8)
+    cut: list[bool] = []
+    first_tokens = minilm._first_tokens
+    monkeypatch.setattr(minilm, "_first_tokens", lambda e: cut.append(first_tokens(e)) or cut[-1])
+    handler = minilm.MiniLMHandler()
+    pieces = ["word", "Hello", ",", ".", " ", "  ", "\t", "\r\n", "中", "文字", "é", "e\u0301",
+              "\u0301", "\x01", "\u200b", "\u00a0", "a" * 120, "x" * 99, "ÜBER", "don't", "🚀",
+              "\ufffd", "\x00", "İ", "ﬁ", "٣", "ß"]
+    rng = random.Random(7)
+    for _ in range(300):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 600)))
+        assert handler.decode([text])[0].tolist() == handler._tokenizer.encode(text).ids, text
+    assert sum(cut) >= 10  # texts whose ids came from a first part
+
+
+def test_a_long_text_that_makes_no_tokens_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A text whose first MAX_HEAD_CHARS characters do not make the tokens the model reads
+    (white space, one endless word) is refused, not tokenized whole; one no longer is."""
+    import app.models.minilm as minilm
+
+    monkeypatch.setattr(minilm, "HEAD_CHARS", 16)
+    monkeypatch.setattr(minilm, "MAX_HEAD_CHARS", 64)
+    handler = minilm.MiniLMHandler()
+    for filler in (" ", "a", "\u200b"):
+        with pytest.raises(InvalidInput, match=r"instances\[1\]: a text of 65 characters whose "
+                                               r"first 64 make fewer than the 256 tokens"):
+            handler.decode(["ok", filler * 65])
+        shorter = filler * 64
+        assert handler.decode(["ok", shorter])[1].tolist() == handler._tokenizer.encode(
+            shorter).ids
 
 
 def test_a_batch_is_padded_to_its_longest_item_and_masked() -> None:
