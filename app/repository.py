@@ -82,8 +82,11 @@ class ModelRepository:
             self.starting = False
 
     async def _load_quietly(self, source: ModelSource | None, name: str) -> None:
+        """A start-up load, under its name's lock as any load (an unload or another load of
+        the name asked meanwhile waits for it)."""
         with contextlib.suppress(BatchServeError):  # recorded in self.failed; the others load on
-            await self._load(source if source is not None else self.catalog.read(name), name)
+            await self._locked_load(source if source is not None else self.catalog.read(name),
+                                    name, reload=False)
 
     # ---- lookups ---------------------------------------------------------------------------------
 
@@ -172,10 +175,10 @@ class ModelRepository:
             await self._load(source, name, reload)
 
     async def _until_drain(self, work: Coroutine[Any, Any, None], what: str) -> None:
-        """Run ``work`` unless the server drains first (from the start, or while it waits): it
-        is abandoned then and Unavailable (503 draining) raised at once, as the process is
-        about to exit, rather than after the drain's limit or never (a load may take minutes,
-        or hang)."""
+        """Run ``work`` (a load or an unload) unless the server drains first (from the start,
+        or while it waits): it is abandoned then and Unavailable (503 draining) raised at once,
+        as the process is about to exit, rather than after the drain's limit or never (a load
+        may take minutes or hang, and an unload waits for a load of its name)."""
         task = asyncio.ensure_future(work)
         try:
             while not task.done():
@@ -195,6 +198,9 @@ class ModelRepository:
                                "with --model-control-mode none")
         if name not in self._locks and name not in self.served and name not in self.failed:
             return  # nothing of that name: no lock kept for it (a client may send any name)
+        await self._until_drain(self._locked_unload(name), f"the unload of '{name}'")
+
+    async def _locked_unload(self, name: str) -> None:
         async with self._lock(name):
             self.failed.pop(name, None)
             self.current.pop(name, None)
