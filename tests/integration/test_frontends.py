@@ -11,7 +11,9 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -277,20 +279,30 @@ def test_load_and_unload_through_any_front_end_act_on_the_one_repository(
                                                                 "other": "UNAVAILABLE"}
 
 
+@contextmanager
+def lin_and_slow(repo: Path, slow: str, frontends: int
+                 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A ready server of ``lin`` (linear) with ``frontends`` front ends, whose repository
+    (``repo``) also has ``slow`` (the model setting ``slow``), gated by ``repo``/gate."""
+    for name, spec in (("lin", "linear"), ("slow", slow)):
+        (repo / name).mkdir()
+        (repo / name / "config.toml").write_text(f'model = "{spec}"\n')
+    with (split_server if frontends > 1 else serve)(
+            "--model-repository", str(repo), "--devices", "cpu", "--model-control-mode",
+            "explicit", "--load-model", "lin", "--frontends", str(frontends),
+            env={"GATE_FILE": str(repo / "gate")}) as (proc, url):
+        wait_ready(url)
+        yield proc, url
+
+
 @pytest.mark.parametrize("frontends", [1, 2])
 def test_a_model_whose_code_builds_slowly_leaves_the_server_serving(tmp_path: Path,
                                                                      frontends: int) -> None:
     """While a loaded model's factory runs (off the device process's event loop), every front
     end answers health, serves the other model and says the new one is loading."""
     gate = tmp_path / "gate"
-    for name, model in (("lin", "linear"), ("slow", "tests.fakes:gate_file_build")):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "config.toml").write_text(f'model = "{model}"\n')
-    with (split_server if frontends > 1 else serve)(
-            "--model-repository", str(tmp_path), "--devices", "cpu", "--model-control-mode",
-            "explicit", "--load-model", "lin", "--frontends", str(frontends),
-            env={"GATE_FILE": str(gate)}) as (_, url), ThreadPoolExecutor(1) as pool:
-        wait_ready(url)
+    with lin_and_slow(tmp_path, "tests.fakes:gate_file_build", frontends) as (_, url), \
+            ThreadPoolExecutor(1) as pool:
         load = pool.submit(httpx.post, url + "/v2/repository/models/slow/load", timeout=120)
         wait_until_sync(lambda: post(url, [[1, 2]], "/models/slow/predict").status_code == 503,
                         "the load begun")
@@ -372,15 +384,7 @@ def test_sigterm_during_a_load_that_never_ends_answers_it_and_exits_0(
     """A load whose model code (its factory, or its replica's load) never returns: SIGTERM
     answers the load 503 draining at once and the server exits 0 (it waited on the load's
     thread for good)."""
-    gate = tmp_path / "gate"  # never opened
-    for name, spec in (("lin", "linear"), ("slow", model)):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "config.toml").write_text(f'model = "{spec}"\n')
-    with (split_server if frontends > 1 else serve)(
-            "--model-repository", str(tmp_path), "--devices", "cpu", "--model-control-mode",
-            "explicit", "--load-model", "lin", "--frontends", str(frontends),
-            env={"GATE_FILE": str(gate)}) as (proc, url), ThreadPoolExecutor(1) as pool:
-        wait_ready(url)
+    with lin_and_slow(tmp_path, model, frontends) as (proc, url), ThreadPoolExecutor(1) as pool:
         load = pool.submit(httpx.post, url + "/v2/repository/models/slow/load", timeout=WAIT_S)
 
         def loading() -> bool:

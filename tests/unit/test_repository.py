@@ -333,35 +333,11 @@ async def test_a_load_under_way_when_the_server_drains_is_abandoned_at_once(
             SlowBuild.gate.set()
 
 
-async def test_an_unload_asked_during_a_start_up_load_waits_for_it_then_unloads(
-        tmp_path: Path) -> None:
-    """A start-up load holds its name's lock as any load does: an unload asked meanwhile waits,
-    then unloads the model (it returned at once and the model came up serving after it)."""
-    write_config(tmp_path, "slow", 'model = "tests.fakes:slow_build"\n')
-    SlowBuild.reset()
-    service = build_service(make_settings(model_repository=str(tmp_path),
-                                          model_control_mode="explicit", load_model=["slow"]))
-    await service.start()
-    try:
-        await wait_until(SlowBuild.entered.is_set, "the factory called")
-        unload = asyncio.create_task(service.repository.unload("slow"))
-        await asyncio.sleep(0.3)
-        assert not unload.done()
-        SlowBuild.gate.set()
-        await unload
-        assert service.repository.index() == [
-            {"name": "slow", "version": "", "state": "UNAVAILABLE", "reason": "unloaded"}]
-        with pytest.raises(NotFound):
-            service.repository.get("slow")
-    finally:
-        SlowBuild.gate.set()
-        await service.stop(timeout_s=30)
-
-
-async def test_an_unload_waiting_for_a_start_up_load_is_abandoned_when_the_server_drains(
-        tmp_path: Path) -> None:
-    """An unload waits for a load of its name under way: one of the start-up set, whose code
-    may never finish building. Once the drain begins the unload is answered 503 at once."""
+@asynccontextmanager
+async def unload_behind_a_start_up_load(
+        tmp_path: Path) -> AsyncIterator[tuple[InferenceService, asyncio.Task[None]]]:
+    """A server whose start-up load of ``slow`` waits in its factory (SlowBuild), and an unload
+    of ``slow`` asked meanwhile, which waits for it."""
     write_config(tmp_path, "slow", 'model = "tests.fakes:slow_build"\n')
     SlowBuild.reset()
     service = build_service(make_settings(model_repository=str(tmp_path),
@@ -372,13 +348,34 @@ async def test_an_unload_waiting_for_a_start_up_load_is_abandoned_when_the_serve
         unload = asyncio.create_task(service.repository.unload("slow"))
         await asyncio.sleep(0.3)
         assert not unload.done()  # it waits for the start-up load
+        yield service, unload
+    finally:
+        SlowBuild.gate.set()
+        await service.stop(timeout_s=30)
+
+
+async def test_an_unload_asked_during_a_start_up_load_waits_for_it_then_unloads(
+        tmp_path: Path) -> None:
+    """A start-up load holds its name's lock as any load does: an unload asked meanwhile waits,
+    then unloads the model (it returned at once and the model came up serving after it)."""
+    async with unload_behind_a_start_up_load(tmp_path) as (service, unload):
+        SlowBuild.gate.set()
+        await unload
+        assert service.repository.index() == [
+            {"name": "slow", "version": "", "state": "UNAVAILABLE", "reason": "unloaded"}]
+        with pytest.raises(NotFound):
+            service.repository.get("slow")
+
+
+async def test_an_unload_waiting_for_a_start_up_load_is_abandoned_when_the_server_drains(
+        tmp_path: Path) -> None:
+    """The start-up load's code may never finish building: once the drain begins, the unload
+    waiting for it is answered 503 at once."""
+    async with unload_behind_a_start_up_load(tmp_path) as (service, unload):
         service.begin_drain()
         with pytest.raises(Unavailable, match="shutting down: the unload of 'slow' was"):
             await unload
         assert not SlowBuild.timed_out.is_set()  # all while the factory waited
-    finally:
-        SlowBuild.gate.set()
-        await service.stop(timeout_s=30)
 
 
 async def test_a_load_whose_device_thread_died_meanwhile_is_served_by_its_successor(
