@@ -219,6 +219,9 @@ class ModelRepository:
         before = list(self.served.get(name, {}).values())
         ready = {m.version for m in before if m.state is ModelState.READY}
         fresh = [v for v in wanted if reload or v not in ready]
+        # What nothing serves reads LOADING from here (a reload's version serves on meanwhile).
+        new = [v for v in fresh if v not in self.served.get(name, {})]
+        self._publish(name, new, ModelState.LOADING)
         started: list[ServedModel] = []
         self.loading[name] = started  # a request for it is told it loads, its code built first
         try:
@@ -229,6 +232,7 @@ class ModelRepository:
         except Exception as exc:  # noqa: BLE001 - whatever loading the model raised
             for model in started:
                 self._discard(model)
+            self._publish(name, new, ModelState.UNAVAILABLE)  # those whose code never built too
             self._failed(name, _reason(exc))
         finally:
             del self.loading[name]
@@ -266,10 +270,14 @@ class ModelRepository:
         model = ServedModel(name, version, settings, handler, devices,
                             self.runtime.metrics.for_model(name, version),
                             source.versions.get(version, ""), self.runtime.state)
-        # A reload's version serves on till the new object is ready: its state metric stays.
-        model.set_state(ModelState.LOADING, publish=version not in self.served.get(name, {}))
+        model.set_state(ModelState.LOADING, publish=False)  # published by _load
         self.runtime.open(model)
         return model
+
+    def _publish(self, name: str, versions: list[str], state: ModelState) -> None:
+        """``state`` in the state metric of ``name``'s ``versions``."""
+        for version in versions:
+            self.runtime.metrics.for_model(name, version).state(state.value, STATES)
 
     def _replaced(self, model: ServedModel) -> bool:
         """Another object now serves ``model``'s name and version (a reload of that version)."""

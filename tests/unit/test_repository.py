@@ -301,6 +301,7 @@ async def test_a_model_whose_code_builds_slowly_leaves_the_server_serving(
                 service.repository.get("slow")
             assert {"name": "slow", "version": "", "state": "LOADING",
                     "reason": ""} in service.repository.index()
+            assert states(service, "slow")["LOADING"] == 1  # as the metric says
             assert not SlowBuild.timed_out.is_set()  # all the above while the factory waited
         finally:
             SlowBuild.gate.set()
@@ -507,7 +508,9 @@ async def test_a_model_unloaded_while_its_attach_waits_for_a_batch_is_let_go(
     write_config(tmp_path, "slow", 'model = "tests.fakes:GatedLoadHandler"\n')
     GatedLoadHandler.gate.set()
     async with serving(tmp_path, model_control_mode="explicit",
-                       load_model=["crasher", "gated", "slow"]) as service:
+                       load_model=["crasher", "gated"]) as service:
+        # Loaded last, so attached last: the restarted thread warms it after gated.
+        await service.repository.load("slow")
         slow, gated = service.repository.get("slow"), service.repository.get("gated")
         dead = service.workers[0]
         GatedLoadHandler.gate.clear()
