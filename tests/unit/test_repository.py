@@ -722,6 +722,18 @@ async def test_a_failed_load_reads_unavailable_and_a_failed_reload_ready(tmp_pat
         assert [float(x) for x in await answer] == [2.0]
 
 
+async def test_a_version_whose_code_fails_to_build_reads_unavailable(tmp_path: Path) -> None:
+    """A model whose factory raises: its load fails saying why, and its state metric reads
+    UNAVAILABLE (it read LOADING while its code built), as the index does."""
+    write_config(tmp_path, "broken", 'model = "tests.fakes:raising_factory"\n')
+    async with serving(tmp_path, model_control_mode="explicit") as service:
+        with pytest.raises(InvalidInput, match="raised RuntimeError: no weights here"):
+            await service.repository.load("broken")
+        assert states(service, "broken") == {"LOADING": 0, "READY": 0, "UNLOADING": 0,
+                                              "UNAVAILABLE": 1}
+        assert service.repository.index()[0]["state"] == "UNAVAILABLE"
+
+
 def cuda_tensors() -> list[tuple[tuple[int, ...], list[str]]]:
     """The CUDA tensors of 1 MB or more still alive, each with what refers to it: what a
     failing memory check shows."""
