@@ -73,6 +73,14 @@ class DaemonThread:
         """The thread ends once the call it runs returns; calls queued after it never run."""
         self._calls.put(None)
 
+    async def ended(self, limit_s: float) -> bool:
+        """Whether the thread has ended (after ``close``) within ``limit_s``. A process should
+        not exit while one that ran torch is ending: its thread-local state going beside the
+        interpreter's finalization can abort the process ("terminate called without an active
+        exception"). One stuck in a call is left to the exit."""
+        await asyncio.to_thread(self._thread.join, limit_s)
+        return not self._thread.is_alive()
+
     def _serve(self) -> None:
         while (item := self._calls.get()) is not None:
             _run(*item)

@@ -78,8 +78,10 @@ class Loader:
         with torch.inference_mode():
             return measure(handler, replica, self._executor, items, limit, padded=False)
 
-    def close(self) -> None:
+    async def close(self, limit_s: float) -> None:
+        """Its thread ends (unless a load is stuck in it: ``limit_s`` at most)."""
         self._thread.close()
+        await self._thread.ended(limit_s)
 
 
 def warm_replica(handler: ModelHandler, device: torch.device, limit: int,

@@ -13,7 +13,7 @@ import weakref
 import pytest
 
 from app.tasks import Background, DaemonThread, resolver
-from tests.conftest import ROOT, WAIT_S
+from tests.conftest import ROOT, WAIT_S, wait_until
 
 LOG = logging.getLogger("batchserve.test")
 
@@ -126,8 +126,24 @@ async def test_a_daemon_thread_holds_nothing_of_a_call_once_it_is_answered() -> 
         with pytest.raises(RuntimeError):
             await thread.run(fail, weights)
         del weights
-        await asyncio.sleep(0)  # the loop's handle that woke this task holds the error till then
-        gc.collect()
-        assert held() is None
+
+        def freed() -> bool:
+            gc.collect()
+            return held() is None
+
+        await wait_until(freed, "the call's arguments let go")  # the thread may still be in it
     finally:
         thread.close()
+
+
+@pytest.mark.asyncio
+async def test_a_closed_daemon_thread_ends_unless_a_call_holds_it() -> None:
+    idle, stuck, gate = DaemonThread("idle"), DaemonThread("stuck"), threading.Event()
+    waiting = asyncio.ensure_future(stuck.run(gate.wait))
+    await asyncio.sleep(0.01)
+    for thread in (idle, stuck):
+        thread.close()
+    assert await idle.ended(WAIT_S)
+    assert not await stuck.ended(0.05)  # left to the exit
+    gate.set()
+    assert await waiting is True and await stuck.ended(WAIT_S)
