@@ -20,11 +20,10 @@ from app.devices import devices_among
 from app.errors import BatchServeError, InvalidInput, NotFound, Unavailable
 from app.metrics import Metrics
 from app.models.base import ModelHandler
-from app.models.registry import load_handler
-from app.process import freezing
+from app.models.registry import build_handler
 from app.served import ServedModel
 from app.state import STATES, ModelState, ServerState
-from app.tasks import DaemonThread
+from app.tasks import unless
 from app.versions import pick
 
 log = logging.getLogger("batchserve.models")
@@ -179,16 +178,8 @@ class ModelRepository:
         or while it waits): it is abandoned then and Unavailable (503 draining) raised at once,
         as the process is about to exit, rather than after the drain's limit or never (a load
         may take minutes or hang, and an unload waits for a load of its name)."""
-        task = asyncio.ensure_future(work)
-        try:
-            while not task.done():
-                if self.runtime.state.draining:
-                    raise Unavailable("draining", f"the server is shutting down: {what} was "
-                                                  "abandoned")
-                await asyncio.wait({task}, timeout=DRAIN_POLL_S)
-        finally:
-            task.cancel()
-        task.result()
+        if not await unless(work, lambda: self.runtime.state.draining, DRAIN_POLL_S):
+            raise Unavailable("draining", f"the server is shutting down: {what} was abandoned")
 
     async def unload(self, name: str) -> None:
         """Unload every version of ``name``: new requests are refused at once, the admitted ones
@@ -225,7 +216,8 @@ class ModelRepository:
         started: list[ServedModel] = []
         self.loading[name] = started  # a request for it is told it loads, its code built first
         try:
-            handlers = [await self._handler(source, name, version) for version in fresh]
+            handlers = [source.handler or await build_handler(source.versions[version], name)
+                        for version in fresh]
             for version, handler in zip(fresh, handlers, strict=True):
                 started.append(self._start_version(source, name, version, handler))
             await asyncio.gather(*(self.runtime.place(m) for m in started))
@@ -245,20 +237,6 @@ class ModelRepository:
         self.current[name] = max(wanted, key=int)  # default traffic moves, in one assignment
         log.info("model %s: serving version %s", name, self.current[name])
         await asyncio.gather(*(self._retire(m) for m in superseded))
-
-    @staticmethod
-    async def _handler(source: ModelSource, name: str, version: str) -> ModelHandler:
-        """``version``'s handler: the one the settings gave, or one built from its model
-        setting on a thread, as importing the model's code and calling its factory (reading
-        weights, loading a program) may take long: the event loop serves on meanwhile."""
-        if source.handler is not None:
-            return source.handler
-        thread = DaemonThread(f"build-{name}")  # one that never returns keeps no exit waiting
-        try:
-            with freezing(asyncio.get_running_loop()):
-                return await thread.run(load_handler, source.versions[version], name)
-        finally:
-            thread.close()
 
     def _start_version(self, source: ModelSource, name: str, version: str,
                        handler: ModelHandler) -> ServedModel:

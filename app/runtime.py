@@ -36,7 +36,6 @@ from app.worker import DeviceWorker, WorkerState
 log = logging.getLogger("batchserve.service")
 
 RESTART_DELAY_S = 1.0
-LOADER_STOP_S = 2.0  # how long the stop waits for a loader thread to end (one stuck: no more)
 
 
 def build_service(settings: Settings, handler: ModelHandler | None = None) -> InferenceService:
@@ -183,7 +182,7 @@ class InferenceService:
             await model.queue.wait_closed()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-        await asyncio.gather(*(loader.close(LOADER_STOP_S) for loader in self._loaders.values()))
+        await asyncio.gather(*(loader.close() for loader in self._loaders.values()))
 
     # ---- the repository's runtime ----------------------------------------------------------------
 

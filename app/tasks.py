@@ -106,6 +106,22 @@ def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None)
         future.set_result(result)
 
 
+async def unless(work: Coroutine[Any, Any, None], stop: Callable[[], bool],
+                 poll_s: float) -> bool:
+    """Run ``work`` as a task: True once it has ended (raising its error), False if ``stop()``
+    came true first (checked at once, then every ``poll_s``): it is cancelled then."""
+    task = asyncio.ensure_future(work)
+    try:
+        while not task.done():
+            if stop():
+                return False
+            await asyncio.wait({task}, timeout=poll_s)
+    finally:
+        task.cancel()
+    task.result()
+    return True
+
+
 def resolver(future: asyncio.Future[None]) -> Callable[[], None]:
     """A callback (on the loop) that resolves ``future`` unless it is done: cancelled, as an
     awaiting ``gather`` cancels it."""

@@ -45,6 +45,9 @@ class Warm:
     padded: bool = False  # the handler gives lengths: batches are padded to the longest
 
 
+STOP_S = 2.0  # how long a stop waits for a loader's thread to end (one stuck: no more)
+
+
 class Loader:
     """Loads and warms one device's replicas, one at a time, on one thread of its own with the
     same streams every time. cuBLAS keeps a workspace for each (thread, stream) it has run on
@@ -78,7 +81,7 @@ class Loader:
         with torch.inference_mode():
             return measure(handler, replica, self._executor, items, limit, padded=False)
 
-    async def close(self, limit_s: float) -> None:
+    async def close(self, limit_s: float = STOP_S) -> None:
         """Its thread ends (unless a load is stuck in it: ``limit_s`` at most)."""
         self._thread.close()
         await self._thread.ended(limit_s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import zipfile
 from collections.abc import Callable
@@ -12,6 +13,8 @@ from app.errors import ModelLoadError
 from app.models.base import ModelHandler
 from app.models.builtin import linear_handler, mlp_handler
 from app.models.tensor import TensorHandler
+from app.process import freezing
+from app.tasks import DaemonThread
 
 if TYPE_CHECKING:
     import torch
@@ -28,6 +31,18 @@ BUILTINS: dict[str, Callable[[], ModelHandler]] = {
     "linear": linear_handler,
     "mlp": mlp_handler,
 }
+
+
+async def build_handler(spec: str, name: str) -> ModelHandler:
+    """``load_handler`` on a thread of its own, as importing a model's code and calling its
+    factory (reading weights, loading a program) may take long: the event loop serves on
+    meanwhile. A daemon thread: one that never returns keeps no exit waiting."""
+    thread = DaemonThread(f"build-{name}")
+    try:
+        with freezing(asyncio.get_running_loop()):
+            return await thread.run(load_handler, spec, name)
+    finally:
+        thread.close()
 
 
 def load_handler(spec: str, name: str | None = None) -> ModelHandler:

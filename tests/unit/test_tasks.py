@@ -12,7 +12,7 @@ import weakref
 
 import pytest
 
-from app.tasks import Background, DaemonThread, resolver
+from app.tasks import Background, DaemonThread, resolver, unless
 from tests.conftest import ROOT, WAIT_S, wait_until
 
 LOG = logging.getLogger("batchserve.test")
@@ -147,3 +147,28 @@ async def test_a_closed_daemon_thread_ends_unless_a_call_holds_it() -> None:
     assert not await stuck.ended(0.05)  # left to the exit
     gate.set()
     assert await waiting is True and await stuck.ended(WAIT_S)
+
+
+@pytest.mark.asyncio
+async def test_unless_runs_work_to_its_end_or_abandons_it_once_told() -> None:
+    done: list[str] = []
+
+    async def work(what: str, gate: asyncio.Event | None = None) -> None:
+        if gate is not None:
+            await gate.wait()
+        if what == "fail":
+            raise ValueError(what)
+        done.append(what)
+
+    assert await unless(work("ends"), lambda: False, 0.01)
+    with pytest.raises(ValueError, match="fail"):
+        await unless(work("fail"), lambda: False, 0.01)
+    told = {"stop": False}
+    gate = asyncio.Event()
+    waiting = asyncio.ensure_future(unless(work("held", gate), lambda: told["stop"], 0.01))
+    await asyncio.sleep(0.05)
+    told["stop"] = True
+    assert await waiting is False
+    gate.set()
+    await asyncio.sleep(0.01)
+    assert done == ["ends"]  # the abandoned work was cancelled, not finished
