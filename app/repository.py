@@ -248,7 +248,6 @@ class ModelRepository:
         model = ServedModel(name, version, settings, handler, devices,
                             self.runtime.metrics.for_model(name, version),
                             source.versions.get(version, ""), self.runtime.state)
-        model.set_state(ModelState.LOADING, publish=False)  # published by _load
         self.runtime.open(model)
         return model
 
