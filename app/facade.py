@@ -9,18 +9,28 @@ admit, enqueue and answer as the contract says; the request path cannot tell the
 from __future__ import annotations
 
 import asyncio
+import time
 from abc import ABC, abstractmethod
 from concurrent.futures import Executor
 from typing import Any, Protocol
 
 from app.arrays import Results
 from app.config import BatchSettings
-from app.errors import InvalidInput
+from app.errors import DeadlineExceeded, InvalidInput
 from app.models.base import ModelHandler
 from app.models.signature import INPUT_NAME, OUTPUT_NAME, TensorSpec
 from app.pending import Answer
+from app.process import usable_cores
+from app.tasks import DaemonPool
 
 INLINE_DECODE_MAX_ITEMS = 64  # light decodes of small requests stay on the loop
+DECODE_THREADS = 4  # at most, in each process that decodes
+
+
+def decode_pool() -> DaemonPool:
+    """The threads that decode heavy or large requests. Daemon threads: a model's decode that
+    never returns (stuck on its input) keeps no stopping process from exiting."""
+    return DaemonPool("decode", min(DECODE_THREADS, usable_cores()))
 
 
 class RequestCounts(Protocol):
@@ -94,12 +104,20 @@ class ModelFacade(ABC):
         """Whether ``decode(instances)`` runs on the event loop without awaiting."""
         return len(instances) <= INLINE_DECODE_MAX_ITEMS and self.handler.decodes_inline(instances)
 
-    async def decode(self, instances: list[Any]) -> list[Any]:
-        """Validate and pre-process; heavy or large decodes run in the bounded decode pool."""
+    async def decode(self, instances: list[Any], deadline: float | None = None) -> list[Any]:
+        """Validate and pre-process; heavy or large decodes run in the bounded decode pool,
+        waited for until ``deadline`` at most (then DeadlineExceeded; the decode runs on, its
+        outcome dropped)."""
         if self.decodes_inline(instances):
             return self.handler.decode(instances)
         assert self._loop is not None
-        return await self._loop.run_in_executor(self._pool, self.handler.decode, instances)
+        decoding = self._loop.run_in_executor(self._pool, self.handler.decode, instances)
+        if deadline is None:
+            return await decoding
+        try:
+            return await asyncio.wait_for(decoding, deadline - time.monotonic())
+        except TimeoutError:
+            raise DeadlineExceeded("the request's deadline passed while it was decoded") from None
 
     @abstractmethod
     def check_admissible(self, n: int, level: int | None = None,

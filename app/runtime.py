@@ -12,23 +12,23 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from app.catalog import Catalog
 from app.config import Settings
 from app.devices import resolve_devices
+from app.facade import decode_pool
 from app.learning import busy_ratio, export_replica, measure_first, unexport, warm_on
 from app.metrics import Metrics
 from app.models.base import ModelHandler
 from app.models.registry import load_handler
-from app.process import refrozen, usable_cores
+from app.process import refrozen
 from app.repository import ModelRepository
 from app.served import ServedModel
 from app.stall import check_not_stuck, unless_stuck, watch_stalls
 from app.state import ModelState, ServerState
-from app.tasks import Background, resolver
+from app.tasks import Background, DaemonPool, resolver
 from app.tracing import Tracing
 from app.warmup import Loader
 from app.worker import DeviceWorker, WorkerState
@@ -70,7 +70,7 @@ class InferenceService:
         self.state = ServerState()  # written here only (app/state.py)
         self.before_scrape: list[Callable[[], Awaitable[None]]] = []  # awaited by GET /metrics
         self._started = False
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DaemonPool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._startup: asyncio.Task[None] | None = None
         self._changed: asyncio.Event | None = None  # set when a device thread or start-up moves
@@ -88,9 +88,7 @@ class InferenceService:
         self._changed = asyncio.Event()
         if self.settings.torch_threads:
             torch.set_num_threads(self.settings.torch_threads)
-        self._pool = ThreadPoolExecutor(
-            max_workers=min(4, usable_cores()), thread_name_prefix="decode"
-        )
+        self._pool = decode_pool()
         for index, device in enumerate(self.devices):
             label = str(device) if self.devices.count(device) == 1 else f"{device}#{index + 1}"
             self._spawn(device, label)
@@ -181,7 +179,8 @@ class InferenceService:
         for model in models:
             await model.queue.wait_closed()
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.close(cancel_calls=True)
+            await self._pool.ended()
         await asyncio.gather(*(loader.close() for loader in self._loaders.values()))
 
     # ---- the repository's runtime ----------------------------------------------------------------

@@ -1,21 +1,23 @@
 """Background tasks started and left to run, each kept referenced until it is done (the event
-loop keeps only a weak reference to a task, which could otherwise be collected mid-run); a
-thread for calls that may never return; and a future's resolver for a callback from another
+loop keeps only a weak reference to a task, which could otherwise be collected mid-run); threads
+for calls that may never return; and a future's resolver for a callback from another
 thread."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import functools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Coroutine
+from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+STOP_S = 2.0  # how long a stop waits for a pool's threads to end (one stuck in a call: no more)
 
 
 class Background:
@@ -48,62 +50,80 @@ class Background:
         await asyncio.gather(*self._running)
 
 
-class DaemonThread:
-    """Runs calls one at a time, in order, on one thread of its own that the process does not
-    wait for at exit: a model's code that never returns (its weights on a file system that
-    hangs) cannot keep a stopped server from exiting, as a ThreadPoolExecutor's thread would
-    (the interpreter joins those at exit, and ``asyncio.run`` its default executor's)."""
+class DaemonPool(Executor):
+    """Runs calls on ``workers`` threads of its own that the process does not wait for at
+    exit: model code that never returns (weights on a file system that hangs, a decode stuck
+    on its input) cannot keep a stopped server from exiting, as a ThreadPoolExecutor's thread
+    would (the interpreter joins those at exit, and ``asyncio.run`` its default executor's).
+    One worker runs its calls in order. An ``Executor``: ``loop.run_in_executor`` takes it."""
 
-    def __init__(self, name: str) -> None:
-        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], asyncio.AbstractEventLoop,
-                                             asyncio.Future[Any]] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
-        self._thread.start()
+    def __init__(self, name: str, workers: int = 1) -> None:
+        self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = \
+            queue.SimpleQueue()
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._serve, name=name if workers == 1 else f"{name}_{n}",
+                             daemon=True)
+            for n in range(workers)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        if self._closed:
+            raise RuntimeError(f"{self._threads[0].name}: closed, it runs no new calls")
+        future: Future[T] = Future()
+        self._calls.put((future, functools.partial(fn, *args, **kwargs)))
+        return future
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the thread (in the caller's context: its log lines keep the request
-        id); cancelling the wait leaves the call to run on, its outcome dropped."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
+        """``fn(*args)`` on a thread (in the caller's context: its log lines keep the request
+        id); cancelling the wait cancels a call not yet begun, and leaves one under way to run
+        on, its outcome dropped."""
         call = functools.partial(contextvars.copy_context().run, fn, *args)
-        self._calls.put((call, loop, future))
-        return await future
+        return await asyncio.wrap_future(self.submit(call))
 
-    def close(self) -> None:
-        """The thread ends once the call it runs returns; calls queued after it never run."""
-        self._calls.put(None)
+    def close(self, cancel_calls: bool = False) -> None:
+        """Each thread ends once the call it runs returns; queued calls run first, unless
+        ``cancel_calls``. No new call is taken."""
+        self._closed = True
+        while cancel_calls:
+            try:
+                item = self._calls.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+        for _ in self._threads:
+            self._calls.put(None)
 
-    async def ended(self, limit_s: float) -> bool:
-        """Whether the thread has ended (after ``close``) within ``limit_s``. A process should
-        not exit while one that ran torch is ending: its thread-local state going beside the
-        interpreter's finalization can abort the process ("terminate called without an active
-        exception"). One stuck in a call is left to the exit."""
-        await asyncio.to_thread(self._thread.join, limit_s)
-        return not self._thread.is_alive()
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self.close(cancel_futures)
+        for thread in self._threads if wait else ():
+            thread.join()
+
+    async def ended(self, limit_s: float = STOP_S) -> bool:
+        """Whether every thread has ended (after ``close``) within ``limit_s``. A process
+        should not exit while one that ran torch is ending: its thread-local state going beside
+        the interpreter's finalization can abort the process ("terminate called without an
+        active exception"). One stuck in a call is left to the exit."""
+        def join() -> bool:
+            until = time.monotonic() + limit_s
+            for thread in self._threads:
+                thread.join(max(0.0, until - time.monotonic()))
+            return not any(thread.is_alive() for thread in self._threads)
+
+        return await asyncio.to_thread(join)
 
     def _serve(self) -> None:
         while (item := self._calls.get()) is not None:
-            _run(*item)
-            del item  # nothing of a call is held while the thread waits for the next
-
-
-def _run(call: Callable[[], Any], loop: asyncio.AbstractEventLoop,
-         future: asyncio.Future[Any]) -> None:
-    try:
-        outcome = functools.partial(_settle, future, call(), None)
-    except BaseException as exc:  # noqa: BLE001 - the caller's to see
-        outcome = functools.partial(_settle, future, None, exc)
-    with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
-        loop.call_soon_threadsafe(outcome)
-
-
-def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
-    if future.done():  # the wait was cancelled
-        return
-    if exc is not None:
-        future.set_exception(exc)
-    else:
-        future.set_result(result)
+            future, call = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(call())
+                except BaseException as exc:  # noqa: BLE001 - the caller's to see
+                    future.set_exception(exc)
+            del item, future, call  # nothing of a call is held while the thread waits
 
 
 async def unless(work: Coroutine[Any, Any, None], stop: Callable[[], bool],

@@ -22,7 +22,7 @@ from app.models.base import ModelHandler, Replica
 from app.models.signature import TensorSpec, describe_outputs
 from app.scheduler.cost import CostModel, grid
 from app.scheduler.waiting import group_by
-from app.tasks import DaemonThread
+from app.tasks import DaemonPool
 from app.text_graphs import TextGraphedReplica, capture_text, record_text_cuda
 from app.transfer import DeviceExecutor
 
@@ -45,7 +45,6 @@ class Warm:
     padded: bool = False  # the handler gives lengths: batches are padded to the longest
 
 
-STOP_S = 2.0  # how long a stop waits for a loader's thread to end (one stuck: no more)
 
 
 class Loader:
@@ -57,7 +56,7 @@ class Loader:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._thread = DaemonThread(f"load-{device}")
+        self._thread = DaemonPool(f"load-{device}")
         self._executor: DeviceExecutor | None = None
 
     async def warm(self, handler: ModelHandler, limit: int, graphs: Graphs = False) -> Warm:
@@ -81,10 +80,10 @@ class Loader:
         with torch.inference_mode():
             return measure(handler, replica, self._executor, items, limit, padded=False)
 
-    async def close(self, limit_s: float = STOP_S) -> None:
-        """Its thread ends (unless a load is stuck in it: ``limit_s`` at most)."""
+    async def close(self) -> None:
+        """Its thread ends (unless a load is stuck in it: ``STOP_S`` at most)."""
         self._thread.close()
-        await self._thread.ended(limit_s)
+        await self._thread.ended()
 
 
 def warm_replica(handler: ModelHandler, device: torch.device, limit: int,

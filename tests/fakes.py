@@ -360,6 +360,18 @@ class GateFileLoad(EchoHandler):
         return super().load(device)
 
 
+class GateFileDecode(EchoHandler):
+    """For subprocess servers: decodes in the decode pool, where a request with a negative
+    instance waits for the gate file (a decode stuck on its input)."""
+
+    heavy_decode = True
+
+    def decode(self, instances: list[Any]) -> list[Any]:
+        if any(isinstance(x, (int, float)) and x < 0 for x in instances):
+            wait_for_gate_file()
+        return super().decode(instances)
+
+
 def raising_factory() -> torch.nn.Module:
     raise RuntimeError("no weights here")
 

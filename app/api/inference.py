@@ -159,7 +159,7 @@ async def submit(model: ModelFacade, instances: list[Any], level: int, deadline:
     model.check_admissible(len(instances), level, deadline)
     # An inline decode lets nothing run before the put: the check above still holds then.
     admitted = len(instances) if model.decodes_inline(instances) else None
-    items = await model.decode(instances)
+    items = await model.decode(instances, deadline)
     return model.enqueue(items, deadline, level, span, admitted=admitted)
 
 

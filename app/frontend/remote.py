@@ -13,20 +13,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import pickle
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 from app.arrays import Results
 from app.config import Settings
 from app.errors import BatchServeError, NotFound, Unavailable
-from app.facade import ModelFacade
+from app.facade import ModelFacade, decode_pool
 from app.frontend.link import GONE, DeviceLink, RemoteRequest
 from app.links import Inbox
 from app.logs import request_id
 from app.models.base import ModelHandler
 from app.models.registry import load_handler
-from app.process import one_torch_thread, refrozen, usable_cores
+from app.process import one_torch_thread, refrozen
 from app.snapshot import ModelEntry, Snapshot
+from app.tasks import DaemonPool
 from app.tracing import Tracing
 from app.versions import pick
 
@@ -163,12 +163,11 @@ class RemoteService:
         self.unknown = RemoteCounts(self.link, "", "")
         self.draining = False
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.pool: ThreadPoolExecutor | None = None
+        self.pool: DaemonPool | None = None
 
     async def start(self, inbox: Inbox, transport: asyncio.Transport) -> None:
         self.loop = asyncio.get_running_loop()
-        self.pool = ThreadPoolExecutor(max_workers=min(4, usable_cores()),
-                                       thread_name_prefix="decode")
+        self.pool = decode_pool()
         self.link.on_snapshot.append(self.repository.update)
         await self.link.open(inbox, transport)
         self.repository.update(self.link.snapshot)
@@ -176,7 +175,8 @@ class RemoteService:
     async def stop(self) -> None:
         self.link.close()
         if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool.close(cancel_calls=True)
+            await self.pool.ended()
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.shutdown)
 

@@ -220,7 +220,7 @@ class JobWorker:
         try:
             model = self.service.repository.get()
             level = model.level_of(job.priority)
-            items = await model.decode(job.instances or [])
+            items = await model.decode(job.instances or [], deadline)
             while True:
                 try:
                     pending = model.enqueue(items, deadline, level, span)

@@ -266,6 +266,25 @@ async def test_admission_is_checked_again_after_a_decode_in_the_pool() -> None:
         assert queued(client) == 0
 
 
+async def test_a_decode_in_the_pool_past_the_deadline_is_answered_504_at_the_deadline() -> None:
+    """The wait for a decode is bounded by the request's deadline: a decode that never returns
+    (stuck on its input) leaves no request unanswered; the request path serves on."""
+    big = INLINE_DECODE_MAX_ITEMS + 1
+    handler = PoolDecodeGate()
+    settings = make_settings(queue_capacity=big, max_instances=big)
+    async with app_client(settings, handler) as client:
+        r = await client.post("/predict", json={"instances": [2] * big},
+                              headers={"X-Request-Timeout": "0.2"})
+        assert_error(r, 504, "timeout", "deadline passed while it was decoded")
+        assert handler.in_pool.is_set() and not handler.release.is_set()  # still decoding
+        handler.gate.set()
+        r = await client.post("/predict", json={"instances": [3]})
+        assert r.json()["predictions"] == [6]
+        handler.release.set()
+        registry = client.app.state.service.metrics.registry  # type: ignore[attr-defined]
+        assert sample(registry, "batchserve_rejected_total", reason="timeout") == 1
+
+
 class SmallInline(EchoHandler):
     """A heavy decode whose one-instance requests are cheap: each decode's thread, recorded."""
 

@@ -400,6 +400,25 @@ def test_sigterm_during_a_load_that_never_ends_answers_it_and_exits_0(
         assert proc.wait(WAIT_S) == 0
 
 
+@pytest.mark.parametrize("frontends", [1, 2])
+def test_a_decode_that_never_returns_is_answered_at_its_deadline_and_exits_no_process(
+        tmp_path: Path, frontends: int) -> None:
+    """A model's decode stuck on a request's input: the request is answered 504 at its
+    deadline, the server serves on, and SIGTERM, with the decode still stuck, exits 0 (the
+    decode pool's threads held the process once: the interpreter joins them at exit)."""
+    with (split_server if frontends > 1 else serve)(
+            "--model", "tests.fakes:GateFileDecode", "--devices", "cpu", "--frontends",
+            str(frontends), env={"GATE_FILE": str(tmp_path / "never")}) as (proc, url):
+        wait_ready(url)
+        stuck = httpx.post(url + "/predict", json={"instances": [-1]}, timeout=WAIT_S,
+                           headers={"X-Request-Timeout": "1"})
+        assert stuck.status_code == 504, stuck.text
+        assert stuck.json()["error"]["type"] == "timeout"
+        assert post(url, [3]).json()["predictions"] == [6]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT_S) == 0
+
+
 def test_new_connections_while_draining_are_answered_not_held(tmp_path: Path) -> None:
     """Draining, a front end with nothing in flight exits at once, the other answers new
     requests 503 till its own are done. The device process kept the first one's listening
