@@ -126,6 +126,16 @@ class DaemonPool(Executor):
             del item, future, call  # nothing of a call is held while the thread waits
 
 
+async def alone(name: str, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on a daemon thread made for it (``name``): model code that may take long
+    (importing a module, reading weights) or never return."""
+    pool = DaemonPool(name)
+    try:
+        return await pool.run(fn, *args)
+    finally:
+        pool.close()
+
+
 async def unless(work: Coroutine[Any, Any, None], stop: Callable[[], bool],
                  poll_s: float) -> bool:
     """Run ``work`` as a task: True once it has ended (raising its error), False if ``stop()``

@@ -6,6 +6,7 @@ The handlers take numbers as instances and return ``2 * x``. Each records every 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import torch
 from app.errors import InvalidInput
 from app.models.base import ModelHandler, Replica, Tensors
 from app.pending import PendingItem
+from app.supervisor import FRONTEND_MODULE
 
 
 @dataclass
@@ -370,6 +372,18 @@ class GateFileDecode(EchoHandler):
         if any(isinstance(x, (int, float)) and x < 0 for x in instances):
             wait_for_gate_file()
         return super().decode(instances)
+
+
+class GateFileInFrontEnds(EchoHandler):
+    """For subprocess servers: built at once in the device process; in a front end (which
+    builds its own: it sends none) only once the gate file exists (a model's module slow to
+    import there)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        main = getattr(sys.modules["__main__"], "__spec__", None)
+        if main is not None and main.name == FRONTEND_MODULE:
+            wait_for_gate_file()
 
 
 def raising_factory() -> torch.nn.Module:

@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from app.errors import Relayed, Unavailable
 from app.links import Inbox, Outbox
 from app.pending import expire
 from app.snapshot import Snapshot
+from app.tasks import Background
 
 log = logging.getLogger("batchserve.frontend")
 
@@ -44,7 +46,10 @@ class DeviceLink:
         self.waiting: dict[int, RemoteRequest] = {}
         self.snapshot = Snapshot()
         self.gone = False
-        self.on_snapshot: list[Any] = []
+        # Called with each new snapshot; what one returns is awaited before the snapshot is
+        # acknowledged (the handlers of its models, made on threads).
+        self.on_snapshot: list[Callable[[Snapshot], Awaitable[Any] | None]] = []
+        self._acking = Background(log)
         self._ids = itertools.count(1)
         self._syncs: dict[int, asyncio.Future[None]] = {}
         self._outbox: Outbox | None = None
@@ -143,16 +148,18 @@ class DeviceLink:
                 future = self._answered(rid)
                 if future is not None:
                     future.set_result([row])
+        making = []
         snapshots = message.get("models")
         if snapshots:
             self.snapshot = snapshots[-1]
             for callback in self.on_snapshot:
-                callback(self.snapshot)
+                if (awaited := callback(self.snapshot)) is not None:
+                    making.append(awaited)
         acks = message.get("ack")
-        if acks:
-            for key in acks:
-                self.send("acked", key)
-            self._flush()  # with the counts it holds: a scrape waits for them
+        if acks and making:  # acknowledged once the handlers its models need are made here
+            self._acking.start(self._ack_when(making, acks), "acknowledging a snapshot")
+        elif acks:
+            self._ack(acks)
         for token in message.get("synced", ()):
             waiter = self._syncs.get(token)
             if waiter is not None and not waiter.done():
@@ -166,6 +173,15 @@ class DeviceLink:
             return None
         request.timer.cancel()
         return request.future
+
+    async def _ack_when(self, making: list[Awaitable[Any]], acks: list[Any]) -> None:
+        await asyncio.wait([asyncio.ensure_future(m) for m in making])
+        self._ack(acks)
+
+    def _ack(self, acks: list[Any]) -> None:
+        for key in acks:
+            self.send("acked", key)
+        self._flush()  # with the counts it holds: a scrape waits for them
 
     def _flush(self) -> None:
         """Send what waits to go now, what is held (``tally``) too."""

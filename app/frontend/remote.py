@@ -11,6 +11,7 @@ and batching happen there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import pickle
 from typing import Any, cast
@@ -26,7 +27,7 @@ from app.models.base import ModelHandler
 from app.models.registry import load_handler
 from app.process import one_torch_thread, refrozen
 from app.snapshot import ModelEntry, Snapshot
-from app.tasks import DaemonPool
+from app.tasks import DaemonPool, alone
 from app.tracing import Tracing
 from app.versions import pick
 
@@ -84,8 +85,10 @@ class RemoteRepository:
     def __init__(self, service: RemoteService) -> None:
         self._service = service
         self._models: dict[tuple[str, str], RemoteModel] = {}
-        # (name, model setting, the handler sent) -> the handler made from them
-        self._handlers: dict[tuple[str, str, bytes | None], ModelHandler] = {}
+        # (name, model setting, the handler sent) -> the handler made from them (None: none
+        # could be), and those being made
+        self._handlers: dict[HandlerKey, ModelHandler | None] = {}
+        self._making: dict[HandlerKey, asyncio.Task[None]] = {}
 
     def get(self, name: str | None = None, version: str | None = None) -> RemoteModel:
         snap = self._service.link.snapshot
@@ -97,58 +100,89 @@ class RemoteRepository:
                      snap.failed.get(name), lambda: snap.names, name in snap.loading)
         model = self._models.get((entry.name, entry.version))
         if model is None:
+            if _key(entry) in self._making:
+                raise Unavailable("loading", f"model '{name}' is loading: this front end "
+                                             "builds its handler")
             raise Unavailable("unavailable", f"model '{name}' cannot be served by this front "
                                              "end (its handler could not be built)")
         return model
 
-    def update(self, snap: Snapshot) -> None:
-        """Models for a new snapshot; handlers come with it, or are built here once per model
-        setting."""
+    def update(self, snap: Snapshot) -> asyncio.Future[Any] | None:
+        """Models for a new snapshot, from the handlers made for it; those not made yet are
+        made on threads of their own (the event loop serves on), once per model setting, the
+        models following when they are. Returns what is still being made (None: nothing)."""
         models = {}
+        making = []
         for versions in snap.served.values():
             for entry in versions.values():
-                handler = self._handler(entry)
+                key = _key(entry)
+                if key not in self._handlers:
+                    making.append(self._make(key, entry))
+                    continue
+                handler = self._handlers[key]
                 if handler is not None:
                     models[(entry.name, entry.version)] = RemoteModel(entry, handler,
                                                                       self._service)
         self._models = models
+        return asyncio.gather(*making) if making else None
 
-    def _handler(self, entry: ModelEntry) -> ModelHandler | None:
-        """The handler to decode with: the device's own without weights (``for_frontends``)
-        where it sent one this front end can read, else one built here from the model setting;
-        each made once, as snapshots come again at every load, unload and state change."""
-        key = (entry.name, entry.spec, entry.handler)
-        handler = self._handlers.get(key)
-        if handler is None:
-            handler = self._received(entry)
-            if handler is None:
-                handler = self._built(entry)
-            if handler is not None:
-                self._handlers[key] = handler
-        return handler
+    def _make(self, key: HandlerKey, entry: ModelEntry) -> asyncio.Task[None]:
+        task = self._making.get(key)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._made(key, entry))
+            self._making[key] = task
+        return task
 
-    @staticmethod
-    def _received(entry: ModelEntry) -> ModelHandler | None:
-        if entry.handler is None:
-            return None
+    async def _made(self, key: HandlerKey, entry: ModelEntry) -> None:
+        # One built here (its module imported) is frozen out of the collector's reach with
+        # what it made; a handler sent is a few objects.
+        refreezing = (refrozen(f"model {entry.name}'s handler", asyncio.get_running_loop())
+                      if entry.handler is None else contextlib.nullcontext())
         try:
-            return cast(ModelHandler, pickle.loads(entry.handler))
-        except Exception as exc:  # noqa: BLE001 - whatever unpickling its class raises
-            log.warning("model %s: the handler sent could not be read here (%s: %s); "
-                        "building one from its model setting", entry.name,
-                        type(exc).__name__, exc)
-            return None
-
-    @staticmethod
-    def _built(entry: ModelEntry) -> ModelHandler | None:
-        try:
-            with refrozen(f"model {entry.name}'s handler"):
-                return load_handler(entry.spec, entry.name)
-        except BatchServeError as exc:
-            log.error("model %s: %s", entry.name, exc.message)
-            return None
+            with refreezing:
+                self._handlers[key] = await alone(f"build-{entry.name}", _handler, entry)
         finally:
-            one_torch_thread()
+            del self._making[key]
+        self.update(self._service.link.snapshot)
+
+
+HandlerKey = tuple[str, str, bytes | None]
+
+
+def _key(entry: ModelEntry) -> HandlerKey:
+    return (entry.name, entry.spec, entry.handler)
+
+
+def _handler(entry: ModelEntry) -> ModelHandler | None:
+    """The handler to decode with: the device's own without weights (``for_frontends``) where
+    it sent one this front end can read, else one built here from the model setting (importing
+    a model's module may take long: this runs off the event loop)."""
+    try:
+        return _received(entry) or _built(entry)
+    finally:
+        one_torch_thread()
+
+
+def _received(entry: ModelEntry) -> ModelHandler | None:
+    if entry.handler is None:
+        return None
+    try:
+        return cast(ModelHandler, pickle.loads(entry.handler))
+    except Exception as exc:  # noqa: BLE001 - whatever unpickling its class raises
+        log.warning("model %s: the handler sent could not be read here (%s: %s); "
+                    "building one from its model setting", entry.name, type(exc).__name__, exc)
+        return None
+
+
+def _built(entry: ModelEntry) -> ModelHandler | None:
+    try:
+        return load_handler(entry.spec, entry.name)
+    except BatchServeError as exc:
+        log.error("model %s: %s", entry.name, exc.message)
+    except Exception as exc:  # noqa: BLE001 - a user's handler raises what it raises
+        log.error("model %s: its handler could not be built here: %s: %s", entry.name,
+                  type(exc).__name__, exc)
+    return None
 
 
 class RemoteService:
@@ -170,7 +204,9 @@ class RemoteService:
         self.pool = decode_pool()
         self.link.on_snapshot.append(self.repository.update)
         await self.link.open(inbox, transport)
-        self.repository.update(self.link.snapshot)
+        making = self.repository.update(self.link.snapshot)
+        if making is not None:  # the models served at start are served here from the first
+            await making
 
     async def stop(self) -> None:
         self.link.close()

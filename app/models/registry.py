@@ -14,7 +14,7 @@ from app.models.base import ModelHandler
 from app.models.builtin import linear_handler, mlp_handler
 from app.models.tensor import TensorHandler
 from app.process import freezing
-from app.tasks import DaemonPool
+from app.tasks import alone
 
 if TYPE_CHECKING:
     import torch
@@ -37,12 +37,8 @@ async def build_handler(spec: str, name: str) -> ModelHandler:
     """``load_handler`` on a thread of its own, as importing a model's code and calling its
     factory (reading weights, loading a program) may take long: the event loop serves on
     meanwhile. A daemon thread: one that never returns keeps no exit waiting."""
-    thread = DaemonPool(f"build-{name}")
-    try:
-        with freezing(asyncio.get_running_loop()):
-            return await thread.run(load_handler, spec, name)
-    finally:
-        thread.close()
+    with freezing(asyncio.get_running_loop()):
+        return await alone(f"build-{name}", load_handler, spec, name)
 
 
 def load_handler(spec: str, name: str | None = None) -> ModelHandler:

@@ -317,6 +317,27 @@ def test_a_model_whose_code_builds_slowly_leaves_the_server_serving(tmp_path: Pa
         assert post(url, [[1, 2]], "/models/slow/predict").json()["predictions"] == [[2.0, 4.0]]
 
 
+def test_a_handler_slow_to_build_in_the_front_ends_leaves_them_serving(tmp_path: Path) -> None:
+    """A front end builds the handler of a model the device process sends none for (a user's
+    ``ModelHandler``) off its event loop: while that takes long, it answers health, serves the
+    other model and says the new one is loading; the load is answered once the front ends
+    serve it or after its limit (app/bridge.py's SYNC_LIMIT_S), and the model is served once
+    built."""
+    gate = tmp_path / "gate"
+    with lin_and_slow(tmp_path, "tests.fakes:GateFileInFrontEnds", 2) as (_, url):
+        load = httpx.post(url + "/v2/repository/models/slow/load", timeout=WAIT_S)
+        assert load.status_code == 200
+        for _ in range(6):
+            assert fresh_get(url, "/health_check").json()["status"] == "ready"
+            assert post(url, [[1, 2, 3, 4]], "/models/lin/predict").status_code == 200
+            r = post(url, [1], "/models/slow/predict")
+            assert r.status_code == 503 and r.json()["error"]["type"] == "loading", r.text
+        gate.touch()
+        wait_until_sync(lambda: all(post(url, [1], "/models/slow/predict").status_code == 200
+                                    for _ in range(6)), "both front ends serve it")
+        assert post(url, [1], "/models/slow/predict").json()["predictions"] == [2.0]
+
+
 @pytest.mark.parametrize("frontends", [1, 2])
 def test_each_process_refreezes_its_heap_after_a_load_and_an_unload(tmp_path: Path,
                                                                    frontends: int) -> None:

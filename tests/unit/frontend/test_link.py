@@ -120,3 +120,19 @@ async def test_one_row_requests_answered_as_one_block_each_get_their_row() -> No
         assert [[row.tolist() for row in a] for a in answers] == [[[4.0, 5.0]], [[2.0, 3.0]],
                                                                    [[0.0, 1.0]]]
         assert not link.waiting and all(r.timer.cancelled() for r in requests)
+
+
+async def test_a_snapshot_is_acknowledged_once_what_its_callbacks_make_is_made() -> None:
+    """A front end acknowledges a snapshot (a load's answer waits for every front end's) only
+    once it can serve what it names: a handler made on a thread is awaited first."""
+    async with linked() as (link, device, to_front):
+        made: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        link.on_snapshot.append(lambda snap: made if snap.names else None)
+        to_front.writelines(wire.encode({"models": [Snapshot()], "ack": [1]}))
+        assert await received(device, "acked") == [1]  # nothing made: at once
+        to_front.writelines(wire.encode({"models": [Snapshot(names=["m"])], "ack": [2]}))
+        await asyncio.sleep(0.05)
+        to_front.writelines(wire.encode({"ack": [3]}))  # a scrape's: not held
+        assert await received(device, "acked") == [3]
+        made.set_result(None)
+        assert await received(device, "acked") == [2]

@@ -4,22 +4,29 @@ only handlers that give no such copy are built there from the model setting."""
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 import subprocess
 import sys
+import threading
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from app.config import BatchSettings
+from app.errors import Unavailable
 from app.frontend import remote
 from app.frontend.remote import RemoteRepository
 from app.models.base import ModelHandler, sendable
 from app.models.registry import load_handler
 from app.models.tensor import TensorHandler
-from app.snapshot import ModelEntry
+from app.snapshot import ModelEntry, Snapshot
+from tests.conftest import WAIT_S, wait_until
+from tests.fakes import EchoHandler
 
 # Runs in a fresh interpreter where ``import torch`` fails: everything a front end imports,
 # then each handler sent to it (or built there, where none is) decodes a request of two rows.
@@ -95,34 +102,86 @@ def test_a_front_end_builds_a_handler_only_where_none_was_sent(
         return load_handler(spec, name)
 
     monkeypatch.setattr(remote, "load_handler", build)
-    repository = RemoteRepository(service=None)  # type: ignore[arg-type]
-    sent = repository._handler(entry("linear", sendable(load_handler("linear"))))
+    sent = remote._handler(entry("linear", sendable(load_handler("linear"))))
     assert isinstance(sent, TensorHandler) and sent.input_shape == (4,)
     assert built == []
     # a handler that cannot be read here (its class gone): built from the setting instead
-    assert isinstance(repository._handler(entry("linear", b"not a pickle")), TensorHandler)
+    assert isinstance(remote._handler(entry("linear", b"not a pickle")), TensorHandler)
     assert built == ["linear"]
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:  # tests.fakes imports torch: a front end that builds its handler computes on one thread
-        first = repository._handler(entry("tests.fakes:EchoHandler", None))
+        assert isinstance(remote._handler(entry("tests.fakes:EchoHandler", None)), EchoHandler)
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(threads)
-    assert repository._handler(entry("tests.fakes:EchoHandler", None)) is first
-    assert built == ["linear", "tests.fakes:EchoHandler"]
+    assert remote._handler(entry("tests.fakes:raising_factory", None)) is None  # logged
+    assert built == ["linear", "tests.fakes:EchoHandler", "tests.fakes:raising_factory"]
 
 
-def test_a_handler_sent_again_in_a_later_snapshot_is_read_once(
+class Service:
+    """What RemoteRepository needs of a front end's service: the link's snapshot."""
+
+    def __init__(self, *entries: ModelEntry) -> None:
+        self.loop = self.pool = None
+        self.link = SimpleNamespace(snapshot=snap(*entries))
+
+
+def snap(*entries: ModelEntry) -> Snapshot:
+    return Snapshot(served={e.name: {e.version: e} for e in entries},
+                    current={e.name: e.version for e in entries},
+                    names=[e.name for e in entries])
+
+
+@pytest.mark.asyncio
+async def test_a_handler_sent_again_in_a_later_snapshot_is_read_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    repository = RemoteRepository(service=None)  # type: ignore[arg-type]
-    sent = sendable(load_handler("linear"))
-    first = repository._handler(entry("linear", sent))
+    first = entry("linear", sendable(load_handler("linear")))
+    service = Service(first)
+    repository = RemoteRepository(service)  # type: ignore[arg-type]
+    making = repository.update(service.link.snapshot)
+    assert making is not None
+    await making
+    handler = repository.get("m").handler
     reads: list[bytes] = []
     monkeypatch.setattr(remote.pickle, "loads", lambda data: reads.append(data))
-    assert repository._handler(entry("linear", sent)) is first
-    assert reads == []
-    # a new version's handler is read: its own object
-    other = sendable(load_handler("mlp"))
+    assert repository.update(service.link.snapshot) is None  # nothing to make
+    assert repository.get("m").handler is handler and reads == []
     monkeypatch.undo()
-    assert repository._handler(entry("linear", other)) is not first
+    # a new version's handler is read: its own object
+    other = replace(first, handler=sendable(load_handler("mlp")))
+    service.link.snapshot = snap(other)
+    making = repository.update(service.link.snapshot)
+    assert making is not None
+    await making
+    assert repository.get("m").handler is not handler
+
+
+@pytest.mark.asyncio
+async def test_a_handler_is_made_off_the_event_loop_and_its_model_reads_loading_till_then(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Importing a model's module may take seconds: the front end serves on meanwhile, and
+    says the model loads."""
+    gate, threads = threading.Event(), []
+
+    def build(spec: str, name: str | None = None) -> ModelHandler:
+        threads.append(threading.current_thread().name)
+        assert gate.wait(WAIT_S)
+        return load_handler(spec, name)
+
+    monkeypatch.setattr(remote, "load_handler", build)
+    service = Service(entry("tests.fakes:EchoHandler", None))
+    repository = RemoteRepository(service)  # type: ignore[arg-type]
+    making = repository.update(service.link.snapshot)
+    assert making is not None
+    await wait_until(lambda: threads, "the build begun")
+    for _ in range(3):
+        await asyncio.sleep(0.01)  # the loop runs: the build is on its own thread
+        with pytest.raises(Unavailable) as refused:
+            repository.get("m")
+        assert refused.value.type == "loading"
+    assert repository.update(service.link.snapshot) is not None  # the same build, awaited
+    gate.set()
+    await making
+    assert isinstance(repository.get("m").handler, EchoHandler)
+    assert threads == ["build-m"]
