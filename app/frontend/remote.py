@@ -110,12 +110,15 @@ class RemoteRepository:
     def update(self, snap: Snapshot) -> asyncio.Future[Any] | None:
         """Models for a new snapshot, from the handlers made for it; those not made yet are
         made on threads of their own (the event loop serves on), once per model setting, the
-        models following when they are. Returns what is still being made (None: nothing)."""
+        models following when they are; those of versions it no longer names are let go.
+        Returns what is still being made (None: nothing)."""
         models = {}
         making = []
+        named = set()
         for versions in snap.served.values():
             for entry in versions.values():
                 key = _key(entry)
+                named.add(key)
                 if key not in self._handlers:
                     making.append(self._make(key, entry))
                     continue
@@ -124,6 +127,9 @@ class RemoteRepository:
                     models[(entry.name, entry.version)] = RemoteModel(entry, handler,
                                                                       self._service)
         self._models = models
+        # What no snapshot names is let go: a version unloaded, a handler that failed (tried
+        # again at the model's next load)
+        self._handlers = {k: h for k, h in self._handlers.items() if k in named}
         return asyncio.gather(*making) if making else None
 
     def _make(self, key: HandlerKey, entry: ModelEntry) -> asyncio.Task[None]:

@@ -155,6 +155,8 @@ async def test_a_handler_sent_again_in_a_later_snapshot_is_read_once(
     assert making is not None
     await making
     assert repository.get("m").handler is not handler
+    # the first unloaded: its handler is let go (made again if it is loaded again)
+    assert list(repository._handlers) == [remote._key(other)]
 
 
 @pytest.mark.asyncio
