@@ -33,6 +33,8 @@ from app.versions import pick
 
 log = logging.getLogger("batchserve.frontend")
 
+START_MAKING_S = 5.0  # the longest a front end's start waits for its models' handlers
+
 
 class RemoteCounts:
     """A model's request counts, sent to the device process, whose registry /metrics shows."""
@@ -211,8 +213,10 @@ class RemoteService:
         self.link.on_snapshot.append(self.repository.update)
         await self.link.open(inbox, transport)
         making = self.repository.update(self.link.snapshot)
-        if making is not None:  # the models served at start are served here from the first
-            await making
+        if making is not None:  # the models served at start are served here from the first,
+            # unless one takes long (it reads loading here till made): the socket this front
+            # end listens on is not left unanswered meanwhile
+            await asyncio.wait([making], timeout=START_MAKING_S)
 
     async def stop(self) -> None:
         self.link.close()

@@ -338,6 +338,22 @@ def test_a_handler_slow_to_build_in_the_front_ends_leaves_them_serving(tmp_path:
         assert post(url, [1], "/models/slow/predict").json()["predictions"] == [2.0]
 
 
+def test_front_ends_whose_handler_never_builds_start_and_say_it_loads(tmp_path: Path) -> None:
+    """A front end waits at its start for the handlers of the models served (so it serves them
+    from its first request) for a few seconds at most: one that never builds there (its module
+    hangs on import) leaves the front end answering, the model 503 ``loading`` there."""
+    gate = tmp_path / "gate"
+    with split_server("--model", "tests.fakes:GateFileInFrontEnds", "--devices", "cpu",
+                      "--frontends", "2", env={"GATE_FILE": str(gate)}) as (_, url):
+        for _ in range(6):
+            r = post(url, [1])
+            assert r.status_code == 503 and r.json()["error"]["type"] == "loading", r.text
+            assert fresh_get(url, "/health_check").status_code == 200
+        gate.touch()
+        wait_until_sync(lambda: all(post(url, [1]).status_code == 200 for _ in range(6)),
+                        "both front ends serve it")
+
+
 @pytest.mark.parametrize("frontends", [1, 2])
 def test_each_process_refreezes_its_heap_after_a_load_and_an_unload(tmp_path: Path,
                                                                    frontends: int) -> None:
