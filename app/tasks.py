@@ -126,7 +126,7 @@ class DaemonPool(Executor):
             del item, future, call  # nothing of a call is held while the thread waits
 
 
-async def alone(name: str, fn: Callable[..., T], *args: Any) -> T:
+async def on_own_thread(name: str, fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` on a daemon thread made for it (``name``): model code that may take long
     (importing a module, reading weights) or never return."""
     pool = DaemonPool(name)

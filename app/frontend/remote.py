@@ -27,7 +27,7 @@ from app.models.base import ModelHandler
 from app.models.registry import load_handler
 from app.process import one_torch_thread, refrozen
 from app.snapshot import ModelEntry, Snapshot
-from app.tasks import DaemonPool, alone
+from app.tasks import DaemonPool, on_own_thread
 from app.tracing import Tracing
 from app.versions import pick
 
@@ -148,7 +148,7 @@ class RemoteRepository:
                       if entry.handler is None else contextlib.nullcontext())
         try:
             with refreezing:
-                self._handlers[key] = await alone(f"build-{entry.name}", _handler, entry)
+                self._handlers[key] = await on_own_thread(f"build-{entry.name}", _handler, entry)
         finally:
             del self._making[key]
         self.update(self._service.link.snapshot)

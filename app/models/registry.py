@@ -14,7 +14,7 @@ from app.models.base import ModelHandler
 from app.models.builtin import linear_handler, mlp_handler
 from app.models.tensor import TensorHandler
 from app.process import freezing
-from app.tasks import alone
+from app.tasks import on_own_thread
 
 if TYPE_CHECKING:
     import torch
@@ -38,7 +38,7 @@ async def build_handler(spec: str, name: str) -> ModelHandler:
     factory (reading weights, loading a program) may take long: the event loop serves on
     meanwhile. A daemon thread: one that never returns keeps no exit waiting."""
     with freezing(asyncio.get_running_loop()):
-        return await alone(f"build-{name}", load_handler, spec, name)
+        return await on_own_thread(f"build-{name}", load_handler, spec, name)
 
 
 def load_handler(spec: str, name: str | None = None) -> ModelHandler:
