@@ -251,7 +251,8 @@ def test_jobs_read_while_a_device_thread_restarts_wait_for_it(redis_url: str) ->
 
 
 def device_up(port: int) -> float | None:
-    """``batchserve_device_up`` from a worker's metrics (None until it serves them)."""
+    """``batchserve_device_up`` from a worker's metrics (None until it serves them, 0 until
+    its device thread is up)."""
     try:
         return sample(httpx.get(f"http://127.0.0.1:{port}/metrics").text, "batchserve_device_up")
     except httpx.TransportError:
@@ -273,6 +274,8 @@ def test_a_stuck_device_thread_stops_the_worker_with_exit_1(redis_url: str,
     add = lambda job_id: r.xadd(STREAM, {"job": orjson.dumps(  # noqa: E731
         {"id": job_id, "instances": [[1.0, 2.0]]})})
     with worker(redis_url, *args, env={"GATE_FILE": str(gate)}) as proc:
+        # Its metrics are served before its device thread starts: 0 then is no device yet.
+        wait_until_sync(lambda: device_up(port) == 1, "the device thread up")
         add("stuck")
         wait_until_sync(lambda: device_up(port) == 0, "stuck seen")
         add("later")
