@@ -179,8 +179,7 @@ class InferenceService:
         for model in models:
             await model.queue.wait_closed()
         if self._pool is not None:
-            self._pool.close(cancel_calls=True)
-            await self._pool.ended()
+            await self._pool.stop(cancel_calls=True)
         await asyncio.gather(*(loader.close() for loader in self._loaders.values()))
 
     # ---- the repository's runtime ----------------------------------------------------------------

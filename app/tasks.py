@@ -97,6 +97,11 @@ class DaemonPool(Executor):
         for _ in self._threads:
             self._calls.put(None)
 
+    async def stop(self, cancel_calls: bool = False) -> bool:
+        """``close``, then whether every thread ended within ``STOP_S`` (``ended``)."""
+        self.close(cancel_calls)
+        return await self.ended()
+
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self.close(cancel_futures)
         for thread in self._threads if wait else ():

@@ -45,8 +45,6 @@ class Warm:
     padded: bool = False  # the handler gives lengths: batches are padded to the longest
 
 
-
-
 class Loader:
     """Loads and warms one device's replicas, one at a time, on one thread of its own with the
     same streams every time. cuBLAS keeps a workspace for each (thread, stream) it has run on
@@ -82,8 +80,7 @@ class Loader:
 
     async def close(self) -> None:
         """Its thread ends (unless a load is stuck in it: ``STOP_S`` at most)."""
-        self._thread.close()
-        await self._thread.ended()
+        await self._thread.stop()
 
 
 def warm_replica(handler: ModelHandler, device: torch.device, limit: int,

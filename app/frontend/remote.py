@@ -221,8 +221,7 @@ class RemoteService:
     async def stop(self) -> None:
         self.link.close()
         if self.pool is not None:
-            self.pool.close(cancel_calls=True)
-            await self.pool.ended()
+            await self.pool.stop(cancel_calls=True)
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.shutdown)
 
