@@ -4,7 +4,9 @@ Each front end holds one socket to this process. What it sends (one message per 
 event loop): ``requests`` to admit and enqueue, ``cancel`` for requests whose client left,
 ``answered`` (request durations, one list per model and status a message) and ``rejected``
 counts for the metrics, ``sync`` (after a load or unload: answer once every front end holds
-the new snapshot) and ``acked`` (this front end holds it). What it gets: ``results`` (a
+the new snapshot), ``acked`` (this front end holds it) and ``lacking`` (once its start has
+ended, and whenever it changes: the model versions it cannot serve, yet or at all, which the
+health answers say, app/state.py). What it gets: ``results`` (a
 request's results or its error), ``models`` (the snapshot: what a front end needs to parse,
 decode and route to each model version), ``ack`` (say when you hold it) and ``synced`` (every
 front end holds the snapshot).
@@ -54,8 +56,12 @@ def error_fields(exc: ServeError) -> tuple[int, str, str, int | None]:
 class Bridge:
     """Serves every front end's link on the device process's event loop."""
 
-    def __init__(self, service: InferenceService) -> None:
+    def __init__(self, service: InferenceService, frontends: int = 0) -> None:
+        """``frontends``: how many the server runs; it reads loading till as many have
+        started."""
         self.service = service
+        self._frontends = frontends
+        service.state.frontends_starting = frontends > 0
         self._links: set[_Link] = set()
         self._counts: dict[tuple[str, str], ModelMetrics] = {}
         self._tasks = Background(log)
@@ -87,6 +93,7 @@ class Bridge:
             pass
         finally:
             self._links.discard(link)
+            self._lacking_changed()
             for _, pending, _ in list(link.waiting.values()):
                 pending.future.cancel()
             for ack in link.acks.values():
@@ -147,9 +154,27 @@ class Bridge:
             ack = link.acks.pop(key, None)
             if ack is not None and not ack.done():
                 ack.set_result(None)
+        reports = message.get("lacking")
+        if reports:
+            link.lacking = {(name, version): status for name, version, status in reports[-1]}
+            link.started = link.started or "loading" not in link.lacking.values()
+            self._lacking_changed()
         tokens = message.get("sync")
         if tokens:
             self._tasks.start(self._sync_all(link, tokens), "the front ends' sync to the models")
+
+    def _lacking_changed(self) -> None:
+        """What the front ends cannot serve, together (``unavailable`` over ``loading``), and
+        whether they have all started: the health answers' (app/state.py)."""
+        state = self.service.state
+        lack: dict[tuple[str, str], str] = {}
+        for link in self._links:
+            for key, status in link.lacking.items():
+                if lack.get(key) != "unavailable":
+                    lack[key] = status
+        state.frontends_lack = lack
+        if sum(link.started for link in self._links) >= self._frontends:
+            state.frontends_starting = False
 
     def _metrics(self, name: str, version: str) -> ModelMetrics:
         key = (name, version)
@@ -214,6 +239,10 @@ class _Link:
     waiting: dict[int, tuple[ServedModel, PendingRequest, str | None]] = field(
         default_factory=dict)
     sent: Snapshot | None = None  # the last snapshot sent
+    # What the front end last reported it cannot serve, (model, version) -> status, and whether
+    # it has reported once with nothing loading (its start, models made, has ended)
+    lacking: dict[tuple[str, str], str] = field(default_factory=dict)
+    started: bool = False
     acks: dict[int, asyncio.Future[None]] = field(default_factory=dict)
     _keys: itertools.count[int] = field(default_factory=itertools.count)
 

@@ -67,7 +67,7 @@ class InferenceService:
                                           settings.default_model)
         self.workers: list[DeviceWorker] = []
         self.unknown = metrics.for_model("", "")  # requests for no model the server knows
-        self.state = ServerState()  # written here only (app/state.py)
+        self.state = ServerState()  # draining written here only (app/state.py)
         self.before_scrape: list[Callable[[], Awaitable[None]]] = []  # awaited by GET /metrics
         self._started = False
         self._pool: DaemonPool | None = None
@@ -287,7 +287,8 @@ class InferenceService:
         states = {w.state for w in self.workers}
         if WorkerState.FAILED in states or not self.live or self.repository.all_failed:
             return "unhealthy"
-        if not self._started or WorkerState.STARTING in states or self.repository.starting:
+        if (not self._started or WorkerState.STARTING in states or self.repository.starting
+                or self.state.frontends_starting):
             return "loading"
         health = [m.health for m in self.repository.models() if m.state is ModelState.READY]
         if "unhealthy" in health:  # a model whose device threads are being restarted

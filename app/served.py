@@ -119,6 +119,9 @@ class ServedModel(ModelFacade):
             return str(self.state.value).lower()
         if self.stranded:
             return "unhealthy"
+        lacking = self.server.frontends_lack.get((self.name, self.version))
+        if lacking is not None:  # a front end cannot serve it (yet): loading, unavailable
+            return lacking
         return "busy" if self.queue.depth >= self.room(self.settings.default_level) else "ready"
 
     def room(self, level: int) -> int:

@@ -94,7 +94,7 @@ def _serve_split(settings: Settings, count: int, fd: int | None) -> int:
         with reserved(settings.host, settings.grpc_port), private_socket() as (private, address):
             app = create_app(settings, behind_frontends=True)
             service = app.state.service
-            frontends = Frontends(settings, listeners, address, Bridge(service))
+            frontends = Frontends(settings, listeners, address, Bridge(service, count))
             server = DeviceServer(server_config(settings, app, clients=False), service,
                                   drain_limit_s(settings), frontends)
             log.info("listening on %s%s with %d front ends", url_of(listener),

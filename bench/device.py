@@ -80,8 +80,10 @@ def mlp_stand_in() -> TensorHandler:
 
 
 def settings_for(args: argparse.Namespace) -> Settings:
-    model = "bench.device:minilm_stand_in" if args.workload == "minilm" else args.workload
-    return Settings(model=model, devices=args.devices, max_batch_size=args.max_batch_size,
+    model = args.model or ("bench.device:minilm_stand_in" if args.workload == "minilm"
+                           else args.workload)
+    return Settings(model=model, model_name=args.workload, devices=args.devices,
+                    max_batch_size=args.max_batch_size,
                     max_wait_ms=args.max_wait_ms, torch_threads=args.torch_threads,
                     queue_capacity=max(4096, args.concurrency * args.instances),
                     max_instances=max(256, args.instances), grpc_port=0,
@@ -224,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch-size", type=int, default=256)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--torch-threads", type=int, default=1)
+    p.add_argument("--model", default=None,
+                   help="serve the workload's requests with this model (a module:callable, "
+                        "bench.device:mlp_stand_in: the mlp's shapes through one layer)")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="serve with cuda_graphs (docs/cuda-graphs.md)")
     p.add_argument("--profile", type=Path, default=None,

@@ -91,6 +91,10 @@ class RemoteRepository:
         # could be), and those being made
         self._handlers: dict[HandlerKey, ModelHandler | None] = {}
         self._making: dict[HandlerKey, asyncio.Task[None]] = {}
+        # What was last reported lacking (``report``); None: nothing reported yet, as the start
+        # has not ended
+        self._reported: Lacking | None = None
+        self._lacking: Lacking = {}
 
     def get(self, name: str | None = None, version: str | None = None) -> RemoteModel:
         snap = self._service.link.snapshot
@@ -117,22 +121,38 @@ class RemoteRepository:
         models = {}
         making = []
         named = set()
+        lacking: Lacking = {}
         for versions in snap.served.values():
             for entry in versions.values():
                 key = _key(entry)
                 named.add(key)
                 if key not in self._handlers:
                     making.append(self._make(key, entry))
+                    lacking[(entry.name, entry.version)] = "loading"
                     continue
                 handler = self._handlers[key]
-                if handler is not None:
+                if handler is None:
+                    lacking[(entry.name, entry.version)] = "unavailable"
+                else:
                     models[(entry.name, entry.version)] = RemoteModel(entry, handler,
                                                                       self._service)
         self._models = models
         # What no snapshot names is let go: a version unloaded, a handler that failed (tried
         # again at the model's next load)
         self._handlers = {k: h for k, h in self._handlers.items() if k in named}
+        self._lacking = lacking
+        if self._reported is not None:
+            self.report()
         return asyncio.gather(*making) if making else None
+
+    def report(self) -> None:
+        """Tell the device process which model versions this front end cannot serve, if that
+        changed since it last did (the first call: whatever it is): ``loading`` while it makes
+        a handler, ``unavailable`` where it could not. Its health answers say so, one answer
+        whichever front end a probe reaches (app/bridge.py)."""
+        if self._lacking != self._reported:
+            self._reported = self._lacking
+            self._service.link.send("lacking", [(*k, s) for k, s in self._lacking.items()])
 
     def _make(self, key: HandlerKey, entry: ModelEntry) -> asyncio.Task[None]:
         task = self._making.get(key)
@@ -155,6 +175,7 @@ class RemoteRepository:
 
 
 HandlerKey = tuple[str, str, bytes | None]
+Lacking = dict[tuple[str, str], str]  # (model, version) -> loading or unavailable
 
 
 def _key(entry: ModelEntry) -> HandlerKey:
@@ -217,6 +238,7 @@ class RemoteService:
             # unless one takes long (it reads loading here till made): the socket this front
             # end listens on is not left unanswered meanwhile
             await asyncio.wait([making], timeout=START_MAKING_S)
+        self.repository.report()  # the start has ended: what it serves counts from now
 
     async def stop(self) -> None:
         self.link.close()

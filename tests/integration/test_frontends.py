@@ -329,6 +329,8 @@ def test_a_handler_slow_to_build_in_the_front_ends_leaves_them_serving(tmp_path:
         assert load.status_code == 200
         for _ in range(6):
             assert fresh_get(url, "/health_check").json()["status"] == "ready"
+            assert fresh_get(url, "/health_check?model=slow").json()["status"] == "loading"
+            assert fresh_get(url, "/v2/models/slow/ready").status_code == 503
             assert post(url, [[1, 2, 3, 4]], "/models/lin/predict").status_code == 200
             r = post(url, [1], "/models/slow/predict")
             assert r.status_code == 503 and r.json()["error"]["type"] == "loading", r.text
@@ -336,22 +338,32 @@ def test_a_handler_slow_to_build_in_the_front_ends_leaves_them_serving(tmp_path:
         wait_until_sync(lambda: all(post(url, [1], "/models/slow/predict").status_code == 200
                                     for _ in range(6)), "both front ends serve it")
         assert post(url, [1], "/models/slow/predict").json()["predictions"] == [2.0]
+        assert fresh_get(url, "/health_check?model=slow").json()["status"] == "ready"
 
 
 def test_front_ends_whose_handler_never_builds_start_and_say_it_loads(tmp_path: Path) -> None:
     """A front end waits at its start for the handlers of the models served (so it serves them
     from its first request) for a few seconds at most: one that never builds there (its module
-    hangs on import) leaves the front end answering, the model 503 ``loading`` there."""
+    hangs on import) leaves the front end answering, the model 503 ``loading`` there, and the
+    server's health says loading (whichever front end answers) till every front end serves
+    it: a gateway sends it nothing it cannot serve."""
     gate = tmp_path / "gate"
-    with split_server("--model", "tests.fakes:GateFileInFrontEnds", "--devices", "cpu",
-                      "--frontends", "2", env={"GATE_FILE": str(gate)}) as (_, url):
+    with serve("--model", "tests.fakes:GateFileInFrontEnds", "--devices", "cpu",
+               "--frontends", "2", env={"GATE_FILE": str(gate)}, reuse_port=True) as (_, url):
+        wait_until_sync(lambda: fresh_get(url, "/health_check").status_code == 503
+                        and metric(url, "batchserve_frontends_connected") == 2,
+                        "both front ends answering")
         for _ in range(6):
             r = post(url, [1])
             assert r.status_code == 503 and r.json()["error"]["type"] == "loading", r.text
-            assert fresh_get(url, "/health_check").status_code == 200
+            health = fresh_get(url, "/health_check")
+            assert health.status_code == 503 and health.json()["status"] == "loading"
+            assert health.json()["models"][0]["status"] == "loading"
+            assert fresh_get(url, "/v2/health/ready").status_code == 503
         gate.touch()
-        wait_until_sync(lambda: all(post(url, [1]).status_code == 200 for _ in range(6)),
-                        "both front ends serve it")
+        wait_ready(url)
+        assert all(post(url, [1]).status_code == 200 for _ in range(6))
+        assert {fresh_get(url, "/health_check").json()["status"] for _ in range(6)} == {"ready"}
 
 
 @pytest.mark.parametrize("frontends", [1, 2])

@@ -334,3 +334,38 @@ async def test_a_chunks_row_cancelled_or_past_its_deadline_is_dropped_uncomputed
         registry = service.metrics.registry
         assert sample(registry, "batchserve_dropped_items_total", reason="cancelled") == 1
         assert sample(registry, "batchserve_dropped_items_total", reason="expired") == 1
+
+
+async def test_health_says_what_a_front_end_cannot_serve_and_loading_till_all_have_started(
+) -> None:
+    """One health answer whichever front end a probe reaches: the server reads loading till
+    every front end has started with the handlers of its models; later, a model version some
+    front end cannot serve reads loading (it makes the handler) or unavailable (it could
+    not), the server ready; a front end that goes away takes what it lacked with it."""
+    async with running(EchoHandler()) as service:
+        bridge = Bridge(service, frontends=2)
+        (one, _), (two, _) = link(), link()
+        bridge._links.update((one, two))
+        model = service.repository.get()
+
+        def lacking(*statuses: str) -> dict[str, Any]:
+            return {"lacking": [[(model.name, model.version, s) for s in statuses]]}
+
+        assert service.status == "loading"  # neither has said it started
+        bridge._handle(one, lacking())
+        assert service.status == "loading"  # one of two
+        bridge._handle(two, lacking("loading"))  # its start ended, the handler not yet made
+        assert (service.status, model.health) == ("loading", "loading")
+        bridge._handle(two, lacking())
+        assert (service.status, model.health) == ("ready", "ready")
+        bridge._handle(one, lacking("unavailable"))
+        bridge._handle(two, lacking("loading"))
+        assert (service.status, model.health) == ("ready", "unavailable")
+        bridge._links.discard(one)  # as its link's end does
+        bridge._lacking_changed()
+        assert (service.status, model.health) == ("ready", "loading")
+        bridge._handle(two, lacking())
+        assert (service.status, model.health) == ("ready", "ready")
+    async with running(EchoHandler()) as service:
+        Bridge(service)  # no front end to wait for (bench/device.py's)
+        assert service.status == "ready"

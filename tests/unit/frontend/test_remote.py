@@ -187,3 +187,36 @@ async def test_a_handler_is_made_off_the_event_loop_and_its_model_reads_loading_
     await making
     assert isinstance(repository.get("m").handler, EchoHandler)
     assert threads == ["build-m"]
+
+
+@pytest.mark.asyncio
+async def test_a_front_end_reports_what_it_cannot_serve_once_started_and_when_it_changes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing before its start ends (``report``); then what it lacks, and each change: the
+    handler being made (loading), made (nothing), failed (unavailable)."""
+    gate = threading.Event()
+
+    def build(spec: str, name: str | None = None) -> ModelHandler:
+        assert gate.wait(WAIT_S)
+        return load_handler(spec, name)
+
+    monkeypatch.setattr(remote, "load_handler", build)
+    service = Service(entry("tests.fakes:EchoHandler", None))
+    sent: list[tuple[str, object]] = []
+    service.link.send = lambda kind, entry: sent.append((kind, entry))
+    repository = RemoteRepository(service)  # type: ignore[arg-type]
+    making = repository.update(service.link.snapshot)
+    assert making is not None and sent == []
+    repository.report()
+    repository.report()  # unchanged: not sent again
+    assert sent == [("lacking", [("m", "1", "loading")])]
+    gate.set()
+    await making
+    assert sent[1:] == [("lacking", [])]
+    failing = replace(entry("tests.fakes:raising_factory", None), version="2")
+    service.link.snapshot = snap(failing)
+    making = repository.update(service.link.snapshot)
+    assert making is not None
+    await making
+    assert sent[2:] == [("lacking", [("m", "2", "loading")]),
+                        ("lacking", [("m", "2", "unavailable")])]
