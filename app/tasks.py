@@ -1,7 +1,7 @@
 """Background tasks started and left to run, each kept referenced until it is done (the event
 loop keeps only a weak reference to a task, which could otherwise be collected mid-run); threads
-for calls that may never return; and a future's resolver for a callback from another
-thread."""
+for calls that may never return; calls asked again while on their way, shared; and a future's
+resolver for a callback from another thread."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
@@ -155,6 +155,29 @@ async def unless(work: Coroutine[Any, Any, None], stop: Callable[[], bool],
         task.cancel()
     task.result()
     return True
+
+
+class Shared:
+    """Calls of one key made while one is on its way share its outcome: a flood of them costs
+    one call at a time. A call that comes once the outcome is in makes a new one (its outcome
+    is always one given after the call came)."""
+
+    def __init__(self) -> None:
+        self._asked: dict[Hashable, asyncio.Future[Any]] = {}
+
+    def __call__(self, key: Hashable, call: Callable[[], Awaitable[T]]) -> Awaitable[T]:
+        """The outcome of ``call()`` (or of the one on its way for ``key``), shielded: a caller
+        that goes away leaves it to the others."""
+        asked = self._asked.get(key)
+        if asked is None or asked.done():
+            asked = self._asked[key] = asyncio.ensure_future(call())
+
+            asked.add_done_callback(lambda done: self._forget(key, done))
+        return asyncio.shield(asked)  # which retrieves an outcome whose callers all left
+
+    def _forget(self, key: Hashable, done: asyncio.Future[Any]) -> None:
+        if self._asked.get(key) is done:
+            del self._asked[key]
 
 
 def resolver(future: asyncio.Future[None]) -> Callable[[], None]:

@@ -27,6 +27,14 @@ HEALTH_TIMEOUT_S = 5.0
 HELD = f"the device process did not answer within {HEALTH_TIMEOUT_S:g} s"
 
 
+def is_probe(path: str) -> bool:
+    """Health, readiness and /metrics: open paths that probes and scrapers ask for often, whose
+    answer depends on no header. Asked again while the same is on its way, the device process
+    is asked once (app/frontend/app.py, app/grpc/control.py)."""
+    return path in HEALTH_PATHS or path == "/metrics" or (
+        path.startswith("/v2/models/") and path.endswith("/ready"))
+
+
 def proxy_timeout(path: str) -> float | None:
     """How long a front end waits for the device process's answer to ``path``: a health check
     HEALTH_TIMEOUT_S, anything else as long as it takes (a load may take minutes)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from urllib.parse import quote, quote_from_bytes
 
@@ -23,7 +23,14 @@ from starlette.types import Receive, Scope, Send
 
 from app.api import error_responses as errors
 from app.api import predict
-from app.api.access import HEALTH_PATHS, HELD, REQUEST_ID_HEADER, AccessLog, proxy_timeout
+from app.api.access import (
+    HEALTH_PATHS,
+    HELD,
+    REQUEST_ID_HEADER,
+    AccessLog,
+    is_probe,
+    proxy_timeout,
+)
 from app.api.body import ClientGone, read_body
 from app.api.routing import BatchServeApp
 from app.api.v2.infer import infer_routes
@@ -32,6 +39,7 @@ from app.frontend.link import GONE
 from app.frontend.remote import RemoteService
 from app.links import connect
 from app.logs import request_id
+from app.tasks import Shared
 from app.version import __version__
 
 # Hop-by-hop headers and those the proxy's own answer sets. The client's Host goes on: the
@@ -48,11 +56,18 @@ _VISIBLE = "".join(map(chr, range(0x21, 0x7F)))  # what a request target holds u
 class DeviceProxy:
     """Forwards a request to the device process's app and its answer back; 503 ``unhealthy``
     when that process cannot be reached. After a repository change (load, unload) it waits for
-    this front end to hold the new model snapshot, so the next request finds what was loaded."""
+    this front end to hold the new model snapshot, so the next request finds what was loaded.
+
+    Probes and scrapes (a GET or HEAD without a body of ``is_probe``'s paths: open, the same
+    answer for every client) asked while the same one is on its way share its answer
+    (``Shared``): each costs the device process a few hundred us and this front end over a ms
+    through the proxy, and a flood of them on these open paths took two thirds of the server's
+    inference (docs/frontends.md)."""
 
     def __init__(self, service: RemoteService, client: Callable[[], httpx.AsyncClient]) -> None:
         self.service = service
         self._client = client
+        self._shared = Shared()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = await self._forward(scope, receive)
@@ -72,10 +87,17 @@ class DeviceProxy:
             return errors.error_response(exc)
         path = scope["path"]
         target = proxied_target(scope)
+        method = scope["method"]
+
+        def ask() -> Awaitable[httpx.Response]:
+            return self._client().request(method, target, headers=headers, content=body,
+                                          timeout=proxy_timeout(path))
+
         try:
-            answer = await self._client().request(
-                scope["method"], target, headers=headers, content=body,
-                timeout=proxy_timeout(path))
+            if not body and method in ("GET", "HEAD") and is_probe(path):
+                answer = await self._shared((method, target), ask)
+            else:
+                answer = await ask()
         except httpx.TimeoutException:
             return _unreachable(path, HELD)
         except httpx.TransportError:

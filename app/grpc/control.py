@@ -15,9 +15,10 @@ from typing import Any
 import httpx
 import orjson
 
-from app.api.access import HELD, proxy_timeout
+from app.api.access import HELD, is_probe, proxy_timeout
 from app.errors import Relayed
 from app.logs import request_id
+from app.tasks import Shared
 
 PASSED_ON = ("authorization",)  # the call's metadata the app reads, besides its request id
 
@@ -29,15 +30,22 @@ class Control:
         end takes the device process's new model snapshot then)."""
         self._client = client
         self._changed = changed
+        self._shared = Shared()  # probes asked again while on their way (``is_probe``)
 
     async def get(self, path: str, metadata: Mapping[str, str],
                   params: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any]]:
         """(status, JSON body) of a GET; Relayed for an error other than 503, which health and
         readiness answer with a body of their own. A health check not answered within
         HEALTH_TIMEOUT_S is 503 unhealthy, as a front end answers it over HTTP."""
+        def ask() -> Awaitable[httpx.Response]:
+            return self._request("GET", path, metadata, params=params,
+                                 timeout=proxy_timeout(path))
+
         try:
-            answer = await self._request("GET", path, metadata, params=params,
-                                         timeout=proxy_timeout(path))
+            if is_probe(path):
+                answer = await self._shared((path, tuple(sorted((params or {}).items()))), ask)
+            else:
+                answer = await ask()
         except httpx.TimeoutException:
             return 503, {"status": "unhealthy", "reason": HELD}
         if answer.status_code >= 400 and answer.status_code != 503:

@@ -12,7 +12,7 @@ import weakref
 
 import pytest
 
-from app.tasks import Background, DaemonPool, resolver, unless
+from app.tasks import Background, DaemonPool, Shared, resolver, unless
 from tests.conftest import ROOT, WAIT_S, wait_until
 
 LOG = logging.getLogger("batchserve.test")
@@ -221,3 +221,30 @@ async def test_unless_runs_work_to_its_end_or_abandons_it_once_told() -> None:
     gate.set()
     await asyncio.sleep(0.01)
     assert done == ["ends"]  # the abandoned work was cancelled, not finished
+
+
+@pytest.mark.asyncio
+async def test_calls_of_one_key_on_their_way_share_one_outcome_and_a_later_one_makes_its_own(
+) -> None:
+    shared, gate, made = Shared(), asyncio.Event(), []
+
+    async def call(outcome: object) -> object:
+        made.append(outcome)
+        await gate.wait()
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    first = [asyncio.ensure_future(shared("a", lambda: call(1))) for _ in range(3)]
+    other = asyncio.ensure_future(shared("b", lambda: call(2)))
+    leaving = asyncio.ensure_future(shared("a", lambda: call(3)))
+    await asyncio.sleep(0)
+    leaving.cancel()  # its caller went away: the call goes on for the others
+    gate.set()
+    assert await asyncio.gather(*first, other) == [1, 1, 1, 2]
+    assert made == [1, 2]
+    assert await shared("a", lambda: call(4)) == 4  # came after the outcome: a call of its own
+    failing = [asyncio.ensure_future(shared("c", lambda: call(ValueError("no")))) for _ in "xy"]
+    assert [type(r) for r in await asyncio.gather(*failing, return_exceptions=True)] == [
+        ValueError, ValueError]
+    assert len(made) == 4  # 1, 2, 4 and the one failure shared
