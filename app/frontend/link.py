@@ -86,11 +86,12 @@ class DeviceLink:
         return request
 
     def drop(self, request: RemoteRequest) -> None:
-        """Its caller is done with ``request``: if it is still waiting (its client left), the
-        device process drops its items."""
+        """Its caller is done with ``request``: if it is still waiting (its client left; the
+        disconnect watch may have cancelled its future already), the device process drops its
+        items."""
         request.timer.cancel()
-        if not request.future.done():
-            request.future.cancel()
+        request.future.cancel()
+        if request.rid in self.waiting:  # neither answered nor past its deadline
             self._cancel(request.rid)
 
     def _expire(self, rid: int) -> None:

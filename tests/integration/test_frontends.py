@@ -82,6 +82,32 @@ def test_admission_is_global_and_every_front_end_gives_one_answer(tmp_path: Path
         assert health == {"ready"}
 
 
+@pytest.mark.parametrize("frontends", [1, 2])
+def test_a_request_whose_client_left_while_queued_is_dropped_not_computed(
+        tmp_path: Path, frontends: int) -> None:
+    """With the model stalled on one request, a second one's client gives up and leaves: the
+    server counts it 499, and its item is dropped from the one queue, not computed, whichever
+    front end took it."""
+    gate = tmp_path / "gate"
+    args = (*GATED[:-1], str(frontends), "--max-batch-size", "1")
+    with (split_server if frontends > 1 else serve)(*args, env={"GATE_FILE": str(gate)}) as (
+            _, url), ThreadPoolExecutor(1) as pool:
+        wait_ready(url)
+        busy = pool.submit(post, url, [[1, 1]])
+        wait_until_sync(lambda: metric(url, "batchserve_in_flight_requests") == 1
+                        and metric(url, "batchserve_queue_depth") == 0,
+                        "the first request in the device's hands")
+        with httpx.Client(timeout=1.0) as client, pytest.raises(httpx.TimeoutException):
+            client.post(url + "/predict", json={"instances": [[2, 2]]})
+        wait_until_sync(lambda: metric(url, "batchserve_requests_total", status="499") == 1,
+                        "the leaver counted")
+        gate.touch()
+        assert busy.result().json()["predictions"] == [[2.0, 2.0]]
+        wait_until_sync(lambda: metric(url, "batchserve_dropped_items_total",
+                                       reason="cancelled") == 1, "its item dropped")
+        assert metric(url, "batchserve_batch_size_sum") == 1  # the first one's item alone
+
+
 def test_answers_from_the_device_process_carry_one_date_and_head_keeps_the_connection() -> None:
     """What a front end passes on from the device process (health, metadata) has the front
     end's Date and Server only, and a HEAD check answers a GET's length with no body, so the

@@ -83,6 +83,26 @@ async def test_past_its_deadline_a_request_is_answered_504_and_dropped_there() -
         assert isinstance(request.future.exception(), DeadlineExceeded)
 
 
+async def test_a_request_whose_client_left_is_dropped_by_the_device_process() -> None:
+    """The request path's disconnect watch cancels the request's future, then drops it: the
+    device process is told to drop its items, whichever came first; an answered request is
+    not dropped there."""
+    async with linked() as (link, device, to_front):
+        left, cancelled_first, answered = (submit(link, 30) for _ in range(3))
+        rids = await sent_ids(device)
+        link.drop(left)  # its caller gave up waiting
+        cancelled_first.future.cancel()  # the disconnect watch's cancel
+        link.drop(cancelled_first)
+        assert await received(device, "cancel") == rids[:2]
+        to_front.writelines(wire.encode({"results": [(rids[2], None, 1)],
+                                    "results_values": wire.pack([np.ones(1)])}))
+        await answered.future
+        link.drop(answered)
+        link.send("acked", 0)  # a message after it: no cancel with it
+        message = await asyncio.wait_for(device.read(), 10)
+        assert "cancel" not in message and not link.waiting
+
+
 async def test_a_refusal_is_relayed_and_a_lost_device_answers_the_rest_503() -> None:
     async with linked() as (link, device, to_front):
         refused = submit(link, 30)
