@@ -106,6 +106,7 @@ def test_a_request_whose_client_left_while_queued_is_dropped_not_computed(
         wait_until_sync(lambda: metric(url, "batchserve_dropped_items_total",
                                        reason="cancelled") == 1, "its item dropped")
         assert metric(url, "batchserve_batch_size_sum") == 1  # the first one's item alone
+        assert metric(url, "batchserve_in_flight_requests") == 0
 
 
 def test_answers_from_the_device_process_carry_one_date_and_head_keeps_the_connection() -> None:
