@@ -171,7 +171,6 @@ class Shared:
         asked = self._asked.get(key)
         if asked is None or asked.done():
             asked = self._asked[key] = asyncio.ensure_future(call())
-
             asked.add_done_callback(lambda done: self._forget(key, done))
         return asyncio.shield(asked)  # which retrieves an outcome whose callers all left
 
