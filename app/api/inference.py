@@ -120,31 +120,46 @@ def priority_header(header: bytes | None) -> int | None:
 
 
 class DisconnectWatch:
-    """Cancels a waiting request's future when its client disconnects, so its queued items are
-    dropped instead of computed. Watching takes a task, so it starts only once the request has
-    waited ``WATCH_AFTER_S``: answers faster than that (most, unless the server is queueing)
-    never pay for it."""
+    """Lets a request go when its client disconnects: while its items decode in the pool, by
+    cancelling the request's task in that wait (the decode runs on, its outcome dropped); once
+    queued, by cancelling its future, so its items are dropped instead of computed. Watching
+    takes a task, so it starts only once the request has waited ``WATCH_AFTER_S``: answers
+    faster than that (most, unless the server is queueing) never pay for it."""
 
-    def __init__(self, receive: Receive, pending: Waiting) -> None:
+    def __init__(self, receive: Receive) -> None:
         self._receive = receive
-        self._future = pending.future
+        self._request = asyncio.current_task()
+        self._pending: Waiting | None = None
         self._task: asyncio.Task[None] | None = None
+        self._cut = False  # it cancelled the request's task
         self._timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, self._start)
 
+    def queued(self, pending: Waiting) -> None:
+        """The request's items are queued: from now on a disconnect cancels its future."""
+        self._pending = pending
+
     def _start(self) -> None:
-        if not self._future.done():
+        if self._pending is None or not self._pending.future.done():
             self._task = asyncio.get_running_loop().create_task(self._watch())
 
     async def _watch(self) -> None:
         while (await self._receive())["type"] != "http.disconnect":
             pass
-        self._future.cancel()
+        if self._pending is not None:
+            self._pending.future.cancel()
+        elif self._request is not None:  # decoding in the pool: the only wait before it queues
+            self._cut = True
+            self._request.cancel()
 
-    @property
-    def noticed(self) -> bool:
-        """The client disconnected (and the request's future was cancelled for it)."""
-        task = self._task
-        return task is not None and task.done() and not task.cancelled()
+    def let_go(self) -> bool:
+        """Whether the request's CancelledError is this watch's doing (its client left), not a
+        cancel from outside; its own cancel of the task is undone."""
+        task, request = self._task, self._request
+        if task is None or not task.done() or task.cancelled() or request is None:
+            return False
+        if self._cut:
+            return request.uncancel() == 0
+        return not request.cancelling()
 
     def close(self) -> None:
         self._timer.cancel()
@@ -211,13 +226,13 @@ async def run_inference(
             priority = priority_header(headers.get(b"x-priority"))
         if asked.timeout_s:
             deadline = min(deadline, arrived + asked.timeout_s)
-        pending = await submit(model, instances, model.level_of(priority), deadline, span)
-        watch = DisconnectWatch(receive, pending)
+        watch = DisconnectWatch(receive)
         try:
+            pending = await submit(model, instances, model.level_of(priority), deadline, span)
+            watch.queued(pending)
             results = await model.result(pending)
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if watch.noticed and task is not None and not task.cancelling():
+            if watch.let_go():
                 raise ClientGone from None
             raise
         finally:

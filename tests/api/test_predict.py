@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 import torch
 
@@ -17,7 +18,15 @@ from app.api import predict
 from app.facade import INLINE_DECODE_MAX_ITEMS
 from app.models.builtin import mlp_module
 from app.models.tensor import TensorHandler
-from tests.conftest import app_client, http_scope, make_settings, queued, sample, wait_until
+from tests.conftest import (
+    WAIT_S,
+    app_client,
+    http_scope,
+    make_settings,
+    queued,
+    sample,
+    wait_until,
+)
 from tests.fakes import (
     EchoHandler,
     FailingHandler,
@@ -283,6 +292,43 @@ async def test_a_decode_in_the_pool_past_the_deadline_is_answered_504_at_the_dea
         handler.release.set()
         registry = client.app.state.service.metrics.registry  # type: ignore[attr-defined]
         assert sample(registry, "batchserve_rejected_total", reason="timeout") == 1
+
+
+async def test_a_client_that_leaves_while_its_request_decodes_in_the_pool_is_let_go() -> None:
+    """A client gone while its decode runs in the pool is answered 499 (counted disconnected)
+    without waiting for the decode, which runs on, its outcome dropped: nothing is queued."""
+    big = INLINE_DECODE_MAX_ITEMS + 1
+    handler = PoolDecodeGate()
+    gone = asyncio.Event()
+    body = orjson.dumps({"instances": [2] * big})
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict:
+        if messages:
+            return messages.pop(0)
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    settings = make_settings(queue_capacity=big, max_instances=big)
+    async with app_client(settings, handler) as client:
+        app = client.app  # type: ignore[attr-defined]
+        answered = asyncio.create_task(app(http_scope("/predict", app), receive, send))
+        await wait_until(handler.in_pool.is_set, "the decode in the pool")
+        gone.set()
+        await asyncio.wait_for(answered, WAIT_S)
+        assert sent[0]["status"] == 499 and not handler.release.is_set()  # still decoding
+        registry = app.state.service.metrics.registry
+        assert sample(registry, "batchserve_rejected_total", reason="disconnected") == 1
+        handler.release.set()
+        handler.gate.set()
+        r = await client.post("/predict", json={"instances": [3]})
+        assert r.json()["predictions"] == [6]
+        assert handler.seen == [3] and app.state.service.in_flight == 0
 
 
 class SmallInline(EchoHandler):
