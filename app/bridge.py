@@ -6,40 +6,38 @@ event loop): ``requests`` to admit and enqueue, ``cancel`` for requests whose cl
 counts for the metrics, ``sync`` (after a load or unload: answer once every front end holds
 the new snapshot), ``acked`` (this front end holds it) and ``lacking`` (once its start has
 ended, and whenever it changes: the model versions it cannot serve, yet or at all, which the
-health answers say, app/state.py). What it gets: ``results`` (a
-request's results or its error), ``models`` (the snapshot: what a front end needs to parse,
-decode and route to each model version), ``ack`` (say when you hold it) and ``synced`` (every
-front end holds the snapshot).
+health answers say, app/state.py). What it gets: ``results`` (a request's results or its
+error), ``models`` (the snapshot: what a front end needs to parse, decode and route to each
+model version), ``ack`` (say when you hold it) and ``synced`` (every front end holds the
+snapshot).
 
 Admission is the same gate a single process runs (app/intake.py: room per level and the
 deadline-aware refusal), against this process's real queues; a refusal goes back at once. A
 message's requests for one model version and level pass it together, in order, and enter the
 queue as one entry; where each is one row, as one chunk (app/pending.py). Answers send
 themselves as they are set (``Answer``, ``RowsAnswer``): no future, callback or timer per
-request here. Deadlines are kept by the front ends, which cancel a request past its own.
+request here (app/device_link.py, one front end's link). Deadlines are kept by the front ends,
+which cancel a request past its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 import app.wire as wire
+from app.device_link import FrontEndLink, error_fields
 from app.errors import ServeError
 from app.intake import admit_all, admit_rows
 from app.links import Inbox, Outbox
 from app.metrics import ModelMetrics
-from app.pending import DROPPED, Answer, PendingRequest, RowsAnswer
+from app.pending import Answer, RowsAnswer
 from app.runtime import InferenceService
-from app.served import ServedModel
-from app.snapshot import Snapshot, snapshot
+from app.snapshot import snapshot
 from app.tasks import Background
 
 log = logging.getLogger("batchserve.bridge")
@@ -47,10 +45,6 @@ log = logging.getLogger("batchserve.bridge")
 SNAPSHOT_CHECK_S = 0.1  # how often the model set is compared with what the front ends were sent
 SYNC_LIMIT_S = 5.0  # the longest a load's answer waits for every front end to hold its model
 GATHER_LIMIT_S = 1.0  # the longest a scrape waits for the front ends' request counts
-
-
-def error_fields(exc: ServeError) -> tuple[int, str, str, int | None]:
-    return exc.status, exc.type, exc.message, exc.retry_after_s
 
 
 class Bridge:
@@ -62,7 +56,7 @@ class Bridge:
         self.service = service
         self._frontends = frontends
         service.state.frontends_starting = frontends > 0
-        self._links: set[_Link] = set()
+        self._links: set[FrontEndLink] = set()
         self._counts: dict[tuple[str, str], ModelMetrics] = {}
         self._tasks = Background(log)
         self._watch: asyncio.Task[None] | None = None
@@ -73,7 +67,7 @@ class Bridge:
                     beat: Heartbeat | None = None) -> None:
         """One front end's link, until it closes (its waiting requests are then dropped);
         ``beat`` records when it was last heard from (app/supervisor.py judges hangs)."""
-        link = _Link(Outbox(transport))
+        link = FrontEndLink(Outbox(transport))
         self._links.add(link)
         if beat is not None:  # its first answer starts the clock (start-up is not timed)
             beat.ask = link.ask
@@ -121,7 +115,7 @@ class Bridge:
         if acks:
             await asyncio.wait(acks, timeout=GATHER_LIMIT_S)
 
-    async def _sync_all(self, origin: _Link, tokens: list[int]) -> None:
+    async def _sync_all(self, origin: FrontEndLink, tokens: list[int]) -> None:
         """Every front end holds the current snapshot (each has acknowledged it); then tell
         ``origin``: after a load through one front end, every front end routes to it."""
         now = snapshot(self.service)
@@ -130,7 +124,7 @@ class Bridge:
         for token in tokens:
             origin.outbox.add("synced", token)
 
-    def _handle(self, link: _Link, message: dict[str, list[Any]]) -> None:
+    def _handle(self, link: FrontEndLink, message: dict[str, list[Any]]) -> None:
         # Stacked: a request's rows stay one array, which a model whose rows stack queues as
         # one chunk (app/pending.py).
         for group, values in zip(message.get("requests", ()),
@@ -183,7 +177,7 @@ class Bridge:
             metrics = self._counts[key] = self.service.metrics.for_model(name, version)
         return metrics
 
-    def _admit(self, link: _Link, group: tuple[Any, ...], values: Any) -> None:
+    def _admit(self, link: FrontEndLink, group: tuple[Any, ...], values: Any) -> None:
         """Admit and enqueue one message's requests for one model version and level together
         (app/intake.py), in the order they came; a refusal is sent back at once. Where each
         is one row (one item) and no span is kept a request, they are one chunk: one request
@@ -225,92 +219,7 @@ class Bridge:
 @dataclass(eq=False)
 class Heartbeat:
     """When a front end's link last brought a message (None: not yet), and how to ask it for
-    one (``_Link.ask``, set once it is served)."""
+    one (``FrontEndLink.ask``, set once it is served)."""
 
     heard: float | None = None
     ask: Callable[[], object] | None = None
-
-
-@dataclass(eq=False)
-class _Link:
-    outbox: Outbox
-    # Each admitted request's model, its place in the queue and its log id; the requests of a
-    # chunk of one-row requests share one entry (their log ids are their answer's).
-    waiting: dict[int, tuple[ServedModel, PendingRequest, str | None]] = field(
-        default_factory=dict)
-    sent: Snapshot | None = None  # the last snapshot sent
-    # What the front end last reported it cannot serve, (model, version) -> status, and whether
-    # it has reported once with nothing loading (its start, models made, has ended)
-    lacking: dict[tuple[str, str], str] = field(default_factory=dict)
-    started: bool = False
-    acks: dict[int, asyncio.Future[None]] = field(default_factory=dict)
-    _keys: itertools.count[int] = field(default_factory=itertools.count)
-
-    def send_models(self, snap: Snapshot, ack: bool = False) -> asyncio.Future[None] | None:
-        """Send ``snap``; with ``ack``, ask the front end to say when it holds it."""
-        self.sent = snap
-        self.outbox.add("models", snap)
-        return self.ask() if ack else None
-
-    def ask(self) -> asyncio.Future[None]:
-        """Ask the front end to answer (``acked``) once it has read what was sent before; its
-        answer brings what it held back (its request counts)."""
-        key = next(self._keys)
-        future = self.acks[key] = asyncio.get_running_loop().create_future()
-        self.outbox.add("ack", key)
-        return future
-
-    def done(self, answer: Answer) -> None:
-        """A request's answer is set (or it was cancelled): send it, and free its place."""
-        rid = answer.key
-        held = self.waiting.pop(rid, None)
-        log_id = None
-        if held is not None:
-            model, pending, log_id = held
-            model.finish(pending)
-        if answer.cancelled():
-            return  # the front end cancelled it, or went away
-        exc = answer.exception()
-        if exc is None:
-            results = answer.result()
-            if type(results) is np.ndarray:  # its rows computed in one model call: one block
-                self.outbox.add("block", rid, [results])
-            else:
-                self.outbox.add("results", (rid, None, len(results)), results)
-        else:
-            self._failed(rid, exc, log_id)
-
-    def answer_rows(self, answer: RowsAnswer, at: int, n: int, value: Any) -> None:
-        """Rows ``at`` to ``at + n`` of a chunk of one-row requests are done, in one batch: send
-        each its result (as one block where they are an array of their rows) or its error;
-        nothing for rows dropped. Their places are freed with the chunk's (``done_rows``)."""
-        rids = answer.rids
-        if value is DROPPED:
-            return
-        if isinstance(value, BaseException):
-            for i in range(at, at + n):
-                self._failed(rids[i], value, answer.log_ids[i])
-        elif n == 1:
-            self.outbox.add("results", (rids[at], None, 1), [value])
-        elif type(value) is np.ndarray:  # computed in one model call
-            self.outbox.add("rows", rids[at:at + n], [value])
-        else:
-            self.outbox.add_all("results", [(rid, None, 1) for rid in rids[at:at + n]],
-                                list(value))
-
-    def done_rows(self, answer: RowsAnswer) -> None:
-        """A chunk of one-row requests has every row answered (``answer_rows``), or it was
-        cancelled (its rows not yet answered get nothing): free its requests' places."""
-        waiting = self.waiting
-        held = None
-        for rid in answer.rids:
-            held = waiting.pop(rid, None) or held
-        if held is not None:
-            held[0].finish(held[1])
-
-    def _failed(self, rid: int, exc: BaseException, log_id: str | None) -> None:
-        if isinstance(exc, ServeError):
-            self.outbox.add("results", (rid, error_fields(exc), 0))
-        else:
-            log.error("request %s failed", log_id or rid, exc_info=exc)
-            self.outbox.add("results", (rid, (500, "internal_error", "internal error", None), 0))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import app.bridge
+import app.device_link
 import app.intake
 import app.links
 import app.served
@@ -33,9 +34,9 @@ STEPS: list[tuple[int, Any, str, str]] = [
     (2, app.served.ServedModel, "put_admitted", "put_admitted"),
     (1, app.bridge, "admit_all", "admit requests (intake.admit_all)"),
     (0, app.served.ServedModel, "deliver", "deliver a batch (ServedModel.deliver)"),
-    (1, app.bridge._Link, "answer_rows", "answer a chunk's rows (answer_rows)"),
-    (1, app.bridge._Link, "done_rows", "free a chunk (done_rows)"),
-    (1, app.bridge._Link, "done", "answer a request (done)"),
+    (1, app.device_link.FrontEndLink, "answer_rows", "answer a chunk's rows (answer_rows)"),
+    (1, app.device_link.FrontEndLink, "done_rows", "free a chunk (done_rows)"),
+    (1, app.device_link.FrontEndLink, "done", "answer a request (done)"),
     (0, app.links.Outbox, "_send", "send (Outbox._send)"),
     (1, app.links, "encode", "encode"),
     (0, app.served.ServedModel, "_ring", "ring a device thread"),

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from app.bridge import Bridge, _Link
+from app.bridge import Bridge
+from app.device_link import FrontEndLink
 from app.models.base import Tensors
 from app.models.tensor import TensorHandler
 from app.runtime import InferenceService
@@ -57,9 +58,9 @@ class Outbox:
         return answers
 
 
-def link() -> tuple[_Link, Outbox]:
+def link() -> tuple[FrontEndLink, Outbox]:
     outbox = Outbox()
-    return _Link(outbox), outbox  # type: ignore[arg-type]
+    return FrontEndLink(outbox), outbox  # type: ignore[arg-type]
 
 
 def message(service: InferenceService, *requests: tuple[int, list[Any]],
@@ -123,8 +124,8 @@ class Double(torch.nn.Module):
 
 
 @asynccontextmanager
-async def busy_rows(max_batch_size: int, busy_with: tuple[int, Any]
-                    ) -> AsyncIterator[tuple[GatedRows, InferenceService, Bridge, _Link, Outbox]]:
+async def busy_rows(max_batch_size: int, busy_with: tuple[int, Any]) -> AsyncIterator[
+        tuple[GatedRows, InferenceService, Bridge, FrontEndLink, Outbox]]:
     """A model of rows (``GatedRows``) whose device thread holds the batch of one request
     (``busy_with``: its id and row) at the gate; the front end's link to it."""
     handler = GatedRows()
@@ -249,7 +250,7 @@ async def test_a_request_computed_in_one_chunk_goes_back_as_one_block() -> None:
 
 
 def one_row_requests(handler: GatedRows, service: InferenceService, stacked: bool
-                     ) -> tuple[_Link, Outbox, np.ndarray]:
+                     ) -> tuple[FrontEndLink, Outbox, np.ndarray]:
     """Arm ``handler``, and send five one-row requests (ids 0-4) in one message, their rows
     ``stacked`` or as a list: the front end's link, what it was sent, and the rows."""
     bridge, (front, outbox) = Bridge(service), link()

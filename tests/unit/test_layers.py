@@ -26,7 +26,7 @@ LAYERS = [
     ["app.catalog", "app.repository", "app.learning"],
     ["app.runtime"],
     ["app.api", "app.grpc", "app.jobs", "app.snapshot"],
-    ["app.main", "app.check", "app.bridge", "app.frontend"],
+    ["app.main", "app.check", "app.bridge", "app.device_link", "app.frontend"],
     ["app.server", "app.supervisor", "app.listening", "app.frontend.entry", "app.connection",
      "app.draining", "app.cli", "app.__main__", "app"],
 ]
