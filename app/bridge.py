@@ -4,12 +4,13 @@ Each front end holds one socket to this process. What it sends (one message per 
 event loop): ``requests`` to admit and enqueue, ``cancel`` for requests whose client left,
 ``answered`` (request durations, one list per model and status a message) and ``rejected``
 counts for the metrics, ``sync`` (after a load or unload: answer once every front end holds
-the new snapshot), ``acked`` (this front end holds it) and ``lacking`` (once its start has
+the new snapshot), ``acked`` (this front end holds it), ``lacking`` (once its start has
 ended, and whenever it changes: the model versions it cannot serve, yet or at all, which the
-health answers say, app/state.py). What it gets: ``results`` (a request's results or its
+health answers say, app/state.py) and ``ask`` (a request for this process's own app, which
+answers it in-process: app/asks.py). What it gets: ``results`` (a request's results or its
 error), ``models`` (the snapshot: what a front end needs to parse, decode and route to each
-model version), ``ack`` (say when you hold it) and ``synced`` (every front end holds the
-snapshot).
+model version), ``ack`` (say when you hold it), ``synced`` (every front end holds the
+snapshot) and ``replied`` (the app's answer to an ``ask``).
 
 Admission is the same gate a single process runs (app/intake.py: room per level and the
 deadline-aware refusal), against this process's real queues; a refusal goes back at once. A
@@ -29,7 +30,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.types import ASGIApp
+
 import app.wire as wire
+from app.asks import Asked, answer
 from app.device_link import FrontEndLink, error_fields
 from app.errors import ServeError
 from app.intake import admit_all, admit_rows
@@ -50,10 +54,12 @@ GATHER_LIMIT_S = 1.0  # the longest a scrape waits for the front ends' request c
 class Bridge:
     """Serves every front end's link on the device process's event loop."""
 
-    def __init__(self, service: InferenceService, frontends: int = 0) -> None:
+    def __init__(self, service: InferenceService, frontends: int = 0,
+                 app: ASGIApp | None = None) -> None:
         """``frontends``: how many the server runs; it reads loading till as many have
-        started."""
+        started. ``app``: the one that answers the front ends' ``ask``."""
         self.service = service
+        self.app = app
         self._frontends = frontends
         service.state.frontends_starting = frontends > 0
         self._links: set[FrontEndLink] = set()
@@ -156,6 +162,12 @@ class Bridge:
         tokens = message.get("sync")
         if tokens:
             self._tasks.start(self._sync_all(link, tokens), "the front ends' sync to the models")
+        for token, asked in message.get("ask", ()):
+            self._tasks.start(self._answer(link, token, asked), "a front end's request")
+
+    async def _answer(self, link: FrontEndLink, token: int, asked: Asked) -> None:
+        assert self.app is not None, "a Bridge that answers asks is given the app"
+        link.outbox.add("replied", (token, await answer(self.app, asked)))
 
     def _lacking_changed(self) -> None:
         """What the front ends cannot serve, together (``unavailable`` over ``loading``), and

@@ -113,9 +113,7 @@ class DrainingServer(uvicorn.Server):
         return self.service.in_flight == 0
 
 
-def server_config(settings: Settings, app: Any, clients: bool = True) -> uvicorn.Config:
-    """``clients``: the server takes clients' connections, ``max_connections`` of them (the
-    device process's private socket takes its own front ends' alone: no bound)."""
+def server_config(settings: Settings, app: Any) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=settings.host,
@@ -126,7 +124,7 @@ def server_config(settings: Settings, app: Any, clients: bool = True) -> uvicorn
         # Each answer in one write; slow clients cut off (app/connection.py).
         http=protocol_for(settings.read_timeout_s or settings.request_timeout_s),
         # uvicorn counts the connection asking among those open: N + 1 lets N be served.
-        limit_concurrency=settings.max_connections + 1 if clients else None,
+        limit_concurrency=settings.max_connections + 1,
         access_log=False,  # app.api.access logs each request, with its request id
         timeout_graceful_shutdown=int(drain_limit_s(settings)),
     )

@@ -7,21 +7,13 @@ generator) may land mostly on one front end and none on another, which then idle
 others queue. So each front end gets its own socket, bound to the one address in a
 ``SO_REUSEPORT`` group: the kernel spreads new connections over the group by their addresses.
 The device process holds every socket for the server's life, so a replaced front end takes
-over its predecessor's, with the connections waiting in it. It also serves its whole app to
-its front ends on a private Unix socket (``private_socket``).
+over its predecessor's, with the connections waiting in it.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import secrets
-import shutil
 import socket
-import sys
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from app.errors import ConfigError, os_reason
 
@@ -93,34 +85,3 @@ def _listen(host: str, port: int, group: bool) -> socket.socket:
                                     reuse_port=group)
     except OSError as exc:
         raise ConfigError(f"cannot listen on {host}:{port}: {os_reason(exc)}") from None
-
-
-@contextmanager
-def private_socket() -> Iterator[tuple[socket.socket, str]]:
-    """The listening Unix socket the device process serves its whole app on, for the paths its
-    front ends proxy, and its address as they are told it (``unix_address`` reads it). On Linux
-    a random name in the abstract namespace: nothing on disk, gone with the socket, so even a
-    server killed with SIGKILL leaves nothing behind (a socket file in a temporary folder is
-    left there then). Elsewhere a socket file in a private temporary folder, removed on exit."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    folder = None
-    try:
-        if sys.platform.startswith("linux"):
-            address = f"@batchserve-{os.getpid()}-{secrets.token_hex(8)}"
-        else:
-            folder = tempfile.mkdtemp(prefix="batchserve-")
-            address = f"{folder}/device.sock"
-        sock.bind(unix_address(address))
-        sock.listen(BACKLOG)
-        yield sock, address
-    finally:
-        sock.close()
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def unix_address(address: str) -> str:
-    """A Unix socket's ``address`` as ``bind`` and ``connect`` take it: a leading "@" (as
-    ``ss`` shows them) names the abstract namespace, whose names begin with a NUL, which no
-    command line can carry."""
-    return "\0" + address[1:] if address.startswith("@") else address

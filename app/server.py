@@ -10,17 +10,18 @@ import logging
 import os
 import socket
 import types
+from functools import partial
 
-import httpx
 import uvicorn
 
+from app.asks import answer
 from app.bridge import Bridge
 from app.config import Settings
 from app.draining import Drainable, DrainingServer, drain_limit_s, server_config
 from app.errors import os_reason
 from app.grpc.listener import GrpcListener, reserved
 from app.grpc.listener import address as grpc_address
-from app.listening import for_frontends, listening_socket, private_socket, url_of
+from app.listening import for_frontends, listening_socket, url_of
 from app.logs import configure_logging
 from app.main import create_app
 from app.process import fit_torch_threads, tune_for_serving
@@ -31,7 +32,7 @@ log = logging.getLogger("batchserve")
 
 
 class DeviceServer(DrainingServer):
-    """The device process: the whole app on a private Unix socket, the front ends' links
+    """The device process: the whole app, answering what the front ends ask over their links
     (``bridge``) and the front-end processes themselves (``frontends``). SIGTERM drains the front
     ends first; the server is settled once they have all exited and nothing is in flight."""
 
@@ -75,7 +76,7 @@ def serve(settings: Settings, fd: int | None = None) -> int:
     with reserved(settings.host, settings.grpc_port):
         app = create_app(settings)
         service = app.state.service
-        grpc = GrpcListener(settings, service, lambda: httpx.ASGITransport(app=app)) \
+        grpc = GrpcListener(settings, service, partial(answer, app)) \
             if settings.grpc_port else None
         server = DrainingServer(server_config(settings, app), service, drain_limit_s(settings),
                                 grpc)
@@ -86,20 +87,21 @@ def serve(settings: Settings, fd: int | None = None) -> int:
 
 def _serve_split(settings: Settings, count: int, fd: int | None) -> int:
     """The device process: binds (or inherits) the listening socket, and one more for each
-    other front end beside it where it can (app/listening.py), serves the whole app on a
-    private Unix socket, and runs ``count`` front ends, one on each listening socket."""
+    other front end beside it where it can (app/listening.py), and runs ``count`` front ends,
+    one on each listening socket. Its app answers what they ask over their links (app/asks.py);
+    uvicorn runs its lifespan and its drain, with no socket of its own."""
     listener = listening_socket(settings.host, settings.port, fd, group=True)
     listeners = for_frontends(listener, count)
     try:
-        with reserved(settings.host, settings.grpc_port), private_socket() as (private, address):
+        with reserved(settings.host, settings.grpc_port):
             app = create_app(settings, behind_frontends=True)
             service = app.state.service
-            frontends = Frontends(settings, listeners, address, Bridge(service, count))
-            server = DeviceServer(server_config(settings, app, clients=False), service,
+            frontends = Frontends(settings, listeners, Bridge(service, count, app))
+            server = DeviceServer(server_config(settings, app), service,
                                   drain_limit_s(settings), frontends)
             log.info("listening on %s%s with %d front ends", url_of(listener),
                      _grpc_text(settings), count)
-            server.run(sockets=[private])
+            server.run(sockets=[])
             return 0 if server.started and not server.fatal else 1
     finally:
         for sock in set(listeners):

@@ -70,10 +70,9 @@ def judge(beats: dict[int, Heartbeat], now: float, late: bool, limit_s: float
 
 class Frontends:
     def __init__(self, settings: Settings, listeners: list[socket.socket],
-                 device_socket: str, bridge: Bridge) -> None:
+                 bridge: Bridge) -> None:
         self.settings = settings
         self.listeners = listeners  # one a front end, by index
-        self.device_socket = device_socket
         self.bridge = bridge
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self.beats: dict[int, Heartbeat] = {}  # when each was last heard from
@@ -119,8 +118,7 @@ class Frontends:
         try:
             process = subprocess.Popen(
                 [sys.executable, "-m", FRONTEND_MODULE,
-                 "--listen-fd", str(listen_fd), "--link-fd", str(theirs.fileno()),
-                 "--device-socket", self.device_socket],
+                 "--listen-fd", str(listen_fd), "--link-fd", str(theirs.fileno())],
                 stdin=subprocess.PIPE, pass_fds=(listen_fd, theirs.fileno()))
         except OSError:
             ours.close()

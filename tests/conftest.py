@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from asgi_lifespan import LifespanManager
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.asks import answer
 from app.config import Settings
 from app.grpc.listener import GrpcListener
 from app.main import create_app
@@ -173,7 +175,7 @@ def live_server(settings: Settings, handler: ModelHandler | None = None,
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_config=None, lifespan="on", timeout_graceful_shutdown=30)
     grpc_server = GrpcListener(settings, app.state.service,
-                             lambda: httpx.ASGITransport(app=app)) if grpc else None
+                               partial(answer, app)) if grpc else None
     server = _WithGrpc(config, grpc_server)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -2,19 +2,18 @@
 
 ``POST /predict`` (and per model) and ``POST /v2/models/{name}/infer`` run the same
 ``run_inference`` as a single process, over ``RemoteService``. Every other path (health, metrics,
-metadata, configuration, the repository, the OpenAPI page) is proxied to the device process's
-own app on its private Unix socket, so each has one answer whichever front end a client reaches.
+metadata, configuration, the repository, the OpenAPI page) is asked of the device process's own
+app over the link (app/asks.py), so each has one answer whichever front end a client reaches.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
-from urllib.parse import quote, quote_from_bytes
 
-import httpx
 import orjson
 from fastapi import FastAPI
 from starlette.responses import Response
@@ -34,6 +33,7 @@ from app.api.access import (
 from app.api.body import ClientGone, read_body
 from app.api.routing import BatchServeApp
 from app.api.v2.infer import infer_routes
+from app.asks import Replied, asked
 from app.errors import ServeError, Unavailable
 from app.frontend.link import GONE
 from app.frontend.remote import RemoteService
@@ -42,31 +42,28 @@ from app.logs import request_id
 from app.tasks import Shared
 from app.version import __version__
 
-# Hop-by-hop headers and those the proxy's own answer sets. The client's Host goes on: the
-# device process's app sees the request as one process would.
-_DROPPED = {b"connection", b"content-length", b"transfer-encoding", b"keep-alive",
-            REQUEST_ID_HEADER}
+# Hop-by-hop headers, and the request id (the app is given this front end's). The client's
+# Host goes on: the device process's app sees the request as one process would.
+_DROPPED = {b"connection", b"transfer-encoding", b"keep-alive", REQUEST_ID_HEADER}
 # A front end's own server sends its date and name, and the length of what it sends.
-_DROPPED_OUT = {"connection", "content-length", "transfer-encoding", "keep-alive", "date",
-                "server", REQUEST_ID_HEADER.decode()}
+_DROPPED_OUT = {b"connection", b"content-length", b"transfer-encoding", b"keep-alive", b"date",
+                b"server", REQUEST_ID_HEADER}
 _REPOSITORY_PREFIX = "/v2/repository/"
-_VISIBLE = "".join(map(chr, range(0x21, 0x7F)))  # what a request target holds unescaped
 
 
 class DeviceProxy:
-    """Forwards a request to the device process's app and its answer back; 503 ``unhealthy``
-    when that process cannot be reached. After a repository change (load, unload) it waits for
-    this front end to hold the new model snapshot, so the next request finds what was loaded.
+    """Has the device process's app answer a request (over the link, app/asks.py) and gives
+    its answer back; 503 ``unhealthy`` when that process has gone or a health check is not
+    answered in time. After a repository change (load, unload) it waits for this front end to
+    hold the new model snapshot, so the next request finds what was loaded.
 
     Probes and scrapes (a GET or HEAD without a body of ``is_probe``'s paths: open, the same
     answer for every client) asked while the same one is on its way share its answer
-    (``Shared``): each costs the device process a few hundred us and this front end over a ms
-    through the proxy, and a flood of them on these open paths took two thirds of the server's
-    inference (docs/frontends.md)."""
+    (``Shared``): a flood of them on these open paths would otherwise ask the device process
+    once each (docs/frontends.md)."""
 
-    def __init__(self, service: RemoteService, client: Callable[[], httpx.AsyncClient]) -> None:
+    def __init__(self, service: RemoteService) -> None:
         self.service = service
-        self._client = client
         self._shared = Shared()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -85,47 +82,32 @@ class DeviceProxy:
             return Response(status_code=499)
         except ServeError as exc:
             return errors.error_response(exc)
-        path = scope["path"]
-        target = proxied_target(scope)
-        method = scope["method"]
+        path, method = scope["path"], scope["method"]
+        request = asked(scope, headers, body)
 
-        def ask() -> Awaitable[httpx.Response]:
-            return self._client().request(method, target, headers=headers, content=body,
-                                          timeout=proxy_timeout(path))
+        def ask() -> Awaitable[Replied]:
+            return asyncio.wait_for(self.service.link.ask(request), proxy_timeout(path))
 
         try:
             if not body and method in ("GET", "HEAD") and is_probe(path):
-                answer = await self._shared((method, target), ask)
+                answer = await self._shared(
+                    (method, scope.get("raw_path"), scope.get("query_string")), ask)
             else:
                 answer = await ask()
-        except httpx.TimeoutException:
+        except TimeoutError:
             return _unreachable(path, HELD)
-        except httpx.TransportError:
+        except Unavailable:
             return _unreachable(path, GONE)
-        if scope["method"] == "POST" and path.startswith(_REPOSITORY_PREFIX):
+        if method == "POST" and path.startswith(_REPOSITORY_PREFIX):
             await self.service.link.sync()
-        response = Response(answer.content, status_code=answer.status_code)
-        if scope["method"] == "HEAD" and "content-length" in answer.headers:
-            response.headers["content-length"] = answer.headers["content-length"]  # a GET's
+        response = Response(answer.body, status_code=answer.status)
         response.raw_headers.extend(
-            (k.encode("latin-1"), v.encode("latin-1"))
-            for k, v in answer.headers.multi_items() if k.lower() not in _DROPPED_OUT)
+            (k, v) for k, v in answer.headers if k.lower() not in _DROPPED_OUT)
+        if method == "HEAD":  # a GET's length, whatever body the app sent
+            for k, v in answer.headers:
+                if k.lower() == b"content-length":
+                    response.headers["content-length"] = v.decode("latin-1")
         return response
-
-
-def proxied_target(scope: Scope) -> str:
-    """The path and query to ask the device process for: as the client sent them (``raw_path``:
-    still percent-encoded, so an escaped ``/`` stays one segment), with any byte a URL cannot
-    hold escaped, and ``.`` and ``..`` segments too, which the client would otherwise resolve.
-    The decoded path may hold control characters, which no URL may carry."""
-    raw = scope.get("raw_path")
-    path = (quote_from_bytes(raw, safe=_VISIBLE) if raw is not None
-            else quote(scope["path"], safe=_VISIBLE.replace("%", "")))
-    if "/." in path:  # dot segments escaped: httpx would resolve them, one process does not
-        path = "/".join("%2E" * len(part) if part in (".", "..") else part
-                        for part in path.split("/"))
-    query = scope.get("query_string", b"")
-    return path + ("?" + quote_from_bytes(query, safe=_VISIBLE) if query else "")
 
 
 def _unreachable(path: str, reason: str) -> Response:
@@ -136,23 +118,16 @@ def _unreachable(path: str, reason: str) -> Response:
     return errors.error_response(Unavailable("unhealthy", reason))
 
 
-def create_frontend_app(service: RemoteService, link: socket.socket,
-                        device_socket: str) -> FastAPI:
+def create_frontend_app(service: RemoteService, link: socket.socket) -> FastAPI:
     """The app of one front end: ``link`` is its socket to the device process (opened in the
-    lifespan, before the first request is taken), ``device_socket`` the path of that process's
-    own app."""
-    clients: list[httpx.AsyncClient] = []
+    lifespan, before the first request is taken)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await service.start(*await connect(link))
-        clients.append(httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(uds=device_socket), base_url="http://device",
-            timeout=None))
         try:
             yield
         finally:
-            await clients[0].aclose()
             await service.stop()
 
     app = BatchServeApp(title="batchserve", version=__version__, lifespan=lifespan,
@@ -161,7 +136,7 @@ def create_frontend_app(service: RemoteService, link: socket.socket,
     errors.install(app)
     for route in [*predict.routes(service, {}), *infer_routes(service)]:
         app.add_raw_route(route)
-    proxy = DeviceProxy(service, lambda: clients[0])
+    proxy = DeviceProxy(service)
     rest = Route("/{path:path}", proxy, methods=[
         "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"])
     # Every other path, a decoded newline in it too (an escaped one reaches a model's name).

@@ -13,14 +13,11 @@ import pickle
 import socket
 import sys
 
-import httpx
-
 from app.config import Settings
 from app.draining import DrainingServer, drain_limit_s, server_config
 from app.frontend.app import create_frontend_app
 from app.frontend.remote import RemoteService
 from app.grpc.listener import GrpcListener
-from app.listening import unix_address
 from app.logs import configure_logging
 from app.process import tune_for_serving
 
@@ -29,24 +26,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="batchserve-frontend")
     parser.add_argument("--listen-fd", type=int, required=True)
     parser.add_argument("--link-fd", type=int, required=True)
-    parser.add_argument("--device-socket", required=True)
     args = parser.parse_args()
     settings = pickle.load(sys.stdin.buffer)
     assert isinstance(settings, Settings)
     return run(settings, socket.socket(fileno=args.listen_fd),
-               socket.socket(fileno=args.link_fd), args.device_socket)
+               socket.socket(fileno=args.link_fd))
 
 
-def run(settings: Settings, listener: socket.socket, link: socket.socket,
-        device_socket: str) -> int:
+def run(settings: Settings, listener: socket.socket, link: socket.socket) -> int:
     """One front end until SIGTERM or its device process is gone; the process's exit code."""
     configure_logging(settings.log_level, settings.log_format)
     tune_for_serving()
     service = RemoteService(settings)
-    device_socket = unix_address(device_socket)
-    app = create_frontend_app(service, link, device_socket)
-    grpc = GrpcListener(settings, service, lambda: httpx.AsyncHTTPTransport(uds=device_socket),
-                        service.link.sync) if settings.grpc_port else None
+    app = create_frontend_app(service, link)
+    grpc = GrpcListener(settings, service, service.link.ask, service.link.sync) \
+        if settings.grpc_port else None
     server = DrainingServer(server_config(settings, app), service, drain_limit_s(settings), grpc)
     server.run(sockets=[listener])
     return 0 if server.started and not server.fatal else 1

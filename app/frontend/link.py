@@ -1,5 +1,6 @@
 """A front end's link to the device process (docs/frontends.md): requests out, results and the
-model snapshot in, each request answered exactly once.
+model snapshot in, each request answered exactly once; and the requests for the device
+process's own app (``ask``: everything that is not inference), answered there in-process.
 
 ``submit`` sends a request and keeps its deadline here (a timer): past it, the answer is
 DeadlineExceeded and the device process is told to drop it. An answer relayed from the device
@@ -19,6 +20,7 @@ from typing import Any
 
 import app.wire as wire
 from app.arrays import Results
+from app.asks import Asked, Replied
 from app.errors import Relayed, Unavailable
 from app.links import Inbox, Outbox
 from app.pending import expire
@@ -52,6 +54,7 @@ class DeviceLink:
         self._acking = Background(log)
         self._ids = itertools.count(1)
         self._syncs: dict[int, asyncio.Future[None]] = {}
+        self._asks: dict[int, asyncio.Future[Replied]] = {}
         self._outbox: Outbox | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -117,6 +120,20 @@ class DeviceLink:
         finally:
             self._syncs.pop(token, None)
 
+    async def ask(self, request: Asked) -> Replied:
+        """The device process's app's answer to ``request``; Unavailable once that process is
+        gone. A caller that stops waiting (a timeout) leaves the answer to be dropped."""
+        if self.gone:
+            raise Unavailable("unhealthy", GONE)
+        token = next(self._ids)
+        future: asyncio.Future[Replied] = asyncio.get_running_loop().create_future()
+        self._asks[token] = future
+        self.send("ask", (token, request))
+        try:
+            return await future
+        finally:
+            self._asks.pop(token, None)
+
     async def _run(self, inbox: Inbox) -> None:
         try:
             while True:
@@ -161,6 +178,10 @@ class DeviceLink:
             self._acking.start(self._ack_when(making, acks), "acknowledging a snapshot")
         elif acks:
             self._ack(acks)
+        for token, replied in message.get("replied", ()):
+            asked = self._asks.get(token)
+            if asked is not None and not asked.done():
+                asked.set_result(replied)
         for token in message.get("synced", ()):
             waiter = self._syncs.get(token)
             if waiter is not None and not waiter.done():
@@ -196,7 +217,7 @@ class DeviceLink:
         self.gone = True
         log.critical("%s; answering 503 and exiting", GONE)
         futures: list[asyncio.Future[Any]] = [*(r.future for r in self.waiting.values()),
-                                              *self._syncs.values()]
+                                              *self._syncs.values(), *self._asks.values()]
         for future in futures:
             if not future.done():
                 future.set_exception(Unavailable("unhealthy", GONE))

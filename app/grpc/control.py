@@ -2,33 +2,37 @@
 
 Health, metadata, Triton's configuration and the model repository already have one answer per
 server: the v2 routes of the process that holds the repository. A gRPC call is sent there as the
-HTTP request it stands for (in-process through ASGI in a single process, over the device
-process's Unix socket from a front end), with the caller's request id and credentials, so both
-protocols share every rule and word, and a load through either is seen by both at once.
+HTTP request it stands for (app/asks.py: in-process in a single process, over its link from a
+front end), with the caller's request id and credentials, so both protocols share every rule
+and word, and a load through either is seen by both at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
+from http import HTTPStatus
 from typing import Any
+from urllib.parse import unquote, urlencode
 
-import httpx
 import orjson
 
-from app.api.access import HELD, is_probe, proxy_timeout
+from app.api.access import HELD, REQUEST_ID_HEADER, is_probe, proxy_timeout
+from app.asks import Asked, Replied
 from app.errors import Relayed
 from app.logs import request_id
 from app.tasks import Shared
+
+Ask = Callable[[Asked], Awaitable[Replied]]  # the app's answer to a request
 
 PASSED_ON = ("authorization",)  # the call's metadata the app reads, besides its request id
 
 
 class Control:
-    def __init__(self, client: httpx.AsyncClient,
-                 changed: Callable[[], Awaitable[None]] | None = None) -> None:
-        """``client`` reaches the app; ``changed`` is awaited after a load or unload (a front
+    def __init__(self, ask: Ask, changed: Callable[[], Awaitable[None]] | None = None) -> None:
+        """``ask`` has the app answer; ``changed`` is awaited after a load or unload (a front
         end takes the device process's new model snapshot then)."""
-        self._client = client
+        self._ask = ask
         self._changed = changed
         self._shared = Shared()  # probes asked again while on their way (``is_probe``)
 
@@ -37,58 +41,65 @@ class Control:
         """(status, JSON body) of a GET; Relayed for an error other than 503, which health and
         readiness answer with a body of their own. A health check not answered within
         HEALTH_TIMEOUT_S is 503 unhealthy, as a front end answers it over HTTP."""
-        def ask() -> Awaitable[httpx.Response]:
-            return self._request("GET", path, metadata, params=params,
-                                 timeout=proxy_timeout(path))
+        query = urlencode(params or {})
+
+        def ask() -> Awaitable[Replied]:
+            return self._request("GET", path, metadata, query=query, timeout=proxy_timeout(path))
 
         try:
-            if is_probe(path):
-                answer = await self._shared((path, tuple(sorted((params or {}).items()))), ask)
-            else:
-                answer = await ask()
-        except httpx.TimeoutException:
+            answer = await (self._shared((path, query), ask) if is_probe(path) else ask())
+        except TimeoutError:
             return 503, {"status": "unhealthy", "reason": HELD}
-        if answer.status_code >= 400 and answer.status_code != 503:
+        if answer.status >= 400 and answer.status != 503:
             raise _relayed(answer)
-        return answer.status_code, orjson.loads(answer.content)
+        return answer.status, orjson.loads(answer.body)
 
     async def post(self, path: str, metadata: Mapping[str, str],
                    body: Mapping[str, Any] | None = None,
                    changes_models: bool = False) -> dict[str, Any] | list[Any]:
         """The JSON answer of a POST (empty: {}); Relayed for any error. ``changes_models``:
         a load or unload, after which ``changed`` is awaited whatever the answer."""
-        answer = await self._request("POST", path, metadata,
-                                     content=orjson.dumps(body or {}))
+        answer = await self._request("POST", path, metadata, body=orjson.dumps(body or {}))
         if changes_models and self._changed is not None:
             await self._changed()
-        if answer.status_code >= 400:
+        if answer.status >= 400:
             raise _relayed(answer)
-        return orjson.loads(answer.content) if answer.content else {}
+        return orjson.loads(answer.body) if answer.body else {}
 
     async def _request(self, method: str, path: str, metadata: Mapping[str, str],
-                       **kwargs: Any) -> httpx.Response:
-        headers = {name: metadata[name] for name in PASSED_ON if name in metadata}
+                       body: bytes = b"", query: str = "",
+                       timeout: float | None = None) -> Replied:
+        """The app's answer to ``method path?query`` (``path`` URL-encoded); TimeoutError past
+        ``timeout``, Unavailable (503 unhealthy) if the device process has gone."""
+        headers = [(name.encode(), metadata[name].encode("latin-1"))
+                   for name in PASSED_ON if name in metadata]
         rid = request_id.get()
         if rid is not None:
-            headers["x-request-id"] = rid
-        try:
-            return await self._client.request(method, path, headers=headers, **kwargs)
-        except httpx.TimeoutException:  # a TransportError too, but the caller's to answer
-            raise
-        except httpx.TransportError:
-            raise Relayed(503, "unhealthy", "the device process has stopped", 1) from None
+            headers.append((REQUEST_ID_HEADER, rid.encode()))
+        if body:
+            headers.append((b"content-length", str(len(body)).encode()))
+        asked = Asked(method, unquote(path), path.encode(), query.encode(), headers, None, body)
+        return await asyncio.wait_for(self._ask(asked), timeout)
 
 
-def _relayed(answer: httpx.Response) -> Relayed:
+def _relayed(answer: Replied) -> Relayed:
     """The app's error answer (either error form) as the same status and message."""
     try:
-        error = orjson.loads(answer.content).get("error")
+        error = orjson.loads(answer.body).get("error")
     except (orjson.JSONDecodeError, AttributeError):
         error = None
     if isinstance(error, dict):
         type_, message = str(error.get("type")), str(error.get("message"))
     else:
-        type_, message = "error", str(error) if error is not None else answer.reason_phrase
-    retry = answer.headers.get("retry-after")
-    return Relayed(answer.status_code, type_, message,
+        type_ = "error"
+        message = str(error) if error is not None else _phrase(answer.status)
+    retry = dict(answer.headers).get(b"retry-after", b"").decode()
+    return Relayed(answer.status, type_, message,
                    int(retry) if retry and retry.isdigit() else None)
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:  # a status the standard does not name
+        return ""

@@ -16,14 +16,13 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
 import grpc
-import httpx
 from grpc_health.v1 import health_pb2
 
 from app.api.inference import Serving
 from app.config import Settings
 from app.errors import ConfigError, os_reason
 from app.grpc.calls import method_table
-from app.grpc.control import Control
+from app.grpc.control import Ask, Control
 from app.grpc.healthcheck import HEALTH, HealthServicer
 from app.grpc.service import InferenceServicer
 
@@ -65,25 +64,21 @@ def _bind(host: str, port: int, shared: bool) -> socket.socket:
 
 class GrpcListener:
     """``inference.GRPCInferenceService`` and ``grpc.health.v1.Health`` for ``service`` (this
-    process's request path); ``transport`` reaches the app that answers the other calls
-    (app/grpc/control.py), ``changed`` is awaited after a load or unload through it."""
+    process's request path); ``ask`` has the app answer the other calls (app/grpc/control.py),
+    ``changed`` is awaited after a load or unload through it."""
 
-    def __init__(self, settings: Settings, service: Serving,
-                 transport: Callable[[], httpx.AsyncBaseTransport],
+    def __init__(self, settings: Settings, service: Serving, ask: Ask,
                  changed: Callable[[], Awaitable[None]] | None = None) -> None:
         self.settings = settings
         self.service = service
-        self._transport = transport
+        self._ask = ask
         self._changed = changed
         self._server: grpc.aio.Server | None = None
-        self._client: httpx.AsyncClient | None = None
 
     async def start(self) -> None:
         """Listen (on the running loop); ConfigError if the port cannot be bound."""
         settings = self.settings
-        self._client = httpx.AsyncClient(transport=self._transport(), base_url="http://grpc",
-                                         timeout=None)
-        control = Control(self._client, self._changed)
+        control = Control(self._ask, self._changed)
         server = grpc.aio.server(
             # Calls past this get RESOURCE_EXHAUSTED, as connections past it get 503 over HTTP.
             maximum_concurrent_rpcs=settings.max_connections, options=[
@@ -107,5 +102,3 @@ class GrpcListener:
         """Stop taking calls; those running get ``grace_s`` seconds to finish."""
         if self._server is not None:
             await self._server.stop(grace_s)
-        if self._client is not None:
-            await self._client.aclose()

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from app.asks import Asked, Replied
 from app.bridge import Bridge
 from app.device_link import FrontEndLink
 from app.models.base import Tensors
@@ -370,3 +371,22 @@ async def test_health_says_what_a_front_end_cannot_serve_and_loading_till_all_ha
     async with running(EchoHandler()) as service:
         Bridge(service)  # no front end to wait for (bench/device.py's)
         assert service.status == "ready"
+
+
+async def test_a_front_ends_ask_is_answered_by_the_app_in_process() -> None:
+    """``ask`` (app/asks.py): the app answers the request, and the answer goes back under the
+    ask's token; the app failing is a 500 answer, not a lost one."""
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        body = (await receive())["body"]
+        if scope["path"] == "/fail":
+            raise RuntimeError("the app failed")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": scope["path"].encode() + body})
+
+    async with running(EchoHandler()) as service:
+        bridge, (front, outbox) = Bridge(service, app=app), link()
+        bridge._handle(front, {"ask": [(7, Asked("POST", "/x", b"/x", b"", [], None, b"!")),
+                                       (8, Asked("GET", "/fail", b"/fail", b"", [], None, b""))]})
+        await wait_until(lambda: len(outbox.sent) == 2, "both answered")
+        replied = {entry[0]: entry[1] for kind, entry, _ in outbox.sent if kind == "replied"}
+        assert replied[7] == Replied(200, [], b"/x!") and replied[8].status == 500

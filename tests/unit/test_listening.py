@@ -5,16 +5,14 @@ process's private socket."""
 from __future__ import annotations
 
 import logging
-import os
 import socket
-import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
 import pytest
 
 from app.errors import ConfigError
-from app.listening import for_frontends, listening_socket, private_socket, unix_address
+from app.listening import for_frontends, listening_socket
 
 
 def reuses_port(sock: socket.socket) -> bool:
@@ -121,33 +119,3 @@ def test_an_fd_that_is_not_a_listening_socket_is_one_line() -> None:
         with pytest.raises(ConfigError, match=f"fd {fd} is a socket that is not listening"):
             listening_socket("127.0.0.1", 0, fd, group=True)
         assert unbound.fileno() == fd  # left open as it was
-
-
-def connects(address: str) -> bool:
-    with socket.socket(socket.AF_UNIX) as client:
-        try:
-            client.connect(unix_address(address))
-        except (ConnectionRefusedError, FileNotFoundError):
-            return False
-    return True
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's abstract namespace")
-def test_the_private_socket_leaves_nothing_on_disk() -> None:
-    """A name in the abstract namespace: a server killed with SIGKILL leaves no file, and the
-    name is free as soon as the socket is closed."""
-    with private_socket() as (sock, address):
-        assert address.startswith("@batchserve-") and sock.family == socket.AF_UNIX
-        assert unix_address(address) == "\0" + address[1:]
-        assert connects(address)
-        assert sock.getsockname() == b"\0" + address[1:].encode()  # no path: abstract
-    assert not connects(address)
-
-
-def test_elsewhere_the_private_socket_is_a_file_removed_on_exit(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "platform", "darwin")
-    with private_socket() as (_, address):
-        assert unix_address(address) == address and os.path.exists(address)
-        assert connects(address)
-    assert not os.path.exists(os.path.dirname(address))

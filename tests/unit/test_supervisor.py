@@ -105,8 +105,7 @@ async def test_a_front_end_that_cannot_be_started_again_is_tried_again(
     monkeypatch.setattr(supervisor.subprocess, "Popen", popen)
     monkeypatch.setattr(supervisor, "RESTART_DELAY_S", 0.0)
     listener = socket.socket()
-    frontends = supervisor.Frontends(Settings(), [listener], "unused",
-                                     bridge)  # type: ignore[arg-type]
+    frontends = supervisor.Frontends(Settings(), [listener], bridge)  # type: ignore[arg-type]
     try:
         with caplog.at_level(logging.ERROR, "batchserve.frontends"):
             await frontends._watch(0, Dead())  # type: ignore[arg-type]

@@ -1,63 +1,30 @@
-"""The front end's proxy: what it asks the device process for (app/frontend/app.py)."""
+"""The front end's proxy: what it asks the device process's app, and what it answers
+(app/frontend/app.py)."""
 
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
-import httpx
+import orjson
 import pytest
+from starlette.types import Receive, Scope, Send
 
-from app.frontend.app import DeviceProxy, proxied_target
-
-
-def test_the_device_process_is_asked_for_the_path_the_client_sent() -> None:
-    scope = {"path": "/v2/models/a/b", "raw_path": b"/v2/models/a%2Fb", "query_string": b""}
-    assert proxied_target(scope) == "/v2/models/a%2Fb"  # one segment, as one process routes it
-    scope = {"path": "/v2/models/\u00a8\x19/ready", "raw_path": b"/v2/models/%C2%A8%19/ready",
-             "query_string": b"version=%F0%9F%87%BA&x=1"}
-    assert proxied_target(scope) == "/v2/models/%C2%A8%19/ready?version=%F0%9F%87%BA&x=1"
+from app.asks import Asked, Replied, answer
+from app.errors import Unavailable
+from app.frontend.app import DeviceProxy
 
 
-def test_what_no_url_may_hold_is_escaped() -> None:
-    raw = {"path": "/v2/models/a\nb", "raw_path": b"/v2/models/a\nb\xff", "query_string": b"q=\x01"}
-    assert proxied_target(raw) == "/v2/models/a%0Ab%FF?q=%01"
-    decoded_only = {"path": "/v2/models/a\nb%/ready", "query_string": b""}
-    assert proxied_target(decoded_only) == "/v2/models/a%0Ab%25/ready"
-    for scope in (raw, decoded_only):  # httpx takes it as it is
-        url = httpx.URL("http://device" + proxied_target(scope))
-        assert url.raw_path.startswith(b"/v2/models/a%0Ab")
-
-
-def test_dot_segments_reach_the_device_process_unresolved() -> None:
-    scope = {"path": "/v2/../metrics", "raw_path": b"/v2/../metrics", "query_string": b""}
-    assert proxied_target(scope) == "/v2/%2E%2E/metrics"  # one process routes it as it is: 404
-    assert httpx.URL("http://device" + proxied_target(scope)).raw_path == b"/v2/%2E%2E/metrics"
-    scope = {"path": "/v2/./x.y/.z", "raw_path": b"/v2/./x.y/.z", "query_string": b""}
-    assert proxied_target(scope) == "/v2/%2E/x.y/.z"
-
-
-class Device:
-    """The device process's app as the proxy's client sees it: each request waits for
-    ``gate``, then is answered with its number."""
-
-    def __init__(self) -> None:
-        self.asked: list[tuple[str, str]] = []
-        self.gate = asyncio.Event()
-
-    async def request(self, method: str, target: str, headers: Any, content: bytes = b"",
-                      timeout: float | None = None) -> httpx.Response:
-        self.asked.append((method, target))
-        n = len(self.asked)
-        await self.gate.wait()
-        return httpx.Response(200, json={"status": "ready", "answer": n})
-
-
-async def get(proxy: DeviceProxy, path: str, query: bytes = b"", method: str = "GET",
-              body: bytes = b"") -> tuple[int, bytes]:
-    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(),
-             "query_string": query, "headers": []}
+async def call(proxy: DeviceProxy, path: str, query: bytes = b"", method: str = "GET",
+               body: bytes = b"", raw_path: bytes | None = None,
+               headers: list[tuple[bytes, bytes]] | None = None
+               ) -> tuple[int, dict[bytes, bytes], bytes]:
+    """The proxy's answer to one request: status, headers, body."""
+    scope = {"type": "http", "method": method, "path": path,
+             "raw_path": path.encode() if raw_path is None else raw_path,
+             "query_string": query, "headers": headers or [], "client": ("10.1.2.3", 5555)}
 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": body, "more_body": False}
@@ -68,7 +35,105 @@ async def get(proxy: DeviceProxy, path: str, query: bytes = b"", method: str = "
         sent.append(message)
 
     await proxy(scope, receive, send)
-    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+    return (sent[0]["status"], dict(sent[0]["headers"]),
+            b"".join(m.get("body", b"") for m in sent[1:]))
+
+
+def proxy_to(ask: Any) -> DeviceProxy:
+    service = SimpleNamespace(settings=SimpleNamespace(max_body_bytes=1024),
+                              link=SimpleNamespace(ask=ask))
+    return DeviceProxy(service)  # type: ignore[arg-type]
+
+
+async def echo(scope: Scope, receive: Receive, send: Send) -> None:
+    """An app that answers with what it was asked, as JSON."""
+    message = await receive()
+    seen = {"method": scope["method"], "path": scope["path"],
+            "raw_path": scope["raw_path"].decode("latin-1"),
+            "query": scope["query_string"].decode("latin-1"),
+            "headers": [[k.decode(), v.decode()] for k, v in scope["headers"]],
+            "client": scope["client"], "body": message["body"].decode()}
+    body = orjson.dumps(seen)
+    await send({"type": "http.response.start", "status": 201, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"x-request-id", b"the-device-s"), (b"server", b"device"), (b"x-kept", b"yes")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+@pytest.mark.asyncio
+async def test_the_device_process_s_app_sees_the_request_the_client_sent() -> None:
+    """The path as sent, raw and decoded (an escaped '/' stays one segment, dot segments and
+    control characters are not resolved or refused on the way), the query, the body, the
+    client's address and its headers but the hop-by-hop ones; its answer comes back whole,
+    without the headers this front end's server sets itself."""
+    proxy = proxy_to(partial(answer, echo))
+    for path, raw, query in (("/v2/models/a/b", b"/v2/models/a%2Fb", b""),
+                             ("/v2/../metrics", b"/v2/../metrics", b""),
+                             ("/v2/models/a\nb/ready", b"/v2/models/a\nb\xff/ready", b"q=\x01"),
+                             ("/v2/models/\u00a8/ready", b"/v2/models/%C2%A8/ready",
+                              b"version=%F0%9F%87%BA&x=1")):
+        status, headers, body = await call(
+            proxy, path, query, "POST", b'{"x": 1}', raw,
+            [(b"host", b"example:8000"), (b"connection", b"keep-alive"),
+             (b"x-request-id", b"the-client-s"), (b"content-length", b"8")])
+        seen = orjson.loads(body)
+        assert status == 201 and seen["path"] == path and seen["query"] == query.decode()
+        assert seen["raw_path"] == raw.decode("latin-1") and seen["body"] == '{"x": 1}'
+        assert seen["method"] == "POST" and seen["client"] == ["10.1.2.3", 5555]
+        assert seen["headers"] == [["host", "example:8000"], ["content-length", "8"]]
+        assert headers[b"x-kept"] == b"yes" and headers[b"content-length"] == str(
+            len(body)).encode()
+        assert b"server" not in headers and b"x-request-id" not in headers
+
+
+@pytest.mark.asyncio
+async def test_a_head_answer_keeps_the_length_of_the_get() -> None:
+    async def head(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"123")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    status, headers, body = await call(proxy_to(partial(answer, head)), "/health_check",
+                                       method="HEAD")
+    assert (status, headers[b"content-length"], body) == (200, b"123", b"")
+
+
+@pytest.mark.asyncio
+async def test_a_device_process_gone_or_a_health_check_not_answered_in_time_is_503() -> None:
+    async def gone(request: Asked) -> Replied:
+        raise Unavailable("unhealthy", "the device process has stopped")
+
+    status, headers, body = await call(proxy_to(gone), "/health_check")
+    assert status == 503 and orjson.loads(body)["status"] == "unhealthy"
+    status, _, body = await call(proxy_to(gone), "/v2/models/m")
+    assert status == 503 and orjson.loads(body)["error"]["type"] == "unhealthy"
+
+    async def held(request: Asked) -> Replied:
+        await asyncio.sleep(3600)
+        raise AssertionError
+
+    proxy = proxy_to(held)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("app.frontend.app.proxy_timeout", lambda path: 0.01)
+        status, _, body = await call(proxy, "/health_check")
+    assert status == 503 and "did not answer" in orjson.loads(body)["reason"]
+
+
+class Device:
+    """The device process's app as the proxy sees it: each request waits for ``gate``, then
+    is answered with its number."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str]] = []
+        self.gate = asyncio.Event()
+
+    async def ask(self, request: Asked) -> Replied:
+        query = request.query_string.decode()
+        self.asked.append((request.method, request.path + ("?" + query if query else "")))
+        n = len(self.asked)
+        await self.gate.wait()
+        return Replied(200, [(b"content-type", b"application/json")],
+                       orjson.dumps({"status": "ready", "answer": n}))
 
 
 @pytest.mark.asyncio
@@ -77,14 +142,13 @@ async def test_probes_asked_while_the_same_one_is_on_its_way_share_its_answer() 
     per front end; a probe that came after an answer gets a new one; other paths, and a
     probe with a body, are each asked for."""
     device = Device()
-    service = SimpleNamespace(settings=SimpleNamespace(max_body_bytes=1024))
-    proxy = DeviceProxy(service, lambda: device)  # type: ignore[arg-type, return-value]
-    calls = [asyncio.ensure_future(get(proxy, *args)) for args in (
+    proxy = proxy_to(device.ask)
+    calls = [asyncio.ensure_future(call(proxy, *args)) for args in (
         *[("/health_check",)] * 4, ("/health_check", b"model=m"), ("/health_check", b"model=m"),
         ("/metrics",), ("/metrics",), ("/v2/health/ready", b"", "HEAD"),
         ("/v2/models/m",), ("/v2/models/m",), ("/health_check", b"", "GET", b"{}"))]
     await asyncio.sleep(0.05)
-    gone = asyncio.ensure_future(get(proxy, "/health_check"))  # its client leaves meanwhile
+    gone = asyncio.ensure_future(call(proxy, "/health_check"))  # its client leaves meanwhile
     await asyncio.sleep(0.05)
     gone.cancel()
     assert sorted(device.asked) == sorted([
@@ -93,9 +157,9 @@ async def test_probes_asked_while_the_same_one_is_on_its_way_share_its_answer() 
         ("GET", "/health_check")])
     device.gate.set()
     answers = await asyncio.gather(*calls)
-    assert {status for status, _ in answers} == {200}
-    assert len({body for _, body in answers[:4]}) == 1  # one answer, shared
-    assert answers[4][1] == answers[5][1] and answers[6][1] == answers[7][1]
-    assert answers[9][1] != answers[10][1]
-    assert await get(proxy, "/health_check") != answers[0]  # asked again: a new answer
+    assert {status for status, _, _ in answers} == {200}
+    assert len({body for _, _, body in answers[:4]}) == 1  # one answer, shared
+    assert answers[4][2] == answers[5][2] and answers[6][2] == answers[7][2]
+    assert answers[9][2] != answers[10][2]
+    assert (await call(proxy, "/health_check"))[2] != answers[0][2]  # asked again: a new one
     assert len(device.asked) == 8

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from app import wire
+from app.asks import Asked, Replied
 from app.errors import DeadlineExceeded, Relayed, Unavailable
 from app.frontend.link import DeviceLink
 from app.links import Inbox, connect
@@ -156,3 +157,26 @@ async def test_a_snapshot_is_acknowledged_once_what_its_callbacks_make_is_made()
         assert await received(device, "acked") == [3]
         made.set_result(None)
         assert await received(device, "acked") == [2]
+
+
+async def test_an_ask_is_answered_by_its_reply_and_503_once_the_device_is_gone() -> None:
+    """``ask`` sends the request and resolves with the reply under its token, in whichever
+    order replies come; a reply nobody waits for (its caller timed out) changes nothing."""
+    async with linked() as (link, device, to_front):
+        first = asyncio.ensure_future(link.ask(Asked("GET", "/a", b"/a", b"", [], None, b"")))
+        second = asyncio.ensure_future(link.ask(Asked("GET", "/b", b"/b", b"", [], None, b"")))
+        asked = await received(device, "ask")
+        assert [request.path for _, request in asked] == ["/a", "/b"]
+        (one, _), (two, _) = asked
+        to_front.writelines(wire.encode({"replied": [(two, Replied(404, [], b"b")),
+                                                     (one, Replied(200, [], b"a")),
+                                                     (999, Replied(200, [], b"late"))]}))
+        assert (await first).body == b"a" and (await second) == Replied(404, [], b"b")
+        waiting = asyncio.ensure_future(link.ask(Asked("GET", "/c", b"/c", b"", [], None, b"")))
+        await received(device, "ask")
+        to_front.close()
+        with pytest.raises(Unavailable) as gone:
+            await waiting
+        assert gone.value.type == "unhealthy"
+        with pytest.raises(Unavailable):
+            await link.ask(Asked("GET", "/d", b"/d", b"", [], None, b""))

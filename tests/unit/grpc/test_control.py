@@ -3,27 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any
 
-import httpx
+import orjson
 import pytest
+from fastapi import FastAPI, Request
 
+from app.asks import Asked, Replied, answer
+from app.errors import Relayed
 from app.grpc.control import Control
 
 
 class App:
-    """The HTTP app as Control's client sees it: each request waits for ``gate``, then is
-    answered with its number."""
+    """The HTTP app as Control sees it: each request waits for ``gate``, then is answered
+    with its number."""
 
     def __init__(self) -> None:
         self.asked: list[tuple[str, Any]] = []
         self.gate = asyncio.Event()
 
-    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        self.asked.append((path, kwargs.get("params")))
+    async def ask(self, request: Asked) -> Replied:
+        query = request.query_string.decode()
+        self.asked.append((request.path, dict([query.split("=")]) if query else None))
         n = len(self.asked)
         await self.gate.wait()
-        return httpx.Response(200, json={"status": "ready", "answer": n})
+        return Replied(200, [], orjson.dumps({"status": "ready", "answer": n}))
 
 
 @pytest.mark.asyncio
@@ -32,7 +37,7 @@ async def test_health_and_readiness_asked_while_the_same_is_on_its_way_share_its
     """gRPC health checks (grpc.health.v1, ServerReady, ModelReady) cost the app one request at
     a time; metadata is asked for each call."""
     app = App()
-    control = Control(app)  # type: ignore[arg-type]
+    control = Control(app.ask)
     calls = [asyncio.ensure_future(control.get(path, {}, params)) for path, params in (
         *[("/v2/health/ready", None)] * 3, ("/health_check", {"model": "m"}),
         ("/health_check", {"model": "m"}), ("/health_check", {"model": "n"}),
@@ -49,3 +54,32 @@ async def test_health_and_readiness_asked_while_the_same_is_on_its_way_share_its
     assert answers[6] == answers[7] and answers[8] != answers[9]
     _, again = await control.get("/v2/health/ready", {})
     assert again["answer"] == 7  # asked after the answer came: asked again
+
+
+@pytest.mark.asyncio
+async def test_a_call_is_the_http_request_it_stands_for_and_an_error_its_status() -> None:
+    """The app sees the path (a model's name escaped), the query, the body, the request's
+    credentials; an error answer is the same status, type and message."""
+    app = FastAPI()
+    seen: list[dict[str, Any]] = []
+
+    @app.api_route("/v2/models/{name}/{action}", methods=["GET", "POST"])
+    async def model(name: str, action: str, request: Request) -> Any:
+        seen.append({"name": name, "query": dict(request.query_params),
+                     "body": await request.body(),
+                     "auth": request.headers.get("authorization")})
+        if action == "load":
+            return {}
+        return orjson.loads(b'{"status": "ready"}')
+
+    control = Control(partial(answer, app))
+    status, body = await control.get("/v2/models/a%20%C3%A9/ready", {"authorization": "Bearer k"},
+                                     {"version": "2"})
+    assert (status, body) == (200, {"status": "ready"})
+    assert seen[-1] == {"name": "a \u00e9", "query": {"version": "2"}, "body": b"",
+                        "auth": "Bearer k"}
+    assert await control.post("/v2/models/m/load", {}, {"parameters": {}}) == {}
+    assert seen[-1]["body"] == b'{"parameters":{}}'
+    with pytest.raises(Relayed) as refused:
+        await control.get("/v2/nothing", {})
+    assert (refused.value.status, refused.value.type) == (404, "error")
