@@ -146,6 +146,34 @@ def test_answers_from_the_device_process_carry_one_date_and_head_keeps_the_conne
     assert len(body) == length and b'"status":"ready"' in body
 
 
+
+def listening_unix_sockets(pid: int) -> list[str]:
+    """The listening Unix sockets process ``pid`` holds, by their /proc/net/unix lines."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    lines = Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]
+    # Fields: Num RefCount Protocol Flags Type St Inode Path; flag 0x10000: listening.
+    return [line for line in lines if line.split()[6] in inodes
+            and int(line.split()[3], 16) & 0x10000]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_no_process_of_the_server_listens_on_a_unix_socket() -> None:
+    """The front ends reach the device process's app over their links alone (app/asks.py):
+    no other process can reach it by a Unix socket, an abstract name included."""
+    with split_server("--model", "linear", "--devices", "cpu", "--frontends", "2") as (
+            proc, url):
+        assert fresh_get(url, "/v2").status_code == 200  # asked of its app, over a link
+        for pid in (proc.pid, *children(proc.pid)):
+            assert listening_unix_sockets(pid) == [], pid
+
+
 JSON = {"content-type": "application/json"}
 TENSOR = (b'{"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", '
           b'"data": [1, 2, 3, 4]}]')
