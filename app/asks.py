@@ -4,9 +4,9 @@ back (docs/frontends.md).
 
 An ``Asked`` is the part of the front end's ASGI scope the app reads, and the whole body; the
 device process runs its app on it in-process (``answer``): no HTTP server, client or parse on
-either side, where an HTTP proxy over a Unix socket cost a front end 1.4 ms of CPU a request
-and the device process 0.25 ms. The path travels as the client sent it, decoded and raw, so
-the app sees what a single process's app would.
+either side (an HTTP hop costs a front end about nine times the CPU, docs/frontends.md). The
+path travels as the client sent it, decoded and raw, so the app sees what a single process's
+app would.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ class DeviceLink:
 
     async def sync(self) -> None:
         """Wait until every front end holds a snapshot taken after everything this one sent so
-        far was handled (a load or unload it proxied)."""
+        far was handled (a load or unload it relayed)."""
         token = next(self._ids)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._syncs[token] = future
