@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 from starlette.types import ASGIApp, Message, Scope
@@ -36,6 +37,9 @@ class Replied(NamedTuple):
     status: int
     headers: Headers
     body: bytes
+
+
+Ask = Callable[[Asked], Awaitable[Replied]]  # the app's answer to a request, however reached
 
 
 def asked(scope: Scope, headers: Headers, body: bytes) -> Asked:

@@ -21,24 +21,7 @@ REQUEST_ID_HEADER = b"x-request-id"
 # Load balancers and kubelets probe these every few seconds: an answer like the last one is
 # logged at debug level only.
 HEALTH_PATHS = frozenset({"/health_check", "/v2/health/ready", "/v2/health/live"})
-# A front end answers a health check the device process has not answered by then itself: 503
-# unhealthy, with HELD (its event loop is held: a call stuck holding the GIL, a deadlock).
-HEALTH_TIMEOUT_S = 5.0
-HELD = f"the device process did not answer within {HEALTH_TIMEOUT_S:g} s"
 
-
-def is_probe(path: str) -> bool:
-    """Health, readiness and /metrics: open paths that probes and scrapers ask for often, whose
-    answer depends on no header. Asked again while the same is on its way, the device process
-    is asked once (app/frontend/app.py, app/grpc/control.py)."""
-    return path in HEALTH_PATHS or path == "/metrics" or (
-        path.startswith("/v2/models/") and path.endswith("/ready"))
-
-
-def proxy_timeout(path: str) -> float | None:
-    """How long a front end waits for the device process's answer to ``path``: a health check
-    HEALTH_TIMEOUT_S, anything else as long as it takes (a load may take minutes)."""
-    return HEALTH_TIMEOUT_S if path in HEALTH_PATHS else None
 _SANE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 log = logging.getLogger("batchserve.access")

@@ -8,10 +8,9 @@ app over the link (app/asks.py), so each has one answer whichever front end a cl
 
 from __future__ import annotations
 
-import asyncio
 import re
 import socket
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import orjson
@@ -22,24 +21,17 @@ from starlette.types import Receive, Scope, Send
 
 from app.api import error_responses as errors
 from app.api import predict
-from app.api.access import (
-    HEALTH_PATHS,
-    HELD,
-    REQUEST_ID_HEADER,
-    AccessLog,
-    is_probe,
-    proxy_timeout,
-)
+from app.api.access import HEALTH_PATHS, REQUEST_ID_HEADER, AccessLog
 from app.api.body import ClientGone, read_body
+from app.api.relay import HELD, Relay
 from app.api.routing import BatchServeApp
 from app.api.v2.infer import infer_routes
-from app.asks import Replied, asked
+from app.asks import asked
 from app.errors import ServeError, Unavailable
 from app.frontend.link import GONE
 from app.frontend.remote import RemoteService
 from app.links import connect
 from app.logs import request_id
-from app.tasks import Shared
 from app.version import __version__
 
 # Hop-by-hop headers, and the request id (the app is given this front end's). The client's
@@ -57,14 +49,13 @@ class DeviceProxy:
     answered in time. After a repository change (load, unload) it waits for this front end to
     hold the new model snapshot, so the next request finds what was loaded.
 
-    Probes and scrapes (a GET or HEAD without a body of ``is_probe``'s paths: open, the same
-    answer for every client) asked while the same one is on its way share its answer
-    (``Shared``): a flood of them on these open paths would otherwise ask the device process
-    once each (docs/frontends.md)."""
+    Probes and scrapes asked while the same one is on its way share its answer (``Relay``): a
+    flood of them on these open paths would otherwise ask the device process once each
+    (docs/frontends.md)."""
 
     def __init__(self, service: RemoteService) -> None:
         self.service = service
-        self._shared = Shared()
+        self._relay = Relay(service.link.ask)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = await self._forward(scope, receive)
@@ -83,17 +74,8 @@ class DeviceProxy:
         except ServeError as exc:
             return errors.error_response(exc)
         path, method = scope["path"], scope["method"]
-        request = asked(scope, headers, body)
-
-        def ask() -> Awaitable[Replied]:
-            return asyncio.wait_for(self.service.link.ask(request), proxy_timeout(path))
-
         try:
-            if not body and method in ("GET", "HEAD") and is_probe(path):
-                answer = await self._shared(
-                    (method, scope.get("raw_path"), scope.get("query_string")), ask)
-            else:
-                answer = await ask()
+            answer = await self._relay(asked(scope, headers, body))
         except TimeoutError:
             return _unreachable(path, HELD)
         except Unavailable:

@@ -9,7 +9,6 @@ and word, and a load through either is seen by both at once.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from http import HTTPStatus
 from typing import Any
@@ -17,13 +16,11 @@ from urllib.parse import unquote, urlencode
 
 import orjson
 
-from app.api.access import HELD, REQUEST_ID_HEADER, is_probe, proxy_timeout
-from app.asks import Asked, Replied
+from app.api.access import REQUEST_ID_HEADER
+from app.api.relay import HELD, Relay
+from app.asks import Ask, Asked, Replied
 from app.errors import Relayed
 from app.logs import request_id
-from app.tasks import Shared
-
-Ask = Callable[[Asked], Awaitable[Replied]]  # the app's answer to a request
 
 PASSED_ON = ("authorization",)  # the call's metadata the app reads, besides its request id
 
@@ -32,22 +29,16 @@ class Control:
     def __init__(self, ask: Ask, changed: Callable[[], Awaitable[None]] | None = None) -> None:
         """``ask`` has the app answer; ``changed`` is awaited after a load or unload (a front
         end takes the device process's new model snapshot then)."""
-        self._ask = ask
+        self._relay = Relay(ask)  # probes asked while the same is on its way share its answer
         self._changed = changed
-        self._shared = Shared()  # probes asked again while on their way (``is_probe``)
 
     async def get(self, path: str, metadata: Mapping[str, str],
                   params: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any]]:
         """(status, JSON body) of a GET; Relayed for an error other than 503, which health and
         readiness answer with a body of their own. A health check not answered within
         HEALTH_TIMEOUT_S is 503 unhealthy, as a front end answers it over HTTP."""
-        query = urlencode(params or {})
-
-        def ask() -> Awaitable[Replied]:
-            return self._request("GET", path, metadata, query=query, timeout=proxy_timeout(path))
-
         try:
-            answer = await (self._shared((path, query), ask) if is_probe(path) else ask())
+            answer = await self._request("GET", path, metadata, query=urlencode(params or {}))
         except TimeoutError:
             return 503, {"status": "unhealthy", "reason": HELD}
         if answer.status >= 400 and answer.status != 503:
@@ -67,10 +58,9 @@ class Control:
         return orjson.loads(answer.body) if answer.body else {}
 
     async def _request(self, method: str, path: str, metadata: Mapping[str, str],
-                       body: bytes = b"", query: str = "",
-                       timeout: float | None = None) -> Replied:
+                       body: bytes = b"", query: str = "") -> Replied:
         """The app's answer to ``method path?query`` (``path`` URL-encoded); TimeoutError past
-        ``timeout``, Unavailable (503 unhealthy) if the device process has gone."""
+        ``proxy_timeout``, Unavailable (503 unhealthy) if the device process has gone."""
         headers = [(name.encode(), metadata[name].encode("latin-1"))
                    for name in PASSED_ON if name in metadata]
         rid = request_id.get()
@@ -79,7 +69,7 @@ class Control:
         if body:
             headers.append((b"content-length", str(len(body)).encode()))
         asked = Asked(method, unquote(path), path.encode(), query.encode(), headers, None, body)
-        return await asyncio.wait_for(self._ask(asked), timeout)
+        return await self._relay(asked)
 
 
 def _relayed(answer: Replied) -> Relayed:

@@ -19,10 +19,11 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from app.api.inference import Serving
+from app.asks import Ask
 from app.config import Settings
 from app.errors import ConfigError, os_reason
 from app.grpc.calls import method_table
-from app.grpc.control import Ask, Control
+from app.grpc.control import Control
 from app.grpc.healthcheck import HEALTH, HealthServicer
 from app.grpc.service import InferenceServicer
 

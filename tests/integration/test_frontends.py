@@ -707,7 +707,7 @@ def test_a_held_device_process_is_unhealthy_within_seconds_through_the_front_end
     import tritonclient.grpc as triton
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from app.api.access import HEALTH_TIMEOUT_S, HELD
+    from app.api.relay import HEALTH_TIMEOUT_S, HELD
 
     port = free_port()
     with split_server("--model", "linear", "--devices", "cpu", "--frontends", "2",

@@ -114,7 +114,7 @@ async def test_a_device_process_gone_or_a_health_check_not_answered_in_time_is_5
 
     proxy = proxy_to(held)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("app.frontend.app.proxy_timeout", lambda path: 0.01)
+        patch.setattr("app.api.relay.proxy_timeout", lambda path: 0.01)
         status, _, body = await call(proxy, "/health_check")
     assert status == 503 and "did not answer" in orjson.loads(body)["reason"]
 
