@@ -59,9 +59,8 @@ def create_app(settings: Settings | None = None, handler: ModelHandler | None = 
     errors.install(app)
     for route in [*predict.routes(service, *_single_model(service)), *infer_routes(service)]:
         app.add_raw_route(route)
-    app.include_router(health.router)
-    app.include_router(v2.router)
-    app.include_router(v2_repository.router)
+    for router in (health.router, v2.router, v2_repository.router):
+        app.add_router(router)
     add_docs(app)
     app.add_middleware(AccessLog, level=access_level)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
