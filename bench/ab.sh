@@ -9,11 +9,12 @@
 # the setting), BODY (the request body), URL_PATH (/predict; /v2/models/$W/infer for v2 JSON),
 # PY (the Python, this checkout's .venv), PIN (1; 0 leaves servers and wrk unpinned, as
 # `python -m bench` runs them: then the event loop and the device thread of a server run on
-# different cores at once).
+# different cores at once), LOG (--log-level, warning; info: an access line a request, each
+# server's log read through a pipe, as a container's is).
 set -euo pipefail
 # shellcheck disable=SC2034  # both read as ${!side}
 old=$(realpath "$1") new=$(realpath "$2")
-C=${C:-64}; N=${N:-6}; W=${W:-linear}; D=${D:-cpu}; F=${F:-1}; PIN=${PIN:-1}
+C=${C:-64}; N=${N:-6}; W=${W:-linear}; D=${D:-cpu}; F=${F:-1}; PIN=${PIN:-1}; LOG=${LOG:-warning}
 OLD_F=${OLD_F-$F}; NEW_F=${NEW_F-$F}; URL_PATH=${URL_PATH:-/predict}
 server_cpu=(taskset -c 0); wrk_cpu=(taskset -c 1)
 [ "$PIN" = 1 ] || { server_cpu=(); wrk_cpu=(); }
@@ -29,8 +30,8 @@ for side in old new; do
   dir=${!side}; port=$([ $side = old ] && echo 8101 || echo 8102)
   f=$([ $side = old ] && echo "$OLD_F" || echo "$NEW_F")
   (cd "$dir" && exec "${server_cpu[@]}" "$py" -m app serve --model "$W" --devices "$D" \
-     --port "$port" --log-level warning --torch-threads 1 ${f:+--frontends "$f"}) \
-     > "$tmp/$side.log" 2>&1 &
+     --port "$port" --log-level "$LOG" --torch-threads 1 ${f:+--frontends "$f"}) \
+     > >(cat > "$tmp/$side.log") 2>&1 &
   pid[$port]=$!
 done
 loop_ticks() { awk '{print $14 + $15}' "/proc/$1/task/$1/stat"; }  # user + system, main thread

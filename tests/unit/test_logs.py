@@ -1,11 +1,17 @@
-"""Log lines: one record per line whatever a request puts in it, in text and JSON."""
+"""Log lines: one record per line whatever a request puts in it, in text and JSON; an event loop
+pass's lines in one write (``PassHandler``)."""
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 import logging
+import threading
 
-from app.logs import JsonFormatter, TextFormatter
+import pytest
+
+from app.logs import JsonFormatter, PassHandler, TextFormatter
 
 FORGED = "x\nCRITICAL batchserve [None]: forged\x00\r\t\x1b[31m"
 
@@ -38,3 +44,91 @@ def test_json_lines_carry_control_characters_escaped() -> None:
     line = JsonFormatter().format(record("path %s", FORGED))
     assert "\n" not in line and "\x00" not in line
     assert json.loads(line)["message"] == f"path {FORGED}"
+
+
+class Writes(io.StringIO):
+    """A stream that keeps each write apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+
+def handler_on(stream: Writes) -> PassHandler:
+    handler = PassHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    return handler
+
+
+def at(level: int, message: str) -> logging.LogRecord:
+    return logging.LogRecord("batchserve", level, __file__, 1, message, (), None)
+
+
+@pytest.mark.asyncio
+async def test_a_passes_lines_go_in_one_write_at_its_end() -> None:
+    stream = Writes()
+    handler = handler_on(stream)
+    for i in range(3):
+        handler.handle(at(logging.INFO, f"request {i}"))
+    assert stream.writes == []  # the pass has not ended
+    await asyncio.sleep(0)
+    assert stream.writes == ["INFO request 0\nINFO request 1\nINFO request 2\n"]
+    handler.handle(at(logging.DEBUG, "next pass"))
+    await asyncio.sleep(0)
+    assert stream.writes[1:] == ["DEBUG next pass\n"]
+
+
+@pytest.mark.asyncio
+async def test_a_warning_is_written_at_once_after_the_lines_before_it() -> None:
+    stream = Writes()
+    handler = handler_on(stream)
+    handler.handle(at(logging.INFO, "first"))
+    handler.handle(at(logging.WARNING, "second"))
+    assert stream.writes == ["INFO first\nWARNING second\n"]
+    await asyncio.sleep(0)  # the pass's end finds nothing left
+    assert stream.writes == ["INFO first\nWARNING second\n"]
+
+
+@pytest.mark.asyncio
+async def test_a_thread_without_a_loop_writes_at_once_after_what_waits() -> None:
+    stream = Writes()
+    handler = handler_on(stream)
+    handler.handle(at(logging.INFO, "loop"))
+    thread = threading.Thread(target=handler.handle, args=(at(logging.INFO, "thread"),))
+    thread.start()
+    thread.join()
+    assert "".join(stream.writes) == "INFO loop\nINFO thread\n"
+
+
+def test_lines_are_written_at_flush_and_when_their_loop_has_gone() -> None:
+    stream = Writes()
+    handler = handler_on(stream)
+
+    def stopped_after(message: str) -> None:
+        """A loop that logs ``message`` and stops before its pass's end runs."""
+        loop = asyncio.new_event_loop()
+
+        def log() -> None:
+            handler.handle(at(logging.INFO, message))
+            loop.stop()  # what this callback schedules does not run
+
+        loop.call_soon(log)
+        loop.run_forever()
+        loop.close()
+
+    stopped_after("on a loop closed before its pass ended")
+    assert stream.writes == []
+
+    async def log(message: str) -> None:
+        handler.handle(at(logging.INFO, message))
+
+    asyncio.run(log("on the next loop"))  # what the gone loop held goes first
+    assert "".join(stream.writes) == ("INFO on a loop closed before its pass ended\n"
+                                      "INFO on the next loop\n")
+    stopped_after("at exit")
+    handler.flush()  # logging.shutdown's, at exit
+    assert stream.writes[-1] == "INFO at exit\n"
