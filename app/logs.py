@@ -99,7 +99,6 @@ class PassHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
     def _pass_done(self) -> None:
         with self.lock:  # type: ignore[union-attr]  # logging creates it in __init__
-            self._due = None
             try:
                 self._write()
             except Exception:  # noqa: BLE001 - as emit reports its own

@@ -146,7 +146,6 @@ def test_answers_from_the_device_process_carry_one_date_and_head_keeps_the_conne
     assert len(body) == length and b'"status":"ready"' in body
 
 
-
 def listening_unix_sockets(pid: int) -> list[str]:
     """The listening Unix sockets process ``pid`` holds, by their /proc/net/unix lines."""
     inodes = set()
@@ -159,8 +158,8 @@ def listening_unix_sockets(pid: int) -> list[str]:
             inodes.add(target[len("socket:["):-1])
     lines = Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]
     # Fields: Num RefCount Protocol Flags Type St Inode Path; flag 0x10000: listening.
-    return [line for line in lines if line.split()[6] in inodes
-            and int(line.split()[3], 16) & 0x10000]
+    return [line for line, fields in ((line, line.split()) for line in lines)
+            if fields[6] in inodes and int(fields[3], 16) & 0x10000]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
