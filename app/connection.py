@@ -3,14 +3,16 @@
 uvicorn writes the status line and headers when the app sends ``http.response.start`` and the
 body at ``http.response.body``: two ``write`` calls, so two TCP segments and two wake-ups of the
 client for every answer. Here the head is formatted by uvicorn as usual but held until the body
-comes, and both go out in one ``writelines`` (one ``writev`` on uvloop, the body not copied). In
-a closed loop of eight clients on `mlp` that took 110-150 us off each round of eight answers
-(docs/benchmarks.md, "Tried and measured, not kept").
+comes, and both go out in one ``writelines`` (one ``writev`` on uvloop, the body not copied):
+one wake-up of the client an answer, and less CPU a request than uvicorn's two writes
+(docs/benchmarks.md, ``bench.floor --stacks``).
 
 uvicorn builds a request's ``RequestResponseCycle`` inside ``on_headers_complete``; the protocol
-re-classes that one object as ``OneWriteCycle`` (which adds no state of its own) rather than
-copying the method. ``batchserve serve`` passes ``OneWriteProtocol`` to uvicorn as its ``http``
-implementation; ``uvicorn --factory app.main:create_app`` runs with uvicorn's own.
+gives that cycle a transport of its own, ``_HeadHeld``, which tells the head by the cycle's
+``response_started`` (set just before uvicorn writes it), so no message the app sends passes
+through a second ``send`` (one a message cost about 10 us a request there).
+``batchserve serve`` passes ``OneWriteProtocol`` to uvicorn as its ``http`` implementation;
+``uvicorn --factory app.main:create_app`` runs with uvicorn's own.
 """
 
 from __future__ import annotations
@@ -31,65 +33,59 @@ from app.framing import Body, FramingError, body_of
 log = logging.getLogger("batchserve")
 
 
-class _Held:
-    """Stands in for the transport while uvicorn formats one message: keeps what it writes (after
-    ``head``, a head held from before) until ``flush``; a close flushes first, so the bytes and
-    the close reach the socket in uvicorn's order. Anything else goes to the real transport."""
+class _HeadHeld:
+    """A cycle's transport: the response's head (uvicorn's one write at ``http.response.start``)
+    waits for the next write, the body's, and both go out in one ``writelines``; a head with
+    nothing written after it (HEAD, an empty body) goes when the response completes
+    (``done``, the cycle's ``on_response``) or the connection closes. What the cycle writes
+    once its connection is closing is dropped: its client is gone, or the connection was
+    closed under it (a 400 for a request pipelined after it, a 408), and a write to the closed
+    socket would raise. Anything else goes to the real transport."""
 
-    def __init__(self, transport: Any, head: bytes | None) -> None:
+    __slots__ = ("transport", "cycle", "on_response", "head")
+
+    def __init__(self, transport: Any, cycle: RequestResponseCycle) -> None:
         self.transport = transport
-        self.parts = [head] if head else []
-        self.closed = False
+        # Till the head comes (the first write once the response has started). Let go then:
+        # the cycle holds this, and a reference cycle a request would leave every request to
+        # the garbage collector (4-5 us a request more, measured).
+        self.cycle: RequestResponseCycle | None = cycle
+        self.on_response = cycle.on_response
+        self.head: bytes | None = None
 
     def write(self, data: bytes) -> None:
-        self.parts.append(data)
+        cycle = self.cycle
+        if cycle is not None and cycle.response_started:
+            self.cycle = None
+            self.head = data
+            return
+        head, self.head = self.head, None
+        transport = self.transport
+        if transport.is_closing():
+            return
+        if head is None:
+            transport.write(data)
+        else:
+            transport.writelines([head, data])  # uvloop: one writev, the body not copied
 
     def flush(self) -> None:
-        if self.parts:
-            parts, self.parts = self.parts, []
-            self.transport.writelines(parts)  # uvloop: one writev, the body not copied
+        head, self.head = self.head, None
+        if head is not None and not self.transport.is_closing():
+            self.transport.write(head)
+
+    def done(self) -> None:
+        self.flush()
+        self.on_response()
 
     def close(self) -> None:
         self.flush()
-        self.closed = True
         self.transport.close()
+
+    def is_closing(self) -> bool:
+        return bool(self.transport.is_closing())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.transport, name)
-
-
-class OneWriteCycle(RequestResponseCycle):
-    """A request's cycle whose response head waits for the first body message."""
-
-    _head: bytes | None = None
-
-    async def send(self, message: Any) -> None:
-        if self.disconnected or self.transport.is_closing():
-            # uvicorn drops what is sent to a gone client: the head too. A connection closed
-            # under the cycle (a 400 for a request pipelined after it, a 408) is gone already;
-            # its socket may be closed before uvicorn hears of it, and a write would raise.
-            self.disconnected = True
-            self._head = None
-            return
-        real = self.transport
-        held = _Held(real, self._head)
-        self._head = None
-        if self.flow.write_paused:  # uvicorn's send waits for the client: nothing to join
-            held.flush()
-            await super().send(message)
-            return
-        self.transport = held  # type: ignore[assignment]  # a stand-in for its writes
-        try:  # does not suspend: the flow is not paused
-            await super().send(message)
-        except BaseException:
-            held.flush()  # what uvicorn wrote before it raised, as it would have gone out
-            raise
-        finally:
-            self.transport = real
-        if message["type"] == "http.response.start" and not held.closed:
-            self._head = b"".join(held.parts)
-        else:
-            held.flush()
 
 
 # The most pipelined requests a connection may have waiting before its reads pause.
@@ -119,7 +115,7 @@ MAX_HEAD_BYTES = 64 * 1024
 
 
 class OneWriteProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with ``OneWriteCycle`` for every request, a bound on how
+    """uvicorn's httptools protocol with ``_HeadHeld`` for every request, a bound on how
     long a request may take to arrive, and one on the size of its head: a client that stalls in
     its headers or body is answered 408, one whose headers pass ``MAX_HEAD_BYTES`` 431, and its
     connection closed, and one that pipelines has its reads paused past ``PIPELINE_LIMIT``
@@ -229,8 +225,9 @@ class OneWriteProtocol(HttpToolsProtocol):
             raise HeadTooLarge  # stops the parser: nothing of this request reaches the app
         self._in_head, self._head_bytes = False, 0
         super().on_headers_complete()
-        if type(self.cycle) is RequestResponseCycle:
-            self.cycle.__class__ = OneWriteCycle
+        cycle = self.cycle
+        held = cycle.transport = _HeadHeld(self.transport, cycle)  # type: ignore[assignment]
+        cycle.on_response = held.done
         if self.parser.should_upgrade() and not self._should_upgrade():
             try:
                 self._declined = body_of(self.headers)
