@@ -203,7 +203,8 @@ def profiled(into: Path | None, pid: int, seconds: float, name: str) -> Iterator
 def switched(args: argparse.Namespace) -> bool:
     """Whether the server runs with bench/switch.py's settings."""
     return (args.switch_interval_us, args.launch_switch_us, args.blocking_sync,
-            args.gil_free_writes, args.paced_frontends) != (None, None, False, False, False)
+            args.gil_free_writes, args.paced_frontends, args.prompt_frontends
+            ) != (None, None, False, False, False, False)
 
 
 def wait_for_frontends(url: str, count: int, timeout_s: float = 120) -> None:
@@ -231,7 +232,7 @@ def measure(args: argparse.Namespace, frontends: int, check: bool,
             args.switch_interval_us, args.launch_switch_us)),
             "blocking" if args.blocking_sync else "-",
             "gil-free" if args.gil_free_writes else "-",
-            "paced" if args.paced_frontends else "-")
+            "paced" if args.paced_frontends else "prompt" if args.prompt_frontends else "-")
     with server_process(flags, str(base) if base else None, launcher) as (url, pid), body(
             args.workload, args.instances, args.binary) as (path_file, path, env):
         wait_for_frontends(url, frontends)
@@ -370,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paced-frontends", action="store_true",
                    help="each front end's message waits while the device process has not "
                         "read its last one (bench/paced.py)")
+    p.add_argument("--prompt-frontends", action="store_true",
+                   help="each front end's message goes at the end of its pass, never waiting a "
+                        "pass for more while the front end is busy (bench/prompt.py)")
     p.add_argument("--pin-device-cores", type=int, default=0, metavar="K",
                    help="the device process's threads on the last K cores, the front ends and "
                         "wrk on the others (0: where the kernel puts them)")
@@ -380,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=Path, default=None,
                    help="record the device process with py-spy at each point, into this folder")
     args = p.parse_args(argv)
+    if args.paced_frontends and args.prompt_frontends:
+        p.error("--paced-frontends and --prompt-frontends are two ways to run the front ends: "
+                "one at a time")
     if args.base is not None and switched(args):
         p.error("--base runs the base's own server: not with bench/switch.py's settings")
     if args.base is not None and not (args.base / "app" / "__main__.py").is_file():

@@ -31,12 +31,14 @@
 # the same with the device process's writes to the front ends letting the GIL go (os.writev,
 # bench/switch.py) against uvloop's, which holds it; "paced" (about 3 minutes), the same with
 # each front end's message waiting while the device process has not read its last one
-# (bench/paced.py: fewer, larger messages where it is behind); "pinned" (about 3 minutes),
-# the same with the device process's threads on PIN_CORES of their own and the front ends and
-# wrk on the others (bench.frontends --pin-device-cores: does it cost 19-20 us a request at
-# N=8, against 12.9 alone, because the front ends take its cores?); "c1" (about 1
-# minute), at c=1 this build against the first GPU run's (bench/ab.sh, both up at once), with
-# one process and with its default front ends (C1_FRONTENDS). With PROFILE=1 py-spy also
+# (bench/paced.py: fewer, larger messages where it is behind); "prompt" (about 3 minutes), the
+# same with each front end's message sent at its pass's end even when 16 or more of its
+# requests wait (bench/prompt.py: does that wait lengthen the round trip at N=8?); "pinned"
+# (about 3 minutes), the same with the device process's threads on PIN_CORES of their own and
+# the front ends and wrk on the others (bench.frontends --pin-device-cores: does it cost 19-20
+# us a request at N=8, against 12.9 alone, because the front ends take its cores?); "c1"
+# (about 1 minute), at c=1 this build against the first GPU run's (bench/ab.sh, both up at
+# once), with one process and with its default front ends (C1_FRONTENDS). With PROFILE=1 py-spy also
 # records the device process at each point of the first curve. Profiles go to
 # $OUT/profiles.tgz, the results to $OUT/results.tgz (py-spy slows what it records: one process
 # at c=256 read 3.8 k req/s profiled). Needs .carry/ from `python -m bench.carry` (made here,
@@ -46,6 +48,7 @@
 #   3:  (here: python -m bench.carry --base COMMIT)
 #       TESTS= CURVES="ab" OUT=$OUT bash bench/gpu.sh                      (~4 minutes)
 #   4:  TESTS= CURVES="writes paced" OUT=$OUT bash bench/gpu.sh            (~6 minutes)
+#       TESTS= CURVES="prompt" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh  (~1.5 minutes)
 #   5:  TESTS= CURVES="minilm-eager device" OUT=$OUT bash bench/gpu.sh     (~4 minutes)
 # What ran before a timeout stays in $OUT/gpu.log. The tests are the modules with CUDA tests
 # and the API's predict path (TESTS="tests/unit tests/api": all of them, ~2 minutes).
@@ -73,7 +76,7 @@ CURVES=${CURVES:-mlp-json mlp-binary32 minilm}
 POINT_FRONTENDS=${POINT_FRONTENDS:-8}  # front ends of the single points (the curves' best N)
 C1_FRONTENDS=${C1_FRONTENDS:-1 auto}  # this build's front ends in the c=1 comparison
 AB_WORKLOADS=${AB_WORKLOADS:-minilm mlp-json}  # ab's: mlp-json, mlp-binary32, minilm
-ALT_WORKLOADS=${ALT_WORKLOADS:-mlp minilm}  # sync, writes, paced and pinned: mlp (JSON), minilm
+ALT_WORKLOADS=${ALT_WORKLOADS:-mlp minilm}  # sync, writes, paced, prompt, pinned: mlp JSON, minilm
 PIN_CORES=${PIN_CORES:-2}  # pinned's: the device process's cores
 GRAPH_INSTANCES=${GRAPH_INSTANCES:-32}  # the device process alone with CUDA graphs: items a request
 OUT=${OUT:?OUT: where the logs and results go}
@@ -286,6 +289,8 @@ main() {
   alternating writes --gil-free-writes
   # each front end's message waiting while the device process has not read its last one
   alternating paced --paced-frontends
+  # each front end's message sent at its pass's end, never waiting a pass while it is busy
+  alternating prompt --prompt-frontends
   # the device process on cores of its own, the front ends and wrk on the others
   alternating pinned "--pin-device-cores=$PIN_CORES"
   ab_compare

@@ -5,9 +5,10 @@ either: the server's own), with SYNC ``blocking`` its CUDA events made with ``bl
 (``-``: as the server makes them), with WRITES ``gil-free`` its messages to the front ends
 written by ``os.writev``, which lets the GIL go during the system call (``-``: uvloop's write,
 which holds it), and with FRONTENDS ``paced`` each front end run as bench/paced.py (its
-messages wait while the device process has not read the last one), for ``python -m
-bench.frontends --switch-interval-us / --launch-switch-us / --blocking-sync / --gil-free-writes
-/ --paced-frontends``.
+messages wait while the device process has not read the last one), ``prompt`` as
+bench/prompt.py (each message sent at its pass's end, however busy the front end), for
+``python -m bench.frontends --switch-interval-us / --launch-switch-us / --blocking-sync /
+--gil-free-writes / --paced-frontends / --prompt-frontends``.
 
 The device process's event loop and device threads share one GIL; a device thread that lets it
 go inside a torch call waits up to one interval to win it back from a busy loop
@@ -83,6 +84,6 @@ if __name__ == "__main__":
         transfer._event = blocking_event  # every launch's events (app/transfer.py)
     if writes == "gil-free":
         links.Outbox._write = gil_free_write  # type: ignore[method-assign]
-    if frontends == "paced":
-        supervisor.FRONTEND_MODULE = "bench.paced"
+    if frontends in ("paced", "prompt"):
+        supervisor.FRONTEND_MODULE = f"bench.{frontends}"
     sys.exit(main(sys.argv[6:]))
