@@ -433,3 +433,24 @@ async def test_requests_on_a_kept_connection_leave_the_garbage_collector_nothing
     finally:
         gc.enable()
     assert len(transport.writes) == 21
+
+
+@pytest.mark.parametrize("protocol_class", [HttpToolsProtocol, OneWriteProtocol])
+async def test_a_client_slow_to_read_gets_the_answer_whole_once_it_reads(
+        protocol_class: type[HttpToolsProtocol]) -> None:
+    """While the socket's buffer is full (uvicorn's flow paused for writing) a response waits;
+    when the client has read, it goes out whole, the same bytes as uvicorn's."""
+    config = Config(answer, http=protocol_class, lifespan="off", log_config=None)
+    config.load()
+    protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
+    transport = Transport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    protocol.pause_writing()
+    protocol.data_received(POST)
+    await asyncio.sleep(0.01)
+    assert transport.writes == []  # the answer waits for the client
+    protocol.resume_writing()
+    await wait_until(lambda: protocol.cycle.response_complete, "the response")
+    theirs = await exchange(HttpToolsProtocol, answer, POST)
+    assert b"".join(transport.writes) == b"".join(theirs.writes)
+    assert len(transport.writes) == (1 if protocol_class is OneWriteProtocol else 2)
