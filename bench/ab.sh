@@ -10,11 +10,13 @@
 # PY (the Python, this checkout's .venv), PIN (1; 0 leaves servers and wrk unpinned, as
 # `python -m bench` runs them: then the event loop and the device thread of a server run on
 # different cores at once), LOG (--log-level, warning; info: an access line a request, each
-# server's log read through a pipe, as a container's is).
+# server's log read through a pipe, as a container's is), TREE (0; 1: the CPU of every process
+# of each server, its front ends too, not its main thread's: "loop us" is then the server's).
 set -euo pipefail
 # shellcheck disable=SC2034  # both read as ${!side}
 old=$(realpath "$1") new=$(realpath "$2")
 C=${C:-64}; N=${N:-6}; W=${W:-linear}; D=${D:-cpu}; F=${F:-1}; PIN=${PIN:-1}; LOG=${LOG:-warning}
+TREE=${TREE:-0}
 OLD_F=${OLD_F-$F}; NEW_F=${NEW_F-$F}; URL_PATH=${URL_PATH:-/predict}
 server_cpu=(taskset -c 0); wrk_cpu=(taskset -c 1)
 [ "$PIN" = 1 ] || { server_cpu=(); wrk_cpu=(); }
@@ -34,7 +36,14 @@ for side in old new; do
      > >(cat > "$tmp/$side.log") 2>&1 &
   pid[$port]=$!
 done
-loop_ticks() { awk '{print $14 + $15}' "/proc/$1/task/$1/stat"; }  # user + system, main thread
+loop_ticks() {  # user + system: the main thread's, or with TREE=1 every process's of the server
+  if [ "$TREE" = 1 ]; then
+    # shellcheck disable=SC2046  # the server and its children's pids, word-split on purpose
+    awk '{t += $14 + $15} END {print t}' $(printf '/proc/%s/stat ' "$1" $(pgrep -P "$1"))
+  else
+    awk '{print $14 + $15}' "/proc/$1/task/$1/stat"
+  fi
+}
 for port in 8101 8102; do
   until curl -sf "localhost:$port/health_check" >/dev/null; do
     kill -0 "${pid[$port]}" 2>/dev/null || { cat "$tmp"/*.log >&2; exit 1; }  # it did not start
