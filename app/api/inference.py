@@ -165,6 +165,9 @@ class DisconnectWatch:
         self._timer.cancel()
         if self._task is not None:
             self._task.cancel()
+            # Let go of it: the task keeps its CancelledError, whose frames hold this watch,
+            # and a reference cycle would leave the request's objects to the collector.
+            self._task = None
 
 
 async def submit(model: ModelFacade, instances: list[Any], level: int, deadline: float,

@@ -5,6 +5,7 @@ one."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from types import SimpleNamespace
 from typing import Any
 
@@ -81,3 +82,25 @@ async def test_a_request_answered_at_once_starts_no_watch() -> None:
     await asyncio.sleep(WATCH_AFTER_S * 3)
     assert watch._task is None and not watch.let_go()
     watch.close()
+
+
+async def test_a_watch_that_started_leaves_the_garbage_collector_nothing() -> None:
+    """A request answered after its watch started (its answer took longer than
+    ``WATCH_AFTER_S``): the watch's task, cancelled, ends without a reference cycle (its
+    CancelledError's frames held the watch, which held the task), so what the request made goes
+    as it ends, not at a later collection (the front ends under load had every request's
+    task, futures and frames to collect)."""
+    gc.collect()
+    gc.disable()
+    try:
+        watch = DisconnectWatch(Client().receive)
+        await asyncio.sleep(WATCH_AFTER_S * 3)
+        started = watch._task
+        assert started is not None
+        watch.close()
+        await asyncio.wait([started])  # as the server does: nothing asks for its outcome
+        assert started.cancelled()
+        del watch, started
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
