@@ -57,15 +57,25 @@ def one_torch_thread() -> None:
         torch.set_num_threads(1)
 
 
+# Container objects made and not yet freed that set off a young collection once serving
+# (CPython's default 700). A request leaves no garbage for the collector (tested), but the
+# requests in flight hold objects: a front end with 128 of them ran a young collection every
+# 30 requests, and the collections took 10-15 us a request, finding nothing; with this, none
+# ran (docs/benchmarks.md, "Garbage collection").
+YOUNG_COLLECTION_AT = 10_000
+
+
 def freeze_startup_objects() -> None:
     """Move everything alive once the models are warm (torch, the models, modules: ~200k
     objects) out of the collector's reach, so full collections scan only request garbage; over
     the whole heap each took 70-100 ms, stalling the event loop (docs/benchmarks.md,
     "Tried and measured, not kept"). What was frozen before is collected with the rest first:
-    nothing frozen is garbage."""
+    nothing frozen is garbage. From then on a young collection waits for
+    ``YOUNG_COLLECTION_AT`` new objects."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+    gc.set_threshold(YOUNG_COLLECTION_AT, *gc.get_threshold()[1:])
 
 
 def refreeze() -> int | None:
