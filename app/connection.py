@@ -192,7 +192,7 @@ class OneWriteProtocol(HttpToolsProtocol):
         try:
             pieces, rest = body.feed(data)
         except FramingError as exc:
-            self.logger.warning("Invalid HTTP request received: %s", exc)
+            self.logger.warning("Invalid HTTP request received: %s", str(exc))
             self.send_400_response("Invalid HTTP request received.")
             return
         for piece in pieces:

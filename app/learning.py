@@ -58,7 +58,8 @@ async def measure_on(model: ServedModel, worker: DeviceWorker, loader: Loader,
                                               worker.batch_limit(model))
     except Exception as exc:  # noqa: BLE001 - it serves on without one, as before
         log.warning("model %s version %s: no cost measured on %s from its first request "
-                    "(%s: %s)", model.name, model.version, worker.label, type(exc).__name__, exc)
+                    "(%s: %s)", model.name, model.version, worker.label, type(exc).__name__,
+                    str(exc))
         return
     if not worker.holds(model):  # unloaded while measured: no gauge reads it again
         return

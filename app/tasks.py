@@ -41,7 +41,7 @@ class Background:
         self._running.discard(task)
         exc = None if task.cancelled() else task.exception()
         if exc is not None:
-            self._log.error("%s failed: %s: %s", what, type(exc).__name__, exc)
+            self._log.error("%s failed: %s: %s", what, type(exc).__name__, str(exc))
             if failed is not None:
                 failed()
 

@@ -137,7 +137,8 @@ def graphed(handler: ModelHandler, replica: Replica, executor: DeviceExecutor, l
                 result = capture_text(handler, replica, device, limit, items,
                                       functools.partial(record_text_cuda, stream=executor.stream))
     except NotGraphable as exc:
-        log.log(refused, "model %s on %s: served without CUDA graphs: %s", name, device, exc)
+        log.log(refused, "model %s on %s: served without CUDA graphs: %s", name, device,
+                str(exc))
         return replica
     lengths = (f" of lengths {', '.join(map(str, result.lengths))}"
                if isinstance(result, TextGraphedReplica) else "")

@@ -199,7 +199,7 @@ def _received(entry: ModelEntry) -> ModelHandler | None:
         return cast(ModelHandler, pickle.loads(entry.handler))
     except Exception as exc:  # noqa: BLE001 - whatever unpickling its class raises
         log.warning("model %s: the handler sent could not be read here (%s: %s); "
-                    "building one from its model setting", entry.name, type(exc).__name__, exc)
+                    "building one from its model setting", entry.name, type(exc).__name__, str(exc))
         return None
 
 
@@ -210,7 +210,7 @@ def _built(entry: ModelEntry) -> ModelHandler | None:
         log.error("model %s: %s", entry.name, exc.message)
     except Exception as exc:  # noqa: BLE001 - a user's handler raises what it raises
         log.error("model %s: its handler could not be built here: %s: %s", entry.name,
-                  type(exc).__name__, exc)
+                  type(exc).__name__, str(exc))
     return None
 
 

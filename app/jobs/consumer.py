@@ -204,7 +204,7 @@ class JobWorker:
         except asyncio.CancelledError:
             raise
         except Released as exc:
-            log.warning("job entry %s left to another worker (%s)", job.entry, exc)
+            log.warning("job entry %s left to another worker (%s)", job.entry, str(exc))
         except Exception:
             # Not acknowledged: the job stays pending and is taken over after its lease.
             log.exception("job entry %s could not be finished; it will be retried", job.entry)

@@ -121,5 +121,5 @@ def sendable(handler: ModelHandler) -> bytes | None:
         return pickle.dumps(twin)
     except Exception as exc:  # noqa: BLE001 - whatever a handler's own attributes raise
         log.info("model %s: its handler cannot be sent to front ends (%s: %s); each builds "
-                 "its own", handler.name, type(exc).__name__, exc)
+                 "its own", handler.name, type(exc).__name__, str(exc))
         return None

@@ -77,7 +77,7 @@ def _traced(model: MeanPooled, example: dict[str, torch.Tensor]) -> Callable[...
             traced = torch.jit.trace(model, args, check_trace=False)  # type: ignore[no-untyped-call]
         error = float((traced(*args) - model(*args)).abs().max())
     except Exception as exc:  # noqa: BLE001 - the eager model always works
-        log.warning("minilm: tracing failed (%s); running eagerly", exc)
+        log.warning("minilm: tracing failed (%s); running eagerly", str(exc))
         return model
     if error > 1e-6:
         log.warning("minilm: trace differs from eager by %.2e; running eagerly", error)

@@ -3,11 +3,13 @@ pass's lines in one write (``PassHandler``)."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import io
 import json
 import logging
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +134,25 @@ def test_lines_are_written_at_flush_and_when_their_loop_has_gone() -> None:
     stopped_after("at exit")
     handler.flush()  # logging.shutdown's, at exit
     assert stream.writes[-1] == "INFO at exit\n"
+
+
+LEVELS = {"debug", "info", "warning", "error", "critical", "exception", "log"}
+
+
+def test_no_log_call_passes_an_error_it_caught() -> None:
+    """A record keeps its arguments: an error among them keeps its traceback, the frames and
+    their locals (a model, a replica, a request) for as long as a handler keeps the record
+    (pytest's, a memory handler). Calls pass its text."""
+    app = Path(__file__).resolve().parents[2] / "app"
+    found = []
+    for path in sorted(app.rglob("*.py")):
+        for handler in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(handler, ast.ExceptHandler) or handler.name is None:
+                continue
+            for call in ast.walk(handler):
+                if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                        and call.func.attr in LEVELS
+                        and any(isinstance(a, ast.Name) and a.id == handler.name
+                                for a in call.args)):
+                    found.append(f"{path.relative_to(app.parent)}:{call.lineno}")
+    assert found == []

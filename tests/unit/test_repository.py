@@ -22,6 +22,7 @@ from app.served import ServedModel
 from app.worker import WorkerState
 from tests.conftest import WAIT_S, make_settings, sample, wait_until
 from tests.fakes import GatedLoadHandler, GatedWide, SlowBuild, export_scale
+from tests.holders import holders
 
 pytestmark = pytest.mark.asyncio
 
@@ -451,7 +452,7 @@ async def test_a_dead_device_thread_lets_its_replicas_go_before_they_load_again(
             await wait_until(lambda: dead() not in service.workers, "restarted")
             await wait_until(GatedLoadHandler.entered.is_set, "slow loading again")
             gc.collect()
-            assert replica() is None
+            assert replica() is None, holders(replica())
         finally:
             GatedLoadHandler.gate.set()
         await wait_until(lambda: service.workers[0].holds(slow), "slow back")
@@ -496,7 +497,7 @@ async def test_a_model_a_restarted_thread_could_not_take_back_is_let_go_once_unl
         lost = weakref.ref(service.repository.get("crasher"))
         await service.repository.unload("crasher")
         gc.collect()
-        assert lost() is None
+        assert lost() is None, holders(lost())
 
 
 async def test_a_model_unloaded_while_its_attach_waits_for_a_batch_is_let_go(
@@ -646,7 +647,8 @@ async def test_an_unloaded_version_reads_unavailable_and_no_gauge_reads_it(
         first = weakref.ref(service.repository.get("a"))
         await service.repository.load("a", {})  # a reload: another object serves version 1
         gc.collect()
-        assert first() is None and states(service, "a")["READY"] == 1
+        assert first() is None, holders(first())
+        assert states(service, "a")["READY"] == 1
         assert {"batchserve_effective_batch_limit", "batchserve_cost_seconds"} <= set(gauges())
         gone = weakref.ref(service.repository.get("a"))
         await service.repository.unload("a")
@@ -654,7 +656,7 @@ async def test_an_unloaded_version_reads_unavailable_and_no_gauge_reads_it(
                                          "UNAVAILABLE": 1}
         assert gauges() == []
         gc.collect()
-        assert gone() is None
+        assert gone() is None, holders(gone())
 
 
 async def test_a_model_unloaded_while_its_cost_is_measured_leaves_no_gauge(
@@ -697,7 +699,7 @@ async def test_each_served_version_has_its_gauges_and_a_retired_one_leaves_none(
         await repo.load("scale", {"versions": [2]})
         assert repo.index() == [{"name": "scale", "version": "2", "state": "READY", "reason": ""}]
         gc.collect()
-        assert old() is None
+        assert old() is None, holders(old())
         for gauge in ("batchserve_effective_batch_limit", "batchserve_cost_seconds"):
             assert versions(gauge) == {"2"}
         assert sample(service.metrics.registry, "batchserve_effective_batch_limit",

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
+import logging
+import weakref
+from typing import Any
 
 import pytest
 import torch
 
+import app.warmup
 from app.models.builtin import linear_handler
 from app.models.signature import TensorSpec
-from app.warmup import warm_replica
-from tests.fakes import OOMHandler
+from app.transfer import DeviceExecutor
+from app.warmup import graphed, warm_replica
+from tests.fakes import EchoHandler, OOMHandler
 
 pytestmark = pytest.mark.asyncio
 CPU = torch.device("cpu")
@@ -50,3 +57,26 @@ async def test_the_warm_up_finds_the_largest_batch_that_fits(limit: int, fits: i
 async def test_a_model_that_cannot_run_one_item_fails_to_load() -> None:
     with pytest.raises(torch.OutOfMemoryError):
         await asyncio.to_thread(warm_replica, OOMHandler(0, examples=[1.0]), CPU, 4)
+
+
+async def test_a_refused_capture_logs_why_and_its_record_holds_no_replica(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Where a forward cannot be captured the log says why; the record keeps the reason's text,
+    not the error, whose traceback's frames hold the replica (on a GPU, its memory) as long as
+    a handler keeps the record (pytest's, a memory handler)."""
+    class Replica:
+        def __call__(self, batch: Any) -> Any:
+            return batch
+
+    executor = DeviceExecutor(CPU)
+    # The capture path, which a CUDA executor's stream opens, taken on the CPU.
+    executor.stream = object()  # type: ignore[assignment]
+    monkeypatch.setattr(app.warmup.torch.cuda, "stream", lambda _: contextlib.nullcontext())
+    replica = Replica()
+    held = weakref.ref(replica)
+    with caplog.at_level(logging.INFO, logger="batchserve.warmup"):
+        assert graphed(EchoHandler(), replica, executor, 4, []) is replica
+    assert "model echo on cpu: served without CUDA graphs: its items are not float32" in caplog.text
+    del replica
+    gc.collect()
+    assert held() is None
