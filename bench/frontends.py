@@ -245,8 +245,12 @@ def measure(args: argparse.Namespace, frontends: int, check: bool,
             totals0 = stage_totals(url)
             pids = tree(pid)  # the device process, then the front ends
             each0, t0, loop0 = per_process_cpu(pids), time.monotonic(), cpu_seconds(pid, pid)
-            with SmSampler(args.devices) as sm, profiled(args.profile, pid, args.seconds,
-                                                         f"device-{args.workload}-n{frontends}-c{c}"):
+            name = f"{args.workload}-n{frontends}-c{c}"
+            # and the first front end (what it spends a request on: docs/frontends.md)
+            with SmSampler(args.devices) as sm, profiled(
+                    args.profile, pid, args.seconds, f"device-{name}"), profiled(
+                    args.profile if len(pids) > 1 else None, pids[-1], args.seconds,
+                    f"frontend-{name}"):
                 r = run_wrk(url, path_file, c, args.seconds, path, threads=min(c, args.threads),
                             env=env, cpus=cpus)
             each1, t1, loop1 = per_process_cpu(pids), time.monotonic(), cpu_seconds(pid, pid)
@@ -382,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
                         "order turned each round (bench.carry --base packs one for the GPU)")
     p.add_argument("--out", type=Path, default=None, help="write the points here as JSON")
     p.add_argument("--profile", type=Path, default=None,
-                   help="record the device process with py-spy at each point, into this folder")
+                   help="record the device process and a front end with py-spy at each point, "
+                        "into this folder")
     args = p.parse_args(argv)
     if args.paced_frontends and args.prompt_frontends:
         p.error("--paced-frontends and --prompt-frontends are two ways to run the front ends: "

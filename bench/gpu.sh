@@ -39,7 +39,7 @@
 # us a request at N=8, against 12.9 alone, because the front ends take its cores?); "c1"
 # (about 1 minute), at c=1 this build against the first GPU run's (bench/ab.sh, both up at
 # once), with one process and with its default front ends (C1_FRONTENDS). With PROFILE=1 py-spy also
-# records the device process at each point of the first curve. Profiles go to
+# records the device process and a front end at each point of the first curve. Profiles go to
 # $OUT/profiles.tgz, the results to $OUT/results.tgz (py-spy slows what it records: one process
 # at c=256 read 3.8 k req/s profiled). Needs .carry/ from `python -m bench.carry` (made here,
 # named in the device call's carry). A cold start of the machine takes about a minute more.
@@ -72,7 +72,7 @@ tests/unit/test_runtime.py \
 tests/unit/test_repository.py tests/unit/test_devices.py tests/api/test_predict.py \
 tests/integration/test_cli.py::test_a_sticky_cuda_error_fails_liveness_and_the_device_is_not_used_again}
 DEVICE_INSTANCES=${DEVICE_INSTANCES:-1 32}  # items a request in the device curve's runs
-PROFILE=${PROFILE:-0}  # 1: py-spy on the device process at each point of the mlp-json curve
+PROFILE=${PROFILE:-0}  # 1: py-spy on the device process and a front end at each point of mlp-json
 CURVES=${CURVES:-mlp-json mlp-binary32 minilm}
 POINT_FRONTENDS=${POINT_FRONTENDS:-8}  # front ends of the single points (the curves' best N)
 C1_FRONTENDS=${C1_FRONTENDS:-1 auto}  # this build's front ends in the c=1 comparison
