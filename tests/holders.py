@@ -24,6 +24,17 @@ def describe(obj: Any) -> str:
     return type(obj).__qualname__
 
 
+def via(holder: Any, held: Any) -> str:
+    """Where ``holder`` keeps ``held``, where that has a name: a frame's local, a dict's key."""
+    if isinstance(holder, types.FrameType):
+        names = [name for name, value in holder.f_locals.items() if value is held]
+    elif isinstance(holder, dict):
+        names = [repr(k) for k, value in holder.items() if value is held][:3]
+    else:
+        return ""
+    return f" [{', '.join(names)}]" if names else ""
+
+
 def holders(obj: Any) -> str:
     """For each referrer of ``obj`` (up to CHAINS), the shortest chain of referrers to it
     (``frame f -> dict -> Slot -> obj``) from a frame running on some thread, a module or a
@@ -68,8 +79,10 @@ def holders(obj: Any) -> str:
     def chain(key: int | None) -> str:
         steps = []
         while key is not None:
-            steps.append(describe(nodes[key]))
-            key = parent[key]
+            held = parent[key]
+            steps.append(describe(nodes[key]) + (via(nodes[key], nodes[held])
+                                                 if held is not None else ""))
+            key = held
         return " -> ".join(steps)
 
     found_chains = "\n".join(chain(key) for key in roots.values())

@@ -29,5 +29,6 @@ def test_a_log_record_holding_an_error_is_named_with_the_frame_that_held_the_obj
     text = holders(held)
     assert text.startswith("Replica is still held:\n")
     assert "LogRecord -> " in text and "ValueError -> traceback -> frame load (" in text
+    assert text.endswith(") [replica] -> Replica")  # the frame's local that holds it
     kept.clear()
     assert holders(held) == "Replica is still held:\n"  # only this frame's argument holds it
