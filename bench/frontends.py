@@ -246,7 +246,7 @@ def measure(args: argparse.Namespace, frontends: int, check: bool,
             pids = tree(pid)  # the device process, then the front ends
             each0, t0, loop0 = per_process_cpu(pids), time.monotonic(), cpu_seconds(pid, pid)
             name = f"{args.workload}-n{frontends}-c{c}"
-            # and the first front end (what it spends a request on: docs/frontends.md)
+            # and a front end, the last started (what it spends a request on: docs/frontends.md)
             with SmSampler(args.devices) as sm, profiled(
                     args.profile, pid, args.seconds, f"device-{name}"), profiled(
                     args.profile if len(pids) > 1 else None, pids[-1], args.seconds,
