@@ -64,6 +64,10 @@ def one_torch_thread() -> None:
 # ran (docs/benchmarks.md, "Garbage collection").
 YOUNG_COLLECTION_AT = 10_000
 
+# Whether this process froze its start-up objects (``freeze_startup_objects``): not whether
+# anything is frozen, as CPython 3.12 starts with objects of its own frozen (375 of them).
+_startup_frozen = False
+
 
 def freeze_startup_objects() -> None:
     """Move everything alive once the models are warm (torch, the models, modules: ~200k
@@ -72,10 +76,12 @@ def freeze_startup_objects() -> None:
     "Tried and measured, not kept"). What was frozen before is collected with the rest first:
     nothing frozen is garbage. From then on a young collection waits for
     ``YOUNG_COLLECTION_AT`` new objects."""
+    global _startup_frozen
     gc.unfreeze()
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG_COLLECTION_AT, *gc.get_threshold()[1:])
+    _startup_frozen = True
 
 
 def refreeze() -> int | None:
@@ -88,7 +94,7 @@ def refreeze() -> int | None:
     box, more at higher rates: ``python -m bench.gc_pauses``). This one full collection
     (223-327 ms there: the whole heap) comes once a change. Returns how many objects are
     frozen; None where nothing was frozen at start-up (tests, tools), which it leaves so."""
-    if not gc.get_freeze_count():
+    if not _startup_frozen:
         return None
     freeze_startup_objects()
     return gc.get_freeze_count()
@@ -105,9 +111,21 @@ def refrozen(what: str, loop: asyncio.AbstractEventLoop | None = None) -> Iterat
         with freezing(loop) if loop is not None else contextlib.nullcontext():
             yield
     finally:
-        frozen = refreeze()
-        if frozen is not None:
-            log.debug("after %s: %d objects frozen", what, frozen)
+        _refreeze_logged(what)
+
+
+def refreeze_soon(what: str, loop: asyncio.AbstractEventLoop) -> None:
+    """After a model's unload: ``refreeze`` once the loop's current step is over, logged
+    (debug) as ``what``. By then the frames that held the model (the unload's) are gone, so
+    its garbage is collected; frozen while they held it, it would stay out of the collector's
+    reach until the next load or unload."""
+    loop.call_soon(_refreeze_logged, what)
+
+
+def _refreeze_logged(what: str) -> None:
+    frozen = refreeze()
+    if frozen is not None:
+        log.debug("after %s: %d objects frozen", what, frozen)
 
 
 @contextlib.contextmanager
@@ -121,7 +139,7 @@ def freezing(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
 
     def tick() -> None:
         nonlocal ticking
-        if gc.get_freeze_count():
+        if _startup_frozen:
             gc.freeze()
         ticking = loop.call_later(LOADING_FREEZE_S, tick)
 

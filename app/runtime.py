@@ -23,7 +23,7 @@ from app.learning import busy_ratio, export_replica, measure_first, unexport, wa
 from app.metrics import Metrics
 from app.models.base import ModelHandler
 from app.models.registry import load_handler
-from app.process import refrozen
+from app.process import refreeze_soon
 from app.repository import ModelRepository
 from app.served import ServedModel
 from app.stall import check_not_stuck, unless_stuck, watch_stalls
@@ -245,15 +245,15 @@ class InferenceService:
         assert self._loop is not None
         waits = {w: self._loop.create_future() for w in self.workers if w.holds(model)}
         self._lost.discard(model)
-        with refrozen(f"model {model.name} version {model.version}'s unload"):
-            for worker, wait in waits.items():
-                worker.detach(model, resolver(wait))
-            if not all(await asyncio.gather(*(unless_stuck(f, w) for w, f in waits.items()))):
-                log.warning("model %s unloaded; a device thread stuck in a call holds its "
-                            "replica till the call returns", model.name)
-            model.serve_with([], [])
-            self._share_devices()
+        for worker, wait in waits.items():
+            worker.detach(model, resolver(wait))
+        if not all(await asyncio.gather(*(unless_stuck(f, w) for w, f in waits.items()))):
+            log.warning("model %s unloaded; a device thread stuck in a call holds its "
+                        "replica till the call returns", model.name)
+        model.serve_with([], [])
+        self._share_devices()
         unexport(self.metrics, model, self.repository.models(), self.workers)
+        refreeze_soon(f"model {model.name} version {model.version}'s unload", self._loop)
 
     # ---- state -----------------------------------------------------------------------------------
 

@@ -85,6 +85,8 @@ def holders(obj: Any) -> str:
             key = held
         return " -> ".join(steps)
 
-    found_chains = "\n".join(chain(key) for key in roots.values())
+    found_chains = "\n".join(chain(key) for key in roots.values()) or (
+        "by nothing the collector sees: frozen objects (gc.freeze: "
+        f"{gc.get_freeze_count()} now), a running frame's stack, or C code")
     nodes.clear()
     return f"{describe(obj)} is still held:\n{found_chains}"

@@ -31,4 +31,5 @@ def test_a_log_record_holding_an_error_is_named_with_the_frame_that_held_the_obj
     assert "LogRecord -> " in text and "ValueError -> traceback -> frame load (" in text
     assert text.endswith(") [replica] -> Replica")  # the frame's local that holds it
     kept.clear()
-    assert holders(held) == "Replica is still held:\n"  # only this frame's argument holds it
+    assert holders(held).startswith(  # only this frame's argument holds it
+        "Replica is still held:\nby nothing the collector sees")

@@ -32,9 +32,10 @@ from app.process import (
 
 
 @pytest.fixture
-def restored() -> Iterator[None]:
+def restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     interval, threads, thresholds = sys.getswitchinterval(), torch.get_num_threads(), \
         gc.get_threshold()
+    monkeypatch.setattr(process, "_startup_frozen", False)  # as the tests' own process
     yield
     sys.setswitchinterval(interval)
     torch.set_num_threads(threads)
@@ -182,6 +183,18 @@ async def test_a_load_under_way_when_start_up_freezes_is_refrozen_at_its_end(
     collected = {id(o) for o in gc.get_objects()}  # the generations: frozen objects are not
     assert not any(id(x) in collected for x in [made, *made])
     assert re.search(r"after the early load: \d+ objects frozen", caplog.text)
+
+
+@pytest.mark.usefixtures("restored")
+def test_objects_python_froze_itself_are_no_start_up_freeze() -> None:
+    """CPython 3.12 starts with objects of its own frozen (375): a process that never froze
+    its start-up objects (tests, tools) still refreezes nothing, so what it unloads is left
+    to the collector, not frozen with it."""
+    gc.unfreeze()
+    gc.freeze()  # as 3.12 starts
+    before = gc.get_freeze_count()
+    loaded = [[i] for i in range(1000)]
+    assert refreeze() is None and gc.get_freeze_count() == before and loaded
 
 
 def test_nothing_is_frozen_around_a_load_where_start_up_froze_nothing(

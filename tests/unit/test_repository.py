@@ -8,7 +8,7 @@ import logging
 import shutil
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 import torch
 
+from app import process
 from app.errors import DeadlineExceeded, InvalidInput, ModelError, NotFound, Unavailable
+from app.process import freeze_startup_objects
 from app.runtime import InferenceService, build_service
 from app.served import ServedModel
 from app.worker import WorkerState
@@ -655,6 +657,32 @@ async def test_an_unloaded_version_reads_unavailable_and_no_gauge_reads_it(
         assert states(service, "a") == {"LOADING": 0, "READY": 0, "UNLOADING": 0,
                                          "UNAVAILABLE": 1}
         assert gauges() == []
+        gc.collect()
+        assert gone() is None, holders(gone())
+
+
+@pytest.fixture
+def frozen_start(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The process froze its start-up objects, as a serving one does once ready."""
+    thresholds = gc.get_threshold()
+    monkeypatch.setattr(process, "_startup_frozen", False)
+    freeze_startup_objects()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*thresholds)
+
+
+@pytest.mark.usefixtures("frozen_start")
+async def test_where_start_up_froze_an_unloaded_model_is_collected(tmp_path: Path) -> None:
+    """A serving process refreezes its heap after an unload: the unloaded model, which its
+    unload's frames held until the end, is collected then, not frozen with what lives on."""
+    write_config(tmp_path, "a", 'model = "linear"\n')
+    async with serving(tmp_path, model_control_mode="explicit") as service:
+        await service.repository.load("a")
+        assert len(await call(service, "a", [[1.0, 2.0, 3.0, 4.0]])) == 1
+        gone = weakref.ref(service.repository.get("a"))
+        await service.repository.unload("a")
+        await asyncio.sleep(0)  # the refreeze's turn
         gc.collect()
         assert gone() is None, holders(gone())
 
