@@ -46,9 +46,10 @@
 #   1:  CURVES="mlp-json mlp-binary32 minilm" OUT=$OUT bash bench/gpu.sh (~8.5 minutes: the
 #       tests took 127 s on the H200 on 2026-11-30, the curves 380 s)
 #   2:  TESTS= CURVES="c1 pinned sync" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh  (~4 min)
-#   next (three repository tests failed on CUDA at 630b9d8; $OUT/tests.xml holds, for each,
-#   what kept the object alive: tests/holders.py; then mlp JSON between 8 and 14 front ends,
-#   a front end and the device process profiled at each point):
+#   next (three repository tests failed there at 630b9d8, on Python 3.12, fixed since: the
+#   repository tests again, $OUT/tests.xml saying what kept an object alive if one fails,
+#   tests/holders.py; then mlp JSON between 8 and 14 front ends, a front end and the device
+#   process profiled at each point):
 #       TESTS=tests/unit/test_repository.py PROFILE=1 FRONTENDS=8,10,12 CURVES=mlp-json \
 #       OUT=$OUT bash bench/gpu.sh                                         (~4 minutes)
 #       TESTS= CURVES="pinned sync prompt" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh
