@@ -102,11 +102,11 @@ def refreeze() -> int | None:
 
 @contextlib.contextmanager
 def refrozen(what: str, loop: asyncio.AbstractEventLoop | None = None) -> Iterator[None]:
-    """Around a model's load or unload: ``refreeze`` once it is over, however it ends, logged
-    (debug) as ``what``; with ``loop`` (a load on a loader thread, the loop serving on),
-    ``freezing`` while it runs. Both only once the process has frozen its start-up objects,
-    which may happen while a load runs (one asked for as the server says it is ready); nothing
-    in tests and tools, which never do."""
+    """Around a model's load (an unload has ``refreeze_soon``): ``refreeze`` once it is over,
+    however it ends, logged (debug) as ``what``; with ``loop`` (a load on a loader thread, the
+    loop serving on), ``freezing`` while it runs. Both only once the process has frozen its
+    start-up objects, which may happen while a load runs (one asked for as the server says it
+    is ready); nothing in tests and tools, which never do."""
     try:
         with freezing(loop) if loop is not None else contextlib.nullcontext():
             yield
