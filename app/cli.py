@@ -133,7 +133,25 @@ def worker(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level, settings.log_format)
     for warning in unknown_variables(os.environ):
         logging.getLogger("batchserve").warning("%s", warning)
-    return asyncio.run(run_worker(settings))
+    return _ended(asyncio.run(run_worker(settings)))
+
+
+def _ended(code: int) -> int:
+    """``code``; where a device thread is still in a call (stuck: the stop did not wait for
+    it), the process ends here with it, its logs flushed. The interpreter's finalization
+    beside a thread inside torch can abort the process ("terminate called without an active
+    exception", SIGABRT: one exit in six to eight here), and the orchestrator would see that
+    instead of the code."""
+    import threading
+
+    from app.worker import THREAD_PREFIX
+
+    if any(t.name.startswith(THREAD_PREFIX) and t.is_alive() for t in threading.enumerate()):
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def submit_jobs(args: argparse.Namespace) -> int:

@@ -35,6 +35,7 @@ from app.warmup import Warm
 log = logging.getLogger("batchserve.worker")
 
 IDLE_S = 1.0  # longest sleep with no work; any put, command or stop rings the bell sooner
+THREAD_PREFIX = "device-"  # a device thread's name: device-cpu, device-cuda:0
 
 
 class WorkerState(Enum):
@@ -69,7 +70,7 @@ class DeviceWorker:
         self._commands = Mailbox(self.bell)
         self._stopping = False
         self._fairness: Fairness[ServedModel] = Fairness()
-        self._thread = threading.Thread(target=self._run, name=f"device-{label}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=THREAD_PREFIX + label, daemon=True)
 
     # ---- any thread ------------------------------------------------------------------------------
 
