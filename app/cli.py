@@ -144,7 +144,7 @@ def _ended(code: int) -> int:
     instead of the code."""
     import threading
 
-    from app.worker import THREAD_PREFIX
+    from app.devices import THREAD_PREFIX
 
     if any(t.name.startswith(THREAD_PREFIX) and t.is_alive() for t in threading.enumerate()):
         logging.shutdown()

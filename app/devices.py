@@ -49,6 +49,9 @@ def devices_among(spec: str, server: list[torch.device]) -> list[torch.device]:
     return list(dict.fromkeys(wanted))
 
 
+THREAD_PREFIX = "device-"  # a device thread's name: device-cpu, device-cuda:0
+
+
 class DeviceFault(Exception):
     """The device can no longer be used: its device thread stops, and is not restarted."""
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from app.bell import Bell, Mailbox
-from app.devices import DeviceFault, device_fault
+from app.devices import THREAD_PREFIX, DeviceFault, device_fault
 from app.errors import DeadlineExceeded, ModelError
 from app.models.base import Replica
 from app.pending import DROPPED, PendingItem, rows_in
@@ -35,7 +35,6 @@ from app.warmup import Warm
 log = logging.getLogger("batchserve.worker")
 
 IDLE_S = 1.0  # longest sleep with no work; any put, command or stop rings the bell sooner
-THREAD_PREFIX = "device-"  # a device thread's name: device-cpu, device-cuda:0
 
 
 class WorkerState(Enum):
