@@ -457,7 +457,9 @@ async def test_a_dead_device_thread_lets_its_replicas_go_before_they_load_again(
             assert replica() is None, holders(replica())
         finally:
             GatedLoadHandler.gate.set()
-        await wait_until(lambda: service.workers[0].holds(slow), "slow back")
+        # Held by the new thread, then marked served on the loop: admitted from then on.
+        await wait_until(lambda: service.workers[0].holds(slow) and not slow.stranded,
+                         "slow back")
         assert await call(service, "slow", [4]) == [8.0]
 
 
@@ -520,8 +522,8 @@ async def test_a_model_unloaded_while_its_attach_waits_for_a_batch_is_let_go(
         try:
             with pytest.raises(ModelError):
                 await call(service, "crasher", [666])
-            await wait_until(lambda: dead not in service.workers
-                             and service.workers[0].holds(gated), "gated on the new thread")
+            await wait_until(lambda: dead not in service.workers and service.workers[0].holds(gated)
+                             and not gated.stranded, "gated on the new thread")
             fresh = service.workers[0]
             batch = asyncio.create_task(call(service, "gated", [1]))
             await wait_until(gated.handler.entered.is_set, "the new thread in a batch")
