@@ -145,10 +145,13 @@ async def test_a_dead_device_thread_is_reported_and_restarted() -> None:
         first = service.workers[0]
         with pytest.raises(ModelError):
             await call(service, [666])
-        await wait_until(lambda: first.state is WorkerState.FAILED, "thread dead")
+        model = service.repository.get()
+        # The thread reads failed at once; the loop marks its models unserved a step later.
+        await wait_until(lambda: first.state is WorkerState.FAILED and model.stranded,
+                         "thread dead")
         assert service.status == "unhealthy"
         with pytest.raises(Unavailable) as info:
-            service.repository.get().check_admissible(1)
+            model.check_admissible(1)
         assert info.value.type == "unhealthy"
         registry = service.metrics.registry
         assert sample(registry, "batchserve_device_up", device="cpu") == 0
@@ -194,10 +197,12 @@ async def test_a_broken_device_stops_its_thread_for_good_and_fails_liveness(
         first = service.workers[0]
         with pytest.raises(ModelError):
             await call(service, [-1])
-        await wait_until(lambda: first.state is WorkerState.FAILED, "stopped")
+        model = service.repository.get()
+        await wait_until(lambda: first.state is WorkerState.FAILED and model.stranded,
+                         "stopped")
         assert first.fault == fault and service.status == "unhealthy" and not service.live
         with pytest.raises(Unavailable) as info:
-            service.repository.get().check_admissible(1)
+            model.check_admissible(1)
         assert info.value.type == "unhealthy"
         registry = service.metrics.registry
         assert sample(registry, "batchserve_device_up", device="cpu") == 0
