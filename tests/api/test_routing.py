@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -24,7 +25,9 @@ async def call(app: Any, path: str, body: bytes, through_fastapi: bool) -> tuple
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
-        return messages.pop(0) if messages else {"type": "http.disconnect"}
+        if not messages:  # the client stays connected: a server's receive waits
+            await asyncio.Event().wait()
+        return messages.pop(0)
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
