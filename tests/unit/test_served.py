@@ -103,6 +103,7 @@ async def test_a_request_that_would_miss_its_deadline_is_refused_at_once() -> No
     async with running(handler, max_batch_size=2) as service:
         model = only(service)
         handler.gate.clear()
+        handler.entered.clear()  # the warm-up's call set it
         tasks = [asyncio.create_task(call(model, [0]))]
         await wait_until(handler.entered.is_set, "device busy")
         tasks += [asyncio.create_task(call(model, [v])) for v in range(1, 7)]
