@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import types
 import typing
 from collections.abc import Sequence
@@ -133,25 +134,7 @@ def worker(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level, settings.log_format)
     for warning in unknown_variables(os.environ):
         logging.getLogger("batchserve").warning("%s", warning)
-    return _ended(asyncio.run(run_worker(settings)))
-
-
-def _ended(code: int) -> int:
-    """``code``; where a device thread is still in a call (stuck: the stop did not wait for
-    it), the process ends here with it, its logs flushed. The interpreter's finalization
-    beside a thread inside torch can abort the process ("terminate called without an active
-    exception", SIGABRT: one exit in six to eight here), and the orchestrator would see that
-    instead of the code."""
-    import threading
-
-    from app.devices import THREAD_PREFIX
-
-    if any(t.name.startswith(THREAD_PREFIX) and t.is_alive() for t in threading.enumerate()):
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    return asyncio.run(run_worker(settings))
 
 
 def submit_jobs(args: argparse.Namespace) -> int:
@@ -256,6 +239,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _ended(code: int) -> int:
+    """A command's exit ``code``; where a device thread is still in a call (stuck: the stop did
+    not wait for it), the process ends here with it, its logs flushed. The interpreter's
+    finalization beside a thread inside torch can abort the process ("terminate called without
+    an active exception", SIGABRT: one worker exit in six to eight here), and the orchestrator
+    would see that instead of the code."""
+    devices = sys.modules.get("app.devices")  # not imported (no torch): no device thread
+    if devices is not None and any(t.name.startswith(devices.THREAD_PREFIX) and t.is_alive()
+                                   for t in threading.enumerate()):
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -264,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BatchServeError as exc:
         print(f"batchserve: {exc.message}", file=sys.stderr)
         return 2
-    return code
+    return _ended(code)
 
 
 if __name__ == "__main__":  # pragma: no cover
