@@ -15,6 +15,7 @@ from starlette.types import Receive, Scope, Send
 from app.asks import Asked, Replied, answer
 from app.errors import Unavailable
 from app.frontend.app import DeviceProxy
+from tests.conftest import wait_until
 
 
 async def call(proxy: DeviceProxy, path: str, query: bytes = b"", method: str = "GET",
@@ -147,7 +148,7 @@ async def test_probes_asked_while_the_same_one_is_on_its_way_share_its_answer() 
         *[("/health_check",)] * 4, ("/health_check", b"model=m"), ("/health_check", b"model=m"),
         ("/metrics",), ("/metrics",), ("/v2/health/ready", b"", "HEAD"),
         ("/v2/models/m",), ("/v2/models/m",), ("/health_check", b"", "GET", b"{}"))]
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: len(device.asked) == 7, "each distinct call asked for")
     gone = asyncio.ensure_future(call(proxy, "/health_check"))  # its client leaves meanwhile
     await asyncio.sleep(0.05)
     gone.cancel()

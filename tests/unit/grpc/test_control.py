@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from app.asks import Asked, Replied, answer
 from app.errors import Relayed
 from app.grpc.control import Control
+from tests.conftest import wait_until
 
 
 class App:
@@ -43,7 +44,7 @@ async def test_health_and_readiness_asked_while_the_same_is_on_its_way_share_its
         ("/health_check", {"model": "m"}), ("/health_check", {"model": "n"}),
         ("/v2/models/m/ready", None), ("/v2/models/m/ready", None), ("/v2", None),
         ("/v2", None))]
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: len(app.asked) == 6, "each distinct call asked for")
     assert sorted(app.asked, key=str) == sorted([
         ("/v2/health/ready", None), ("/health_check", {"model": "m"}),
         ("/health_check", {"model": "n"}), ("/v2/models/m/ready", None), ("/v2", None),
