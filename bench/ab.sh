@@ -7,9 +7,10 @@
 # (--frontends, 1; above 1 the loop CPU is the device process's), OLD_F / NEW_F (one side's
 # --frontends instead of F; set empty, that side gets no flag: its default, or a build without
 # the setting), BODY (the request body), URL_PATH (/predict; /v2/models/$W/infer for v2 JSON),
-# PY (the Python, this checkout's .venv), PIN (1; 0 leaves servers and wrk unpinned, as
-# `python -m bench` runs them: then the event loop and the device thread of a server run on
-# different cores at once), LOG (--log-level, warning; info: an access line a request, each
+# PY (the Python, this checkout's .venv; OLD_PY / NEW_PY one side's: two Pythons on one build,
+# bench/py312.sh for Ubuntu 24.04's), PIN (1; 0 leaves servers and wrk unpinned, as `python -m
+# bench` runs them: then the event loop and the device thread of a server run on different
+# cores at once), LOG (--log-level, warning; info: an access line a request, each
 # server's log read through a pipe, as a container's is), TREE (0; 1: the CPU of every process
 # of each server, its front ends too, not its main thread's: "loop us" is then the server's).
 set -euo pipefail
@@ -21,8 +22,11 @@ OLD_F=${OLD_F-$F}; NEW_F=${NEW_F-$F}; URL_PATH=${URL_PATH:-/predict}
 server_cpu=(taskset -c 0); wrk_cpu=(taskset -c 1)
 [ "$PIN" = 1 ] || { server_cpu=(); wrk_cpu=(); }
 BODY=${BODY:-'{"instances": [[1.0, 2.0, 3.0, 4.0]]}'}
-py=${PY:-"$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python"}
-case $py in */*) py="$(cd "$(dirname "$py")" && pwd)/$(basename "$py")";; esac  # servers cd
+absolute() {  # a path to a program, absolute (the servers cd); a bare name as it is
+  case $1 in */*) echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")";; *) echo "$1";; esac
+}
+py=$(absolute "${PY:-"$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python"}")
+OLD_PY=$(absolute "${OLD_PY:-$py}"); NEW_PY=$(absolute "${NEW_PY:-$py}")
 lua=$(realpath "$(dirname "$0")/post.lua")
 tmp=$(mktemp -d) && trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
 echo "$BODY" > "$tmp/body.json"
@@ -31,7 +35,8 @@ declare -A pid
 for side in old new; do
   dir=${!side}; port=$([ $side = old ] && echo 8101 || echo 8102)
   f=$([ $side = old ] && echo "$OLD_F" || echo "$NEW_F")
-  (cd "$dir" && exec "${server_cpu[@]}" "$py" -m app serve --model "$W" --devices "$D" \
+  side_py=$([ $side = old ] && echo "$OLD_PY" || echo "$NEW_PY")
+  (cd "$dir" && exec "${server_cpu[@]}" "$side_py" -m app serve --model "$W" --devices "$D" \
      --port "$port" --log-level "$LOG" --torch-threads 1 ${f:+--frontends "$f"}) \
      > >(cat > "$tmp/$side.log") 2>&1 &
   pid[$port]=$!
