@@ -246,7 +246,8 @@ def test_jobs_read_while_a_device_thread_restarts_wait_for_it(redis_url: str) ->
         crash = submit(redis_url, [[666]], timeout_s=WAIT_S)
         results = submit(redis_url, [[i] for i in range(20)], timeout_s=WAIT_S)
     assert crash[0]["status"] == "error"
-    assert [res.get("predictions") for res in results] == [[2.0 * i] for i in range(20)]
+    assert [res.get("predictions") for res in results] == [[2.0 * i] for i in range(20)], \
+        [res.get("error") for res in results]
     assert r.xlen(STREAM) == 0 and pending_count(r) == 0
 
 
