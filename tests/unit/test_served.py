@@ -132,6 +132,30 @@ async def test_a_request_that_would_miss_its_deadline_is_refused_at_once() -> No
             [t.exception() for t in done])
 
 
+async def test_one_batch_seen_is_no_curve_to_refuse_a_deadline_on() -> None:
+    """A model with no warm-up examples has seen one batch before its first request's
+    measurement lands: a cold first call, 0.6 s for one item, scaled to a full batch of 32
+    would predict 19 s a batch and refuse a request due in 10 s behind one queued item. One
+    batch is no curve: nothing is refused on it; a curve of two points refuses that request."""
+    handler = GatedHandler()  # no examples: the warm-up measures no cost
+    async with running(handler, max_batch_size=32) as service:
+        model = only(service)
+        tasks = [asyncio.create_task(call(model, [0]))]
+        await wait_until(handler.entered.is_set, "device busy")
+        tasks.append(asyncio.create_task(call(model, [1])))
+        await wait_until(lambda: model.queue.depth == 1, "one queued")
+        cold = CostModel()
+        cold.observe(1, 0.6)
+        model.learn("cpu", cold, 1.0, None, 32)
+        assert model.full_batch_s() is None
+        model.check_admissible(1, None, time.monotonic() + 10.0)
+        model.learn("cpu", CostModel([1, 32], [0.6, 19.2]), 1.0, None, 32)
+        with pytest.raises(WouldMissDeadline):
+            model.check_admissible(1, None, time.monotonic() + 10.0)
+        handler.gate.set()
+        await asyncio.gather(*tasks)
+
+
 async def test_a_batch_is_counted_and_learned_from_after_its_answers_go_out() -> None:
     """deliver resolves the futures first; the metrics and the cost model's refinement run after
     the code awaiting them (in a closed loop the device waits on those answers' round trip)."""
