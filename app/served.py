@@ -131,14 +131,13 @@ class ServedModel(ModelFacade):
 
     def full_batch_s(self) -> float | None:
         """A full batch's predicted seconds (None: not known yet), kept until the next batch
-        teaches something. One batch seen, smaller than a full one, is no curve (a model with no
-        warm-up examples, until its first request's measurement lands): that batch, often a
-        thread's cold first call, scaled up to a full one would refuse requests on waits that
-        are not there."""
+        teaches something; None too while the cost model does not cover a full batch (a model
+        with no warm-up examples, until its first request's measurement lands): its one batch
+        scaled up would refuse requests on waits that are not there."""
         if self._batch_s is None:
             cost = next(iter(self.costs.values()), None)
             work = self.batch_limit * self.work_per_item
-            if cost is None or not cost.known or (len(cost.work) == 1 and work > cost.work[0]):
+            if cost is None or not cost.covers(work):
                 return None
             self._batch_s = cost.predict(work)
         return self._batch_s

@@ -37,6 +37,12 @@ class CostModel:
     def known(self) -> bool:
         return bool(self.work)
 
+    def covers(self, work: float) -> bool:
+        """Whether ``predict(work)`` rests on a curve: two points or more, or one at ``work``
+        or beyond. One batch seen, scaled up to a larger one, is no curve (often it was a
+        thread's cold first call)."""
+        return len(self.work) > 1 or (self.known and work <= self.work[0])
+
     def predict(self, work: float) -> float:
         """Seconds for a batch of ``work`` (0 when nothing is known yet). One value, in plain
         Python: the event loop asks once a batch, where numpy's call costs more than this."""
