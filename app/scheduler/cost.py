@@ -2,7 +2,8 @@
 
 Pure. The seconds a batch takes as a function of its work: items for tensor models, padded
 tokens for text models. Linear between measured points, extrapolated from the last two beyond
-them; each batch served moves the nearest point towards what it took.
+them; each batch served moves the nearest point towards what it took, by a tenth of the
+point's seconds at most (an outlier, such as a thread's cold first call, moves it little).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 REFINE_WEIGHT = 0.1  # how far one observed batch moves the nearest point
+REFINE_RATIO = 2.0  # one batch counts as at most this many times slower than expected
 
 
 @dataclass
@@ -87,8 +89,14 @@ class CostModel:
         expected = self.predict(work)
         if expected <= 0.0:
             return
-        # Scale the error to the point's own work: a batch near the point says the most.
-        self.seconds[i] += REFINE_WEIGHT * (seconds - expected) * self.seconds[i] / expected
+        # The error relative to the prediction, scaled to the point's own seconds; clipped, so
+        # one batch far off (a cold first call on a new thread, set-up done lazily there;
+        # a page fault) moves the point by a tenth at most; a device that really got twice as
+        # slow still moves it as far as before, ten times as slow in about 25 batches.
+        # (Faster is not clipped: it moves the point by a tenth at most anyway, and a curve
+        # set by a cold call comes down as fast as before.)
+        ratio = min(seconds / expected, REFINE_RATIO)
+        self.seconds[i] += REFINE_WEIGHT * (ratio - 1.0) * self.seconds[i]
 
     def take(self, measured: CostModel) -> None:
         """Hold ``measured``'s points instead of its own (a curve measured after the model

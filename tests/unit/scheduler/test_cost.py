@@ -42,3 +42,14 @@ def test_a_device_thread_prices_every_size_at_once_as_one_at_a_time() -> None:
         assert cost.predict_all(work).tolist() == pytest.approx(
             [cost.predict(w) for w in work.tolist()])
     assert CostModel([1, 8], [0.008, 0.002]).predict(64) == 0.0  # never below nothing
+
+
+def test_one_batch_far_off_moves_the_curve_a_tenth_at_most() -> None:
+    cost = CostModel([1, 8, 32], [0.002, 0.008, 0.020])
+    cost.observe(1, 0.6)  # a thread's cold first call: 300 x the point
+    assert cost.predict(1) == pytest.approx(0.0022)
+    cost.observe(32, 0.0)  # faster than any batch could be: a tenth off, as ever
+    assert cost.predict(32) == pytest.approx(0.018)
+    for _ in range(40):
+        cost.observe(8, 0.08)  # the device really got ten times as slow
+    assert cost.predict(8) == pytest.approx(0.08, rel=0.05)
