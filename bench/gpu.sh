@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The GPU run, in one command on a lent GPU machine (docs/benchmarks.md, "GPU"): the tests with
-# CUDA present, then the front-end curve (docs/frontends.md): N = 1, 2, 4, 8, 14 front ends at
-# c=256 on mlp (1 JSON instance a request; 32 instances as v2 binary tensors) and
+# The GPU run, in one command on a lent GPU machine (docs/benchmarks.md, "GPU"): a core's speed
+# alone and with every core busy (bench/cores.py: whether the cores slow each other down), the
+# tests with CUDA present, then the front-end curve (docs/frontends.md): N = 1, 2, 4, 8, 14
+# front ends at c=256 on mlp (1 JSON instance a request; 32 instances as v2 binary tensors) and
 # minilm, each with the model alone at its batch limit and the GPU's busy share, at the server's
 # default cuda_graphs (auto: on for both; docs/cuda-graphs.md). The whole took 374 s on an
 # H200 (2026-11-28, the machine's start not counted; its tests 38 s), before the finer CUDA
@@ -255,6 +256,8 @@ main() {
   # whether the cores are physical or hyperthreads: a front end's CPU a request depends on it
   command -v lscpu >/dev/null && lscpu | grep -E \
     '^(Model name|CPU\(s\)|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|NUMA node\(s\)):'
+  # and whether they slow each other down when all are busy (lscpu in a VM may not say)
+  timeout 30 "$PY" -m bench.cores
 
   if [ -n "$TESTS" ]; then
     echo "== tests: $TESTS (devices auto: CUDA where present)"
