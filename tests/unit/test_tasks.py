@@ -18,6 +18,12 @@ from tests.conftest import ROOT, WAIT_S, wait_until
 LOG = logging.getLogger("batchserve.test")
 
 
+def held(entered: threading.Event, gate: threading.Event) -> bool:
+    """A pool's call that says it runs, then holds its thread until ``gate`` is set."""
+    entered.set()
+    return gate.wait()
+
+
 @pytest.mark.asyncio
 async def test_wait_returns_once_every_started_task_has_ended() -> None:
     background = Background(LOG)
@@ -83,9 +89,9 @@ async def test_a_daemon_pool_of_one_runs_calls_in_order_and_gives_back_results_a
         assert seen == [(0, "calls", True), (1, "calls", True), (2, "calls", True)]
         with pytest.raises(ZeroDivisionError):
             await thread.run(lambda: 1 / 0)
-        gate = threading.Event()
-        waiting = asyncio.ensure_future(thread.run(gate.wait))
-        await asyncio.sleep(0.01)
+        gate, entered = threading.Event(), threading.Event()
+        waiting = asyncio.ensure_future(thread.run(held, entered, gate))
+        await wait_until(entered.is_set, "the first call running on the thread")
         queued = asyncio.ensure_future(thread.run(record, 4))
         await asyncio.sleep(0.01)
         waiting.cancel()  # the wait is let go; the call runs on, its outcome dropped
@@ -187,9 +193,10 @@ async def test_a_daemon_thread_holds_nothing_of_a_call_once_it_is_answered() -> 
 
 @pytest.mark.asyncio
 async def test_a_closed_daemon_thread_ends_unless_a_call_holds_it() -> None:
-    idle, stuck, gate = DaemonPool("idle"), DaemonPool("stuck"), threading.Event()
-    waiting = asyncio.ensure_future(stuck.run(gate.wait))
-    await asyncio.sleep(0.01)
+    idle, stuck = DaemonPool("idle"), DaemonPool("stuck")
+    gate, entered = threading.Event(), threading.Event()
+    waiting = asyncio.ensure_future(stuck.run(held, entered, gate))
+    await wait_until(entered.is_set, "the call holding the thread running")
     for thread in (idle, stuck):
         thread.close()
     assert await idle.ended(WAIT_S)

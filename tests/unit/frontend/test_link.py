@@ -20,6 +20,7 @@ from app.errors import DeadlineExceeded, Relayed, Unavailable
 from app.frontend.link import DeviceLink
 from app.links import Inbox, connect
 from app.snapshot import Snapshot
+from tests.conftest import WAIT_S
 
 pytestmark = pytest.mark.asyncio
 
@@ -61,13 +62,12 @@ async def sent_ids(inbox: Inbox) -> list[int]:
 
 async def test_results_answer_a_request_and_its_deadline_is_then_off() -> None:
     async with linked() as (link, device, to_front):
-        request = submit(link, 0.2)
+        request = submit(link, WAIT_S)
         rid, = await sent_ids(device)
         to_front.writelines(wire.encode({"results": [(rid, None, 1)],
                                     "results_values": wire.pack([np.full(3, 7.0)])}))
         assert (await request.future)[0].tolist() == [7.0] * 3
-        await asyncio.sleep(0.3)  # past the deadline: nothing more is sent
-        assert request.timer is not None and request.timer.cancelled()
+        assert request.timer is not None and request.timer.cancelled()  # never a 504 now
         assert not link.waiting
 
 
