@@ -187,6 +187,11 @@ class Settings(BaseSettings, BatchSettings):
         description="longest a request's headers and body may take to arrive, then 408 and "
         "the connection is closed (default: request_timeout_s)",
     )
+    keep_alive_s: int = Field(
+        5, ge=1, le=int(DAY_S), description="how long a connection may idle between requests "
+        "before it is closed; set it above a gateway's idle timeout for its connections (AWS "
+        "ALB: 60 s), or the gateway may send a request on a connection being closed",
+    )
     max_connections: int = Field(
         1000, ge=1, description="open connections (and requests in flight) per process, past "
         "which new ones get 503 (gRPC: calls in flight, past which RESOURCE_EXHAUSTED)",

@@ -244,6 +244,9 @@ class OneWriteProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_read_timer()
+        # uvicorn cancels its keep-alive timer on a clean close only: after a reset the timer
+        # would hold this protocol and its last request for keep_alive_s.
+        self._unset_keepalive_if_required()
         super().connection_lost(exc)
 
     def _cancel_read_timer(self) -> None:

@@ -125,6 +125,7 @@ def server_config(settings: Settings, app: Any) -> uvicorn.Config:
         http=protocol_for(settings.read_timeout_s or settings.request_timeout_s),
         # uvicorn counts the connection asking among those open: N + 1 lets N be served.
         limit_concurrency=settings.max_connections + 1,
+        timeout_keep_alive=settings.keep_alive_s,
         access_log=False,  # app.api.access logs each request, with its request id
         timeout_graceful_shutdown=int(drain_limit_s(settings)),
     )

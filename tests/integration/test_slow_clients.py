@@ -58,6 +58,28 @@ def test_a_stalled_request_is_answered_408_and_closed(sent: bytes, frontends: st
                           timeout=10).status_code == 200
 
 
+def test_an_idle_connection_is_kept_keep_alive_s_then_closed() -> None:
+    """A gateway reuses its connections: one idle past uvicorn's own 5 s still takes a request
+    when ``keep_alive_s`` says 8, and is closed once idle for that long (the answer whole)."""
+    with serve("--model", "linear", "--devices", "cpu", "--keep-alive-s", "8",
+               "--frontends", "2") as (_, url):
+        wait_ready(url)
+        sock = raw(url)
+        body = b'{"instances": [[1, 2, 3, 4]]}'
+        request = (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        sock.sendall(request)
+        first = b""
+        while not first.endswith(b"]]}") and (chunk := sock.recv(65536)):
+            first += chunk
+        assert first.startswith(b"HTTP/1.1 200 OK\r\n") and first.endswith(b"]]}"), first
+        time.sleep(6)
+        sock.sendall(request)
+        second = read_all(sock)  # returns once the server closes the idle connection
+        sock.close()
+        assert second.startswith(b"HTTP/1.1 200 OK\r\n") and second.endswith(b"]]}"), second
+
+
 def test_max_connections_are_served_and_one_more_gets_503() -> None:
     with serve("--model", "linear", "--devices", "cpu", "--max-connections", "3") as (_, url):
         wait_ready(url)

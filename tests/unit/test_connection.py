@@ -454,3 +454,14 @@ async def test_a_client_slow_to_read_gets_the_answer_whole_once_it_reads(
     theirs = await exchange(HttpToolsProtocol, answer, POST)
     assert b"".join(transport.writes) == b"".join(theirs.writes)
     assert len(transport.writes) == (1 if protocol_class is OneWriteProtocol else 2)
+
+
+async def test_a_reset_connection_lets_go_of_its_keep_alive_timer() -> None:
+    """uvicorn cancels the timer that closes an idle connection on a clean close only: after
+    a reset it would hold the protocol and its last request for ``keep_alive_s``."""
+    protocol, _ = connect(protocol_for(5.0), answer)
+    await wait_until(lambda: protocol.cycle.response_complete, "the response")
+    timer = protocol.timeout_keep_alive_task
+    assert timer is not None and not timer.cancelled()
+    protocol.connection_lost(ConnectionResetError())
+    assert timer.cancelled() and protocol.timeout_keep_alive_task is None
