@@ -105,6 +105,27 @@ async def test_outputs_a_model_may_return_are_answered(
         assert out["datatype"] == datatype and out["data"] == [2.0, 4.0, 6.0]
 
 
+async def test_outputs_that_are_not_finite_are_null_in_json_and_as_computed_in_binary() -> None:
+    """JSON has no NaN or infinity: such an output number is null in a JSON answer (200, the
+    others as they are); a binary v2 output carries it as the model computed it."""
+    class Model(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.log(x)  # log 1 = 0, log 0 = -inf, log -1 = nan
+
+    instance = {"name": "INPUT0", "shape": [1, 3], "datatype": "FP32", "data": [1, 0, -1]}
+    async with app_client(make_settings(), TensorHandler("t", lambda d: Model(), (3,))) as client:
+        r = await client.post("/predict", json={"instances": [[1, 0, -1]]})
+        assert r.status_code == 200 and r.json()["predictions"] == [[0.0, None, None]]
+        r = await client.post("/v2/models/t/infer", json={"inputs": [instance]})
+        assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [0.0, None, None]
+        r = await client.post("/v2/models/t/infer", json={
+            "inputs": [instance], "parameters": {"binary_data_output": True}})
+        assert r.status_code == 200, r.text
+        raw = np.frombuffer(r.content[int(r.headers["inference-header-content-length"]):],
+                            dtype=np.float32)
+        assert raw[0] == 0.0 and raw[1] == -np.inf and np.isnan(raw[2]) and raw.size == 3
+
+
 @pytest.mark.parametrize(
     ("body", "contains"),
     [
