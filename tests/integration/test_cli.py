@@ -98,6 +98,28 @@ def test_json_logs_carry_the_request_id() -> None:
     assert access and access[0]["request_id"] == "trace-42" and access[0]["status"] == 200
 
 
+@pytest.mark.parametrize(("trusted", "client"), [(None, "10.1.2.3"), ("10.9.9.9", "127.0.0.1")])
+def test_the_access_log_names_the_client_a_trusted_proxy_forwards_for(
+        trusted: str | None, client: str) -> None:
+    """A request's client is the peer, or the address its X-Forwarded-For names where the peer
+    is a trusted proxy: 127.0.0.1 and ::1 (a sidecar) unless uvicorn's FORWARDED_ALLOW_IPS
+    names others (docs/deployment.md); in front ends as in one process."""
+    import json
+
+    env = {} if trusted is None else {"FORWARDED_ALLOW_IPS": trusted}
+    with serve("--model", "linear", "--devices", "cpu", "--log-format", "json", "--frontends",
+               "2", env=env, stderr=subprocess.PIPE) as (proc, url):
+        wait_ready(url)
+        r = httpx.post(url + "/predict", json={"instances": [[1, 2, 3, 4]]},
+                       headers={"X-Forwarded-For": "10.1.2.3"}, timeout=60)
+        assert r.status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT_S) == 0
+        lines = [json.loads(line) for line in proc.stderr.read().decode().splitlines() if line]
+    access = [e for e in lines if e["logger"] == "batchserve.access" and e["path"] == "/predict"]
+    assert [e["client"] for e in access] == [client]
+
+
 def test_start_up_says_what_it_does_and_probes_are_logged_when_they_change() -> None:
     with serve("--model", "linear", "--devices", "cpu", stderr=subprocess.PIPE) as (proc, url):
         wait_ready(url)
