@@ -89,12 +89,9 @@ class CostModel:
         expected = self.predict(work)
         if expected <= 0.0:
             return
-        # The error relative to the prediction, scaled to the point's own seconds; clipped, so
-        # one batch far off (a cold first call on a new thread, set-up done lazily there;
-        # a page fault) moves the point by a tenth at most; a device that really got twice as
-        # slow still moves it as far as before, ten times as slow in about 25 batches.
-        # (Faster is not clipped: it moves the point by a tenth at most anyway, and a curve
-        # set by a cold call comes down as fast as before.)
+        # The error relative to the prediction, scaled to the point's own seconds. Clipped
+        # above, so one batch far off (a thread's cold first call, a page fault) moves the point
+        # by a tenth at most; below it cannot move it by more anyway.
         ratio = min(seconds / expected, REFINE_RATIO)
         self.seconds[i] += REFINE_WEIGHT * (ratio - 1.0) * self.seconds[i]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -81,20 +83,30 @@ def test_default_model_serves_correct_embeddings() -> None:
                for a, b in zip(v, ref, strict=True)) < 1e-5
 
 
-def test_json_logs_carry_the_request_id() -> None:
-    import json
-
-    with serve("--model", "linear", "--devices", "cpu", "--log-format", "json",
-               stderr=subprocess.PIPE) as (proc, url):
+def json_logs_of_a_predict(headers: dict[str, str], *args: str,
+                           env: dict[str, str] | None = None) -> tuple[httpx.Response,
+                                                                     list[dict[str, Any]]]:
+    """One /predict with ``headers`` to a server (``args``) logging JSON, stopped by SIGTERM:
+    the answer and every line it logged."""
+    with serve("--model", "linear", "--devices", "cpu", "--log-format", "json", *args,
+               env=env, stderr=subprocess.PIPE) as (proc, url):
         wait_ready(url)
-        r = httpx.post(url + "/predict", json={"instances": [[1, 2, 3, 4]]},
-                       headers={"X-Request-ID": "trace-42"}, timeout=60)
-        assert r.status_code == 200 and r.headers["x-request-id"] == "trace-42"
+        r = httpx.post(url + "/predict", json={"instances": [[1, 2, 3, 4]]}, headers=headers,
+                       timeout=60)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(WAIT_S) == 0
-        lines = [json.loads(line) for line in proc.stderr.read().decode().splitlines() if line]
+        return r, [json.loads(line) for line in proc.stderr.read().decode().splitlines() if line]
+
+
+def predict_access(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in lines if e["logger"] == "batchserve.access" and e["path"] == "/predict"]
+
+
+def test_json_logs_carry_the_request_id() -> None:
+    r, lines = json_logs_of_a_predict({"X-Request-ID": "trace-42"})
+    assert r.status_code == 200 and r.headers["x-request-id"] == "trace-42"
     assert all({"time", "level", "logger", "message"} <= set(entry) for entry in lines)
-    access = [e for e in lines if e["logger"] == "batchserve.access" and e["path"] == "/predict"]
+    access = predict_access(lines)
     assert access and access[0]["request_id"] == "trace-42" and access[0]["status"] == 200
 
 
@@ -104,20 +116,11 @@ def test_the_access_log_names_the_client_a_trusted_proxy_forwards_for(
     """A request's client is the peer, or the address its X-Forwarded-For names where the peer
     is a trusted proxy: 127.0.0.1 and ::1 (a sidecar) unless uvicorn's FORWARDED_ALLOW_IPS
     names others (docs/deployment.md); in front ends as in one process."""
-    import json
-
     env = {} if trusted is None else {"FORWARDED_ALLOW_IPS": trusted}
-    with serve("--model", "linear", "--devices", "cpu", "--log-format", "json", "--frontends",
-               "2", env=env, stderr=subprocess.PIPE) as (proc, url):
-        wait_ready(url)
-        r = httpx.post(url + "/predict", json={"instances": [[1, 2, 3, 4]]},
-                       headers={"X-Forwarded-For": "10.1.2.3"}, timeout=60)
-        assert r.status_code == 200
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(WAIT_S) == 0
-        lines = [json.loads(line) for line in proc.stderr.read().decode().splitlines() if line]
-    access = [e for e in lines if e["logger"] == "batchserve.access" and e["path"] == "/predict"]
-    assert [e["client"] for e in access] == [client]
+    r, lines = json_logs_of_a_predict({"X-Forwarded-For": "10.1.2.3"}, "--frontends", "2",
+                                      env=env)
+    assert r.status_code == 200
+    assert [e["client"] for e in predict_access(lines)] == [client]
 
 
 def test_start_up_says_what_it_does_and_probes_are_logged_when_they_change() -> None:
