@@ -3,10 +3,10 @@
 A front end's CPU a request was 127-139 us on the H200 box and 81 on the 2-core CPU box at as
 many requests a message (docs/frontends.md): the same code. Whether that box's cores slow each
 other down (SMT siblings shown as cores, a shared frequency budget) decides whether more front
-ends can add throughput there. Each process runs rounds of a front end's kind of work for ``--seconds``:
-parse mlp's JSON body (C, allocating) and a little plain Python (calls, dicts, attributes);
-the rounds a second of one process alone, then of K at once, K = each of ``--processes``
-(default: half the cores and all of them).
+ends can add throughput there. Each process runs rounds of a front end's kind of work for
+``--seconds``: parse mlp's JSON body (C, allocating) and a little plain Python (calls, dicts,
+attributes); the rounds a second of one process alone, then of K at once, K = each of
+``--processes`` (default: half the cores and all of them).
 """
 
 from __future__ import annotations
