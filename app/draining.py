@@ -36,6 +36,9 @@ class Drainable(Protocol):
     def load_error(self) -> str | None: ...
 
     @property
+    def starting(self) -> bool: ...
+
+    @property
     def status(self) -> str: ...
 
     @property
@@ -97,7 +100,8 @@ class DrainingServer(uvicorn.Server):
             log.critical("nothing can be served (%s); exiting", service.load_error)
             self.fatal = True
             return True
-        if not self._frozen and service.status == "ready":
+        # Start-up done, whatever the load (busy) or a SIGTERM since (draining) make of it.
+        if not self._frozen and not service.starting and service.status != "unhealthy":
             freeze_startup_objects()
             self._frozen = True
             log.info("ready in %.1f s", time.monotonic() - self.created)

@@ -279,6 +279,13 @@ class InferenceService:
                 and not any(m.state is ModelState.READY and m.stranded for m in self._lost))
 
     @property
+    def starting(self) -> bool:
+        """Start-up is not done: the device threads, the start-up models' loads and warm-ups,
+        or the front ends are still starting."""
+        return (not self._started or self.repository.starting or self.state.frontends_starting
+                or any(w.state is WorkerState.STARTING for w in self.workers))
+
+    @property
     def status(self) -> str:
         """draining, unhealthy (a device thread died or is stuck, or no start-up model could be
         loaded), loading, busy (no ready model can take a request) or ready."""
@@ -287,8 +294,7 @@ class InferenceService:
         states = {w.state for w in self.workers}
         if WorkerState.FAILED in states or not self.live or self.repository.all_failed:
             return "unhealthy"
-        if (not self._started or WorkerState.STARTING in states or self.repository.starting
-                or self.state.frontends_starting):
+        if self.starting:
             return "loading"
         health = [m.health for m in self.repository.models() if m.state is ModelState.READY]
         if "unhealthy" in health:  # a model whose device threads are being restarted

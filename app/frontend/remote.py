@@ -270,6 +270,11 @@ class RemoteService:
         return GONE
 
     @property
+    def starting(self) -> bool:
+        """Never, once serving: the device process says what is still loading."""
+        return False
+
+    @property
     def status(self) -> str:
         if self.link.gone:
             return "unhealthy"

@@ -1,9 +1,9 @@
 """What every gRPC call of this server shares (app/grpc/service.py, app/grpc/healthcheck.py):
 its request id (the ``x-request-id`` metadata, else a new one, sent back in the trailing
 metadata), its access log line, errors as gRPC statuses (a ServeError as the status its HTTP
-answer stands for; anything else ``INTERNAL``, its traceback to the log only), and the method
-table that (de)serializes each call's messages, answering bytes that are not the call's message
-``INVALID_ARGUMENT``.
+answer stands for; anything else ``INTERNAL``, its traceback to the log only), the method table
+that (de)serializes each call's messages, answering bytes that are not the call's message
+``INVALID_ARGUMENT``, and the bound on calls in flight (``CallLimit``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, NoReturn, TypeAlias, TypeVar
@@ -136,17 +136,65 @@ def _parser(message: type[Message]) -> Callable[[bytes], Message | Malformed]:
     return parse
 
 
+class CallLimit:
+    """At most ``most`` calls in flight (``max_connections``, as HTTP bounds connections): one
+    more is refused ``RESOURCE_EXHAUSTED`` at once. A call's place is free once its method has
+    returned, before its answer is sent, so a client that calls again as soon as it is answered
+    finds it free. (gRPC's own ``maximum_concurrent_rpcs`` frees it a few loop passes after the
+    answer has gone: a closed loop of ``most`` clients was now and then refused.)"""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.active = 0
+
+    async def _enter(self, context: Context) -> None:
+        if self.active >= self.most:
+            await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"{self.most} calls are in flight, as many as max_connections allows")
+        self.active += 1
+
+    def unary(self, handler: Callable[[Any, Context], Awaitable[Reply]]
+              ) -> Callable[[Any, Context], Awaitable[Reply]]:
+        async def limited(request: Any, context: Context) -> Reply:
+            await self._enter(context)
+            try:
+                return await handler(request, context)
+            finally:
+                self.active -= 1
+
+        return limited
+
+    def streaming(self, handler: Callable[[Any, Context], AsyncIterator[Reply]]
+                  ) -> Callable[[Any, Context], AsyncIterator[Reply]]:
+        async def limited(request: Any, context: Context) -> AsyncIterator[Reply]:
+            await self._enter(context)
+            try:
+                async for reply in handler(request, context):
+                    yield reply
+            finally:
+                self.active -= 1
+
+        return limited
+
+
 def method_table(servicer: Any, service: ServiceDescriptor = SERVICE,
-                 messages: ModuleType = pb) -> grpc.GenericRpcHandler:
+                 messages: ModuleType = pb, limit: CallLimit | None = None
+                 ) -> grpc.GenericRpcHandler:
     """``service`` as gRPC serves it: each method it declares, answered by the servicer's method
     of that name, its messages (de)serialized by their generated classes in ``messages``; a
-    request that does not parse reaches the method as ``Malformed``."""
+    request that does not parse reaches the method as ``Malformed``. With ``limit``, its calls
+    count against it."""
     handlers = {}
     for method in service.methods:
-        kind = (grpc.unary_stream_rpc_method_handler if method.server_streaming
-                else grpc.unary_unary_rpc_method_handler)
+        handler = getattr(servicer, method.name)
+        if method.server_streaming:
+            kind = grpc.unary_stream_rpc_method_handler
+            handler = limit.streaming(handler) if limit is not None else handler
+        else:
+            kind = grpc.unary_unary_rpc_method_handler
+            handler = limit.unary(handler) if limit is not None else handler
         handlers[method.name] = kind(
-            getattr(servicer, method.name),
+            handler,
             request_deserializer=_parser(getattr(messages, method.input_type.name)),
             response_serializer=getattr(messages, method.output_type.name).SerializeToString)
     return grpc.method_handlers_generic_handler(service.full_name, handlers)

@@ -22,7 +22,7 @@ from app.api.inference import Serving
 from app.asks import Ask
 from app.config import Settings
 from app.errors import ConfigError, os_reason
-from app.grpc.calls import method_table
+from app.grpc.calls import CallLimit, method_table
 from app.grpc.control import Control
 from app.grpc.healthcheck import HEALTH, HealthServicer
 from app.grpc.service import InferenceServicer
@@ -80,16 +80,16 @@ class GrpcListener:
         """Listen (on the running loop); ConfigError if the port cannot be bound."""
         settings = self.settings
         control = Control(self._ask, self._changed)
-        server = grpc.aio.server(
-            # Calls past this get RESOURCE_EXHAUSTED, as connections past it get 503 over HTTP.
-            maximum_concurrent_rpcs=settings.max_connections, options=[
+        server = grpc.aio.server(options=[
             ("grpc.so_reuseport", 1),  # beside the reserved socket and the other front ends
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             ("grpc.max_send_message_length", -1),
         ])
+        # Calls past this get RESOURCE_EXHAUSTED, as connections past it get 503 over HTTP.
+        limit = CallLimit(settings.max_connections)
         server.add_generic_rpc_handlers((
-            method_table(InferenceServicer(self.service, control)),
-            method_table(HealthServicer(control), HEALTH, health_pb2)))
+            method_table(InferenceServicer(self.service, control), limit=limit),
+            method_table(HealthServicer(control), HEALTH, health_pb2, limit)))
         where = address(settings.host, settings.grpc_port)
         try:
             server.add_insecure_port(where)

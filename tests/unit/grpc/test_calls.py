@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from app.errors import DeadlineExceeded
-from app.grpc.calls import Calls
+from app.grpc.calls import CallLimit, Calls
 
 pytestmark = pytest.mark.asyncio
 
@@ -52,3 +52,49 @@ async def test_an_error_for_a_call_grpc_has_ended_ends_it_as_cancelled_and_logs_
     assert context.aborted == [grpc.StatusCode.DEADLINE_EXCEEDED]
     assert [(r.path, r.status) for r in caplog.records] == [  # type: ignore[attr-defined]
         ("late", "DEADLINE_EXCEEDED")]
+
+
+class Aborted(Exception):
+    pass
+
+
+class LiveContext:
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise Aborted(code, details)
+
+
+async def test_a_call_s_place_is_free_once_its_method_returns_and_one_more_is_refused() -> None:
+    """``max_connections`` calls run; one more is refused RESOURCE_EXHAUSTED; a place is free
+    as soon as a method returns (before gRPC sends its answer), and after a method that raised
+    or a stream that ended: a client called again at once is taken."""
+    gate = asyncio.Event()
+    limit = CallLimit(2)
+
+    async def held(request: Any, context: Any) -> str:
+        await gate.wait()
+        return f"answer {request}"
+
+    async def failing(request: Any, context: Any) -> str:
+        raise ValueError(request)
+
+    async def stream(request: Any, context: Any) -> Any:
+        yield request
+
+    call, fail = limit.unary(held), limit.unary(failing)
+    context = LiveContext()
+    running = [asyncio.ensure_future(call(i, context)) for i in (1, 2)]
+    await asyncio.sleep(0)
+    assert limit.active == 2
+    with pytest.raises(Aborted) as refused:
+        await call(3, context)
+    assert refused.value.args[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    with pytest.raises(Aborted):
+        await anext(limit.streaming(stream)(3, context))
+    gate.set()
+    assert await asyncio.gather(*running) == ["answer 1", "answer 2"]
+    assert limit.active == 0
+    assert await call(4, context) == "answer 4"
+    with pytest.raises(ValueError):
+        await fail(5, context)
+    assert [r async for r in limit.streaming(stream)(6, context)] == [6]
+    assert limit.active == 0
