@@ -57,9 +57,15 @@ class DrainingServer(uvicorn.Server):
     """
 
     def __init__(self, config: uvicorn.Config, service: Drainable,
-                 drain_limit_s: float, grpc: GrpcListener | None = None) -> None:
+                 drain_limit_s: float, grpc: GrpcListener | None = None,
+                 role: str = "") -> None:
         super().__init__(config)
         self.service = service
+        # "front end": its lines say so, and its drain's course is logged at debug only (the
+        # device process says the server's).
+        self.role = f"{role} " if role else ""
+        self._say_drain = log.debug if role else log.info
+        self._drain_said = False
         self.drain_limit_s = drain_limit_s
         self.grpc = grpc  # started after HTTP, stopped once nothing is left in flight
         self.drain_started: float | None = None
@@ -104,12 +110,25 @@ class DrainingServer(uvicorn.Server):
         if not self._frozen and not service.starting and service.status != "unhealthy":
             freeze_startup_objects()
             self._frozen = True
-            log.info("ready in %.1f s", time.monotonic() - self.created)
+            log.info("%sready in %.1f s", self.role, time.monotonic() - self.created)
         if self.drain_started is not None:
             waited = time.monotonic() - self.drain_started
-            if self.settled() or waited > self.drain_limit_s:
+            if not self._drain_said:
+                self._drain_said = True
+                self._say_drain("%sdraining: new requests refused; answering the %d in flight, "
+                                "within %.0f s at most", self.role, service.in_flight,
+                                self.drain_limit_s)
+            if self.settled():
+                self._say_drain("%sdrained in %.1f s", self.role, waited)
+                return True
+            if waited > self.drain_limit_s:
+                log.warning("%sstopping: the drain's %.0f s are over with %d requests "
+                            "unanswered", self.role, self.drain_limit_s, service.in_flight)
                 return True
         should_exit: bool = await super().on_tick(counter)
+        if should_exit and self.drain_started is not None and not self.settled():
+            log.warning("%sstopping at a second signal with %d requests unanswered",
+                        self.role, service.in_flight)
         return should_exit
 
     def settled(self) -> bool:

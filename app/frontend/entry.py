@@ -9,6 +9,7 @@ it decodes with handlers the device process sends (app/snapshot.py) and computes
 from __future__ import annotations
 
 import argparse
+import os
 import pickle
 import socket
 import sys
@@ -41,7 +42,8 @@ def run(settings: Settings, listener: socket.socket, link: socket.socket) -> int
     app = create_frontend_app(service, link)
     grpc = GrpcListener(settings, service, service.link.ask, service.link.sync) \
         if settings.grpc_port else None
-    server = DrainingServer(server_config(settings, app), service, drain_limit_s(settings), grpc)
+    server = DrainingServer(server_config(settings, app), service, drain_limit_s(settings), grpc,
+                            role=f"front end {os.getpid()}")
     server.run(sockets=[listener])
     return 0 if server.started and not server.fatal else 1
 

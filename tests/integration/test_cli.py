@@ -135,6 +135,9 @@ def test_start_up_says_what_it_does_and_probes_are_logged_when_they_change() -> 
     assert "model linear version 1: loading and warming up on cpu" in said
     assert re.search(r"model linear version 1: warm on cpu in [0-9.]+ s", said)
     assert re.search(r"INFO batchserve .*: ready in [0-9.]+ s", said)
+    assert re.search(r"INFO batchserve .*: draining: new requests refused; answering the 0 in "
+                     r"flight, within \d+ s at most", said)
+    assert re.search(r"INFO batchserve .*: drained in [0-9.]+ s", said)
     probes = [line for line in lines if '"GET /health_check" 200' in line]
     assert len(probes) == 1, probes  # six answered 200, one line
 
