@@ -51,7 +51,8 @@ class DrainingServer(uvicorn.Server):
     On SIGTERM/SIGINT the service starts draining at once: health says ``draining`` (503) and new
     requests get 503, while the listener stays open and accepted requests are answered. When none
     is left in flight (or after ``drain_limit_s``), uvicorn's own shutdown runs, and the process
-    exits 0 instead of re-raising the signal. A second signal skips the wait. A model that fails
+    exits 0 instead of re-raising the signal. A second signal ends the drain at once: the
+    listener closes, and uvicorn's shutdown still waits for what is in flight. A model that fails
     to load stops the server with exit code 1. Once every model is warm, the objects alive
     then are frozen out of the garbage collector's reach.
     """
@@ -63,7 +64,7 @@ class DrainingServer(uvicorn.Server):
         self.service = service
         # "front end": its lines say so, and its drain's course is logged at debug only (the
         # device process says the server's).
-        self.role = f"{role} " if role else ""
+        self.role = f"{role}: " if role else ""
         self._say_drain = log.debug if role else log.info
         self._drain_said = False
         self.drain_limit_s = drain_limit_s
@@ -103,7 +104,7 @@ class DrainingServer(uvicorn.Server):
     async def on_tick(self, counter: int) -> bool:
         service = self.service
         if service.load_failed:
-            log.critical("nothing can be served (%s); exiting", service.load_error)
+            log.critical("%snothing can be served (%s); exiting", self.role, service.load_error)
             self.fatal = True
             return True
         # Start-up done, whatever the load (busy) or a SIGTERM since (draining) make of it.
@@ -122,13 +123,13 @@ class DrainingServer(uvicorn.Server):
                 self._say_drain("%sdrained in %.1f s", self.role, waited)
                 return True
             if waited > self.drain_limit_s:
-                log.warning("%sstopping: the drain's %.0f s are over with %d requests "
-                            "unanswered", self.role, self.drain_limit_s, service.in_flight)
+                log.warning("%s%d requests unanswered when the drain's %.0f s were over; "
+                            "shutting down", self.role, service.in_flight, self.drain_limit_s)
                 return True
         should_exit: bool = await super().on_tick(counter)
         if should_exit and self.drain_started is not None and not self.settled():
-            log.warning("%sstopping at a second signal with %d requests unanswered",
-                        self.role, service.in_flight)
+            self._say_drain("%sdrain ended by a second signal; shutting down with %d in flight",
+                            self.role, service.in_flight)
         return should_exit
 
     def settled(self) -> bool:
