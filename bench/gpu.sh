@@ -33,7 +33,7 @@
 # bench/switch.py) against uvloop's, which holds it; "paced" (about 3 minutes), the same with
 # each front end's message waiting while the device process has not read its last one
 # (bench/paced.py: fewer, larger messages where it is behind); "prompt" (about 3 minutes), the
-# same with each front end's message sent at its pass's end even when 16 or more of its
+# same with each front end's message sent at its pass's end even when 8 or more of its
 # requests wait (bench/prompt.py: does that wait lengthen the round trip at N=8?); "pinned"
 # (about 3 minutes), the same with the device process's threads on PIN_CORES of their own and
 # the front ends and wrk on the others (bench.frontends --pin-device-cores: does it cost 19-20
