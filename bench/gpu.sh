@@ -53,6 +53,8 @@
 #   process profiled at each point):
 #       TESTS=tests/unit/test_repository.py PROFILE=1 FRONTENDS=8,10,12 CURVES=mlp-json \
 #       OUT=$OUT bash bench/gpu.sh                                         (~4 minutes)
+#       (since 8688f06 a front end holds its message a pass from 8 requests waiting, not 16:
+#       N=8 against 630b9d8's 48,451 req/s, and 10 and 12, where 16 seldom held one)
 #       TESTS= CURVES="pinned sync prompt" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh
 #   3:  (here: python -m bench.carry --base COMMIT)
 #       TESTS= CURVES="ab" OUT=$OUT bash bench/gpu.sh                      (~4 minutes)
