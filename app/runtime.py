@@ -26,7 +26,7 @@ from app.models.registry import load_handler
 from app.process import refreeze_soon
 from app.repository import ModelRepository
 from app.served import ServedModel
-from app.stall import check_not_stuck, unless_stuck, watch_stalls
+from app.stall import check_not_stuck, ended_unless_stuck, unless_stuck, watch_stalls
 from app.state import ModelState, ServerState
 from app.tasks import Background, DaemonPool, resolver
 from app.tracing import Tracing
@@ -173,7 +173,11 @@ class InferenceService:
             worker.stop()
         limit = self.settings.request_timeout_s + 5.0 if timeout_s is None else timeout_s
         for worker in list(self.workers):
-            if not await asyncio.to_thread(worker.join, limit):
+            if await ended_unless_stuck(worker, limit):
+                continue
+            if worker.clock.stuck is not None:
+                log.error("device thread %s is stuck in a call; not waited for", worker.label)
+            else:
                 log.error("device thread %s did not stop within %.0fs", worker.label, limit)
         await asyncio.sleep(0)  # let the device threads' last deliveries run
         for model in models:

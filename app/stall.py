@@ -7,7 +7,8 @@ thread stuck once its call has run past its limit and clears the mark when the c
 thread cannot be stopped from outside, nor a hung CUDA context trusted again, so a stuck thread
 is reported (health, liveness, ``batchserve_device_up``), not replaced: the orchestrator
 restarts the server. Meanwhile nothing waits on it for ever: a load that needs it fails
-(``check_not_stuck``) and an unload goes on without it (``unless_stuck``).
+(``check_not_stuck``) and an unload, or a shutdown, goes on without it (``unless_stuck``,
+``ended_unless_stuck``).
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ class Clocked(Protocol):
 
     @property
     def clock(self) -> CallClock: ...
+
+
+class Joinable(Clocked, Protocol):
+    def join(self, timeout: float | None = None) -> bool: ...
 
 
 T = TypeVar("T", bound=Clocked)
@@ -123,3 +128,16 @@ async def unless_stuck(done: asyncio.Future[None], thread: Clocked) -> bool:
     while not done.done() and thread.clock.stuck is None:
         await asyncio.wait({done}, timeout=WATCH_S)
     return done.done()
+
+
+async def ended_unless_stuck(thread: Joinable, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for ``thread`` to end, unless it is, or becomes, stuck in a call
+    (a stopping server need not wait for it: device threads are daemons). Whether it ended."""
+    end = time.monotonic() + timeout_s
+    while thread.clock.stuck is None:
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        if await asyncio.to_thread(thread.join, min(WATCH_S, left)):
+            return True
+    return False

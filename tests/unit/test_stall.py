@@ -16,6 +16,7 @@ from app.stall import (
     Call,
     CallClock,
     check_not_stuck,
+    ended_unless_stuck,
     judge,
     limit_s,
     unless_stuck,
@@ -97,3 +98,30 @@ async def test_a_command_is_waited_for_unless_its_thread_is_stuck() -> None:
                            r"\(model mlp's, for 0 s\)") as refused:
             check_not_stuck(thread)
     assert refused.value.type == "unhealthy" and not never.done()
+
+
+@dataclass
+class Joined(Thread):
+    """A thread that ends after ``ends_after`` joins, or is judged stuck at ``stuck_after``."""
+
+    ends_after: int | None = None
+    stuck_after: int | None = None
+    joins: int = 0
+
+    def join(self, timeout: float | None = None) -> bool:
+        self.joins += 1
+        if self.joins == self.stuck_after:
+            self.clock.stuck = Call(0.0, model(), 8)
+        return self.joins == self.ends_after
+
+
+@pytest.mark.asyncio
+async def test_a_stopping_server_waits_for_a_thread_unless_it_is_or_becomes_stuck() -> None:
+    ending = Joined(ends_after=3)
+    assert await ended_unless_stuck(ending, 60.0) and ending.joins == 3
+    becoming = Joined(stuck_after=2)  # its call judged stuck while the server waits
+    assert not await ended_unless_stuck(becoming, 60.0) and becoming.joins == 2
+    stuck = Joined(stuck_after=0)
+    stuck.clock.stuck = Call(0.0, model(), 8)
+    assert not await ended_unless_stuck(stuck, 60.0) and stuck.joins == 0
+    assert not await ended_unless_stuck(Joined(), 0.05)  # neither: the timeout
