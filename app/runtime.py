@@ -173,12 +173,7 @@ class InferenceService:
             worker.stop()
         limit = self.settings.request_timeout_s + 5.0 if timeout_s is None else timeout_s
         for worker in list(self.workers):
-            if await ended_unless_stuck(worker, limit):
-                continue
-            if worker.clock.stuck is not None:
-                log.error("device thread %s is stuck in a call; not waited for", worker.label)
-            else:
-                log.error("device thread %s did not stop within %.0fs", worker.label, limit)
+            await ended_unless_stuck(worker, limit)
         await asyncio.sleep(0)  # let the device threads' last deliveries run
         for model in models:
             await model.queue.wait_closed()

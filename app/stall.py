@@ -132,12 +132,15 @@ async def unless_stuck(done: asyncio.Future[None], thread: Clocked) -> bool:
 
 async def ended_unless_stuck(thread: Joinable, timeout_s: float) -> bool:
     """Wait up to ``timeout_s`` for ``thread`` to end, unless it is, or becomes, stuck in a call
-    (a stopping server need not wait for it: device threads are daemons). Whether it ended."""
+    (a stopping server need not wait for it: device threads are daemons). Whether it ended; an
+    error line says why not."""
     end = time.monotonic() + timeout_s
     while thread.clock.stuck is None:
         left = end - time.monotonic()
         if left <= 0:
+            log.error("device thread %s did not stop within %.0fs", thread.label, timeout_s)
             return False
         if await asyncio.to_thread(thread.join, min(WATCH_S, left)):
             return True
+    log.error("device thread %s is stuck in a call; not waited for", thread.label)
     return False

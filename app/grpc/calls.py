@@ -177,22 +177,19 @@ class CallLimit:
         return limited
 
 
-def method_table(servicer: Any, service: ServiceDescriptor = SERVICE,
-                 messages: ModuleType = pb, limit: CallLimit | None = None
-                 ) -> grpc.GenericRpcHandler:
+def method_table(servicer: Any, limit: CallLimit, service: ServiceDescriptor = SERVICE,
+                 messages: ModuleType = pb) -> grpc.GenericRpcHandler:
     """``service`` as gRPC serves it: each method it declares, answered by the servicer's method
-    of that name, its messages (de)serialized by their generated classes in ``messages``; a
-    request that does not parse reaches the method as ``Malformed``. With ``limit``, its calls
-    count against it."""
+    of that name, its calls counted against ``limit``, its messages (de)serialized by their
+    generated classes in ``messages``; a request that does not parse reaches the method as
+    ``Malformed``."""
     handlers = {}
     for method in service.methods:
         handler = getattr(servicer, method.name)
         if method.server_streaming:
-            kind = grpc.unary_stream_rpc_method_handler
-            handler = limit.streaming(handler) if limit is not None else handler
+            kind, handler = grpc.unary_stream_rpc_method_handler, limit.streaming(handler)
         else:
-            kind = grpc.unary_unary_rpc_method_handler
-            handler = limit.unary(handler) if limit is not None else handler
+            kind, handler = grpc.unary_unary_rpc_method_handler, limit.unary(handler)
         handlers[method.name] = kind(
             handler,
             request_deserializer=_parser(getattr(messages, method.input_type.name)),

@@ -88,8 +88,8 @@ class GrpcListener:
         # Calls past this get RESOURCE_EXHAUSTED, as connections past it get 503 over HTTP.
         limit = CallLimit(settings.max_connections)
         server.add_generic_rpc_handlers((
-            method_table(InferenceServicer(self.service, control), limit=limit),
-            method_table(HealthServicer(control), HEALTH, health_pb2, limit)))
+            method_table(InferenceServicer(self.service, control), limit),
+            method_table(HealthServicer(control), limit, HEALTH, health_pb2)))
         where = address(settings.host, settings.grpc_port)
         try:
             server.add_insecure_port(where)
