@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -36,10 +37,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -245,12 +247,7 @@ def measure(args: argparse.Namespace, frontends: int, check: bool,
             totals0 = stage_totals(url)
             pids = tree(pid)  # the device process, then the front ends
             each0, t0, loop0 = per_process_cpu(pids), time.monotonic(), cpu_seconds(pid, pid)
-            name = f"{args.workload}-n{frontends}-c{c}"
-            # and a front end, the last started (what it spends a request on: docs/frontends.md)
-            with SmSampler(args.devices) as sm, profiled(
-                    args.profile, pid, args.seconds, f"device-{name}"), profiled(
-                    args.profile if len(pids) > 1 else None, pids[-1], args.seconds,
-                    f"frontend-{name}"):
+            with SmSampler(args.devices) as sm:
                 r = run_wrk(url, path_file, c, args.seconds, path, threads=min(c, args.threads),
                             env=env, cpus=cpus)
             each1, t1, loop1 = per_process_cpu(pids), time.monotonic(), cpu_seconds(pid, pid)
@@ -272,7 +269,24 @@ def measure(args: argparse.Namespace, frontends: int, check: bool,
                           (min(each), max(each)), "base" if base else "this")
             print(row(point), flush=True)
             points.append(point)
+            if args.profile is not None:
+                profile_point(args, f"{args.workload}-n{frontends}-c{c}", pids,
+                              functools.partial(run_wrk, url, path_file, c, args.seconds, path,
+                                                threads=min(c, args.threads), env=env,
+                                                cpus=cpus))
     return points
+
+
+def profile_point(args: argparse.Namespace, name: str, pids: list[int],
+                  load: Callable[[], dict[str, Any]]) -> None:
+    """py-spy's samples of the device process and of a front end (the last started: what it
+    spends a request on, docs/frontends.md) under the same ``load`` again, after the measured
+    run: py-spy takes CPU beside what it records, so the point's figures come from a run
+    without it. Its rate is printed, to relate the samples to requests."""
+    with profiled(args.profile, pids[0], args.seconds, f"device-{name}"), profiled(
+            args.profile if len(pids) > 1 else None, pids[-1], args.seconds, f"frontend-{name}"):
+        r = load()
+    print(f"  profiled in a run of its own: {answered_s(r):,.0f} req/s", flush=True)
 
 
 HEAD = (f"{'front ends':>10}{'conc':>6}{'req/s':>10}{'items/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
@@ -387,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="write the points here as JSON")
     p.add_argument("--profile", type=Path, default=None,
                    help="record the device process and a front end with py-spy at each point, "
-                        "into this folder")
+                        "in a run after the measured one, into this folder")
     args = p.parse_args(argv)
     if args.paced_frontends and args.prompt_frontends:
         p.error("--paced-frontends and --prompt-frontends are two ways to run the front ends: "

@@ -40,9 +40,10 @@
 # us a request at N=8, against 12.9 alone, because the front ends take its cores?); "c1"
 # (about 1 minute), at c=1 this build against the first GPU run's (bench/ab.sh, both up at
 # once), with one process and with its default front ends (C1_FRONTENDS). With PROFILE=1 py-spy also
-# records the device process and a front end at each point of the first curve. Profiles go to
-# $OUT/profiles.tgz, the results to $OUT/results.tgz (py-spy slows what it records: one process
-# at c=256 read 3.8 k req/s profiled). Needs .carry/ from `python -m bench.carry` (made here,
+# records the device process and a front end at each point of the first curve, in a second run
+# of the point after the measured one (py-spy takes CPU beside what it records: one process at
+# c=256 read 3.8 k req/s profiled). Profiles go to $OUT/profiles.tgz, the results to
+# $OUT/results.tgz. Needs .carry/ from `python -m bench.carry` (made here,
 # named in the device call's carry). A cold start of the machine takes about a minute more.
 #   1:  CURVES="mlp-json mlp-binary32 minilm" OUT=$OUT bash bench/gpu.sh (~8.5 minutes: the
 #       tests took 127 s on the H200 on 2026-11-30, the curves 380 s)
@@ -272,9 +273,10 @@ main() {
     echo "== tests exit $?"
   fi
 
-  local profile=()
-  [ "$PROFILE" = 1 ] && profile=(--profile "$OUT/profiles")
-  curve mlp-json 130 --workload mlp --max-batch-size 256 --concurrency 256 "${profile[@]}"
+  local profile=() json_limit=130
+  # each point run a second time under py-spy: about 5 s more a point
+  [ "$PROFILE" = 1 ] && profile=(--profile "$OUT/profiles") && json_limit=160
+  curve mlp-json "$json_limit" --workload mlp --max-batch-size 256 --concurrency 256 "${profile[@]}"
   device_alone  # only when named: which thread holds the GIL
   curve mlp-binary32 130 --workload mlp --max-batch-size 256 --instances 32 --binary \
     --queue-capacity 16384 --concurrency 256
@@ -293,7 +295,7 @@ main() {
   point minilm-eager 100 --workload minilm --max-batch-size 128 --concurrency 256 \
     --cuda-graphs false
   # where the device process's time goes with the real encoder (the GIL's holders, py-spy)
-  point minilm-profile 60 --workload minilm --max-batch-size 128 --concurrency 256 \
+  point minilm-profile 75 --workload minilm --max-batch-size 128 --concurrency 256 \
     --profile "$OUT/profiles"
   switch_sweep
   # a device thread's wait for its batch asleep, not spinning (CUDA's default)
