@@ -274,3 +274,12 @@ class Settings(BaseSettings, BatchSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Init kwargs (flags), then the environment, then the file; no dotenv, no secrets dir.
         return (init_settings, env_settings, InitSettingsSource(settings_cls, cls.file_values))
+
+
+DRAIN_MARGIN_S = 5.0  # beyond the request timeout, for the last answers to be written
+
+
+def drain_limit_s(settings: Settings) -> float:
+    """How long a drain (and then a device thread's end) may take: the longest a request
+    admitted before it may still run, and a margin for its answer to be written."""
+    return settings.request_timeout_s + DRAIN_MARGIN_S

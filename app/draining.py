@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import uvicorn
 
-from app.config import Settings
+from app.config import Settings, drain_limit_s
 from app.connection import protocol_for
 from app.errors import ConfigError
 from app.grpc.listener import GrpcListener
@@ -20,7 +20,6 @@ from app.process import freeze_startup_objects
 
 log = logging.getLogger("batchserve")
 
-DRAIN_MARGIN_S = 5.0  # beyond the request timeout, for the last answers to be written
 GRPC_GRACE_S = 1.0  # for calls still running once the drain is over (health, metadata)
 
 
@@ -153,7 +152,3 @@ def server_config(settings: Settings, app: Any) -> uvicorn.Config:
         access_log=False,  # app.api.access logs each request, with its request id
         timeout_graceful_shutdown=int(drain_limit_s(settings)),
     )
-
-
-def drain_limit_s(settings: Settings) -> float:
-    return settings.request_timeout_s + DRAIN_MARGIN_S

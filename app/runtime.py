@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import torch
 
 from app.catalog import Catalog
-from app.config import Settings
+from app.config import Settings, drain_limit_s
 from app.devices import resolve_devices
 from app.facade import decode_pool
 from app.learning import busy_ratio, export_replica, measure_first, unexport, warm_on
@@ -27,7 +27,7 @@ from app.process import refreeze_soon
 from app.repository import ModelRepository
 from app.served import ServedModel
 from app.stall import check_not_stuck, ended_unless_stuck, unless_stuck, watch_stalls
-from app.state import ModelState, ServerState
+from app.state import ModelState, ServerState, server_status
 from app.tasks import Background, DaemonPool, resolver
 from app.tracing import Tracing
 from app.warmup import Loader
@@ -171,7 +171,7 @@ class InferenceService:
             model.queue.shutdown()
         for worker in self.workers:
             worker.stop()
-        limit = self.settings.request_timeout_s + 5.0 if timeout_s is None else timeout_s
+        limit = drain_limit_s(self.settings) if timeout_s is None else timeout_s
         for worker in list(self.workers):
             await ended_unless_stuck(worker, limit)
         await asyncio.sleep(0)  # let the device threads' last deliveries run
@@ -286,19 +286,9 @@ class InferenceService:
 
     @property
     def status(self) -> str:
-        """draining, unhealthy (a device thread died or is stuck, or no start-up model could be
-        loaded), loading, busy (no ready model can take a request) or ready."""
-        if self.state.draining:
-            return "draining"
-        states = {w.state for w in self.workers}
-        if WorkerState.FAILED in states or not self.live or self.repository.all_failed:
-            return "unhealthy"
-        if self.starting:
-            return "loading"
-        health = [m.health for m in self.repository.models() if m.state is ModelState.READY]
-        if "unhealthy" in health:  # a model whose device threads are being restarted
-            return "unhealthy"
-        if health and all(h == "busy" for h in health):
-            return "busy"
-        return "ready"
+        """draining, unhealthy, loading, busy or ready (``server_status``)."""
+        broken = (any(w.state is WorkerState.FAILED for w in self.workers) or not self.live
+                  or self.repository.all_failed)
+        return server_status(self.state.draining, broken, self.starting, [
+            m.health for m in self.repository.models() if m.state is ModelState.READY])
 

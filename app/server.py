@@ -16,8 +16,8 @@ import uvicorn
 
 from app.asks import answer
 from app.bridge import Bridge
-from app.config import Settings
-from app.draining import Drainable, DrainingServer, drain_limit_s, server_config
+from app.config import Settings, drain_limit_s
+from app.draining import Drainable, DrainingServer, server_config
 from app.errors import os_reason
 from app.grpc.listener import GrpcListener, reserved
 from app.grpc.listener import address as grpc_address

@@ -1,4 +1,5 @@
-"""The states parts of the server share: the server's own, and each model version's.
+"""The states parts of the server share: the server's own, and each model version's; and the
+status the server's health answers derive from its parts (``server_status``).
 
 ``ServerState``: the runtime (app/runtime.py) writes ``draining``, and the front ends' links
 (app/bridge.py) what the front ends cannot serve; the repository hands the object to each model
@@ -33,3 +34,21 @@ class ModelState(Enum):
 
 
 STATES = tuple(state.value for state in ModelState)
+
+
+def server_status(draining: bool, broken: bool, starting: bool, ready_models: list[str]) -> str:
+    """The server's health, the first that holds: draining; unhealthy (``broken``: a device
+    thread died or is stuck, or no start-up model could be loaded); loading (``starting``);
+    unhealthy (a ready model whose device threads are being restarted; ``ready_models``: each
+    ready model version's health); busy (no ready model can take a request); ready."""
+    if draining:
+        return "draining"
+    if broken:
+        return "unhealthy"
+    if starting:
+        return "loading"
+    if "unhealthy" in ready_models:
+        return "unhealthy"
+    if ready_models and all(health == "busy" for health in ready_models):
+        return "busy"
+    return "ready"

@@ -14,8 +14,8 @@ import pickle
 import socket
 import sys
 
-from app.config import Settings
-from app.draining import DrainingServer, drain_limit_s, server_config
+from app.config import Settings, drain_limit_s
+from app.draining import DrainingServer, server_config
 from app.frontend.app import create_frontend_app
 from app.frontend.remote import RemoteService
 from app.grpc.listener import GrpcListener
