@@ -4,7 +4,7 @@ uvicorn writes the status line and headers when the app sends ``http.response.st
 body at ``http.response.body``: two ``write`` calls, so two TCP segments and two wake-ups of the
 client for every answer. Here the head is formatted by uvicorn as usual but held until the body
 comes, and both go out in one ``writelines`` (one ``writev`` on uvloop, the body not copied):
-one wake-up of the client an answer, and less CPU a request than uvicorn's two writes
+one wake-up of the client an answer, at no more CPU a request than uvicorn's two writes
 (docs/benchmarks.md, ``bench.floor --stacks``).
 
 uvicorn builds a request's ``RequestResponseCycle`` inside ``on_headers_complete``; the protocol

@@ -18,8 +18,10 @@ the same way: two batches' worth of clients, so the next batch waits while one c
 process a request with mlp's body (512 numbers) and a small answer at ``--concurrency`` (32, a
 front end's share of c=256 at 8): a bare protocol on uvloop, httptools parsing and one write
 an answer (no ASGI, no keep-alive timer, no checks: the least any Python server on uvloop
-spends), uvicorn with the raw app (two writes an answer), and uvicorn with batchserve's own
-protocol (app/connection.py: one write), rounds alternating.
+spends), uvicorn with the raw app (two writes an answer), uvicorn with only the answer's head
+held for its body (one write: ``_HeadHeld``, app/connection.py), and uvicorn with batchserve's
+protocol (that one write and its bounds on slow, large and pipelined requests), rounds
+alternating.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import orjson
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.connection import protocol_for
+from app.connection import _HeadHeld, protocol_for
 from bench.run import (
     answered_s,
     body_file,
@@ -171,7 +174,17 @@ def bare_server(port: int) -> None:
     uvloop.run(serve())
 
 
-OneWrite = protocol_for(30.0)  # uvicorn's protocol as batchserve runs it (app/draining.py)
+class OneWrite(HttpToolsProtocol):
+    """uvicorn's protocol with the head held for the body's write (``_HeadHeld``) and nothing
+    else of batchserve's: the one write's own cost, apart from the bounds ``Served`` adds."""
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        held = self.cycle.transport = _HeadHeld(self.transport, self.cycle)  # type: ignore
+        self.cycle.on_response = held.done
+
+
+Served = protocol_for(30.0)  # uvicorn's protocol as batchserve runs it (app/draining.py)
 
 
 def stacks(concurrency: int, rounds: int, seconds: float) -> None:
@@ -181,14 +194,16 @@ def stacks(concurrency: int, rounds: int, seconds: float) -> None:
     with body_file([instance_for("mlp", 0)]) as body, \
             listening(bare, "/", {}, inherit=False) as bare_at, \
             floor_server("bench.floor:app", {}) as uvicorn_at, \
-            floor_server("bench.floor:app", {}, http="bench.floor:OneWrite") as one_at:
-        servers = {"bare": bare_at, "uvicorn": uvicorn_at, "uvicorn, one write": one_at}
+            floor_server("bench.floor:app", {}, http="bench.floor:OneWrite") as one_at, \
+            floor_server("bench.floor:app", {}, http="bench.floor:Served") as served_at:
+        servers = {"bare": bare_at, "uvicorn": uvicorn_at, "uvicorn, one write": one_at,
+                   "batchserve's": served_at}
         for url, _ in servers.values():
             run_wrk(url, body, concurrency, 1)  # warm up
         names = list(servers)
         for i in range(rounds):
             line = []
-            for name in names[i % 3:] + names[:i % 3]:  # each first in turn
+            for name in names[i % len(names):] + names[:i % len(names)]:  # each first in turn
                 url, pid = servers[name]
                 cpu0 = cpu_seconds(pid)
                 r = run_wrk(url, body, concurrency, seconds)
