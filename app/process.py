@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import resource
 import sys
 import threading
 from collections.abc import Iterator
@@ -36,6 +37,34 @@ def tune_for_serving() -> None:
     GIL, a batch of 32 of the eager MLP took 103 ms at CPython's default 5 ms, 40 at 1 ms and 29
     at 0.1 ms (24.7 alone; ``python -m bench.gil_switch``)."""
     sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
+
+
+# Files a serving process holds open beside its clients' connections: its loop's, its logs',
+# the links to the front ends, gRPC's connections, a model's files while it loads.
+OWN_FILES = 256
+
+
+def fit_open_files(max_connections: int) -> int:
+    """Raise this process's soft limit on open files, which the front ends it starts inherit,
+    to what ``max_connections`` connections and ``OWN_FILES`` need, as far as the hard limit
+    lets it; never lower it. Containers often start with a soft limit of 1024 under a far
+    higher hard one: there, a flood of connections ran out of descriptors before
+    ``max_connections``, and uvloop closed the connections it could not take unanswered
+    instead of refusing them 503. Where the hard limit is too low, a warning says so. Returns
+    the soft limit."""
+    needed = max_connections + OWN_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return soft
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        log.warning("open files are limited to %d a process, fewer than max_connections (%d) "
+                    "and the server's own %d need: past about %d connections, new ones are "
+                    "closed unanswered instead of refused; raise the limit (docker run "
+                    "--ulimit nofile=N) or lower max_connections", hard, max_connections,
+                    OWN_FILES, hard - OWN_FILES)
+        needed = hard
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+    return needed
 
 
 def fit_torch_threads() -> None:

@@ -24,7 +24,7 @@ from app.grpc.listener import address as grpc_address
 from app.listening import for_frontends, listening_socket, url_of
 from app.logs import configure_logging
 from app.main import create_app
-from app.process import fit_torch_threads, tune_for_serving
+from app.process import fit_open_files, fit_torch_threads, tune_for_serving
 from app.sources import unknown_variables
 from app.supervisor import Frontends, frontend_count
 
@@ -68,6 +68,7 @@ def serve(settings: Settings, fd: int | None = None) -> int:
     for warning in unknown_variables(os.environ):
         log.warning("%s", warning)
     tune_for_serving()
+    fit_open_files(settings.max_connections)
     fit_torch_threads()
     count = frontend_count(settings.frontends)
     if count > 1:

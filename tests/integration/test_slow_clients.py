@@ -3,13 +3,16 @@ off within ``read_timeout_s``; past ``max_connections`` a new one gets 503, not 
 
 from __future__ import annotations
 
+import resource
 import socket
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import WAIT_S, sample, serve, wait_ready, wait_until_sync
+from app.process import OWN_FILES
+from tests.conftest import WAIT_S, children, sample, serve, wait_ready, wait_until_sync
 
 pytestmark = pytest.mark.slow
 
@@ -80,14 +83,17 @@ def test_an_idle_connection_is_kept_keep_alive_s_then_closed() -> None:
         assert second.startswith(b"HTTP/1.1 200 OK\r\n") and second.endswith(b"]]}"), second
 
 
+def status_on_a_new_connection(url: str) -> int:
+    with httpx.Client(timeout=10) as client:
+        return client.post(url + "/predict", json={"instances": [[1, 2, 3, 4]]}).status_code
+
+
 def test_max_connections_are_served_and_one_more_gets_503() -> None:
     with serve("--model", "linear", "--devices", "cpu", "--max-connections", "3") as (_, url):
         wait_ready(url)
 
         def status() -> int:
-            with httpx.Client(timeout=10) as client:  # a new connection each time
-                return client.post(url + "/predict", json={"instances": [[1, 2, 3, 4]]}
-                                   ).status_code
+            return status_on_a_new_connection(url)
 
         idle = [raw(url) for _ in range(2)]
         wait_until_sync(lambda: status() == 200, "the third open connection served")
@@ -96,6 +102,41 @@ def test_max_connections_are_served_and_one_more_gets_503() -> None:
         for sock in idle:
             sock.close()
         wait_until_sync(lambda: status() == 200, "served again once they are gone")
+
+
+def open_files_limit(pid: int) -> int:
+    """A process's soft limit on open files."""
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            return int(line.split()[3])
+    raise AssertionError(f"no open-files line in /proc/{pid}/limits")
+
+
+def test_max_connections_hold_under_a_low_soft_limit_on_open_files() -> None:
+    """Started with a soft limit on open files below what ``max_connections`` needs (as a
+    container's 1024 under a higher hard limit), the server raises it, and the front ends it
+    starts have it too: the connection past ``max_connections`` is refused 503, not closed
+    unanswered once the process runs out of descriptors."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = 300 + OWN_FILES
+    if soft < 400 or hard != resource.RLIM_INFINITY and hard < needed:
+        pytest.skip(f"needs open-file limits of 400 (soft) and {needed} (hard)")
+    low = ("sh", "-c", 'ulimit -S -n 100 && exec "$@"', "sh")
+    with serve("--model", "linear", "--devices", "cpu", "--max-connections", "300",
+               wrap=low) as (proc, url):
+        wait_ready(url)
+        assert open_files_limit(proc.pid) == needed
+        idle = [raw(url) for _ in range(300)]
+        wait_until_sync(lambda: status_on_a_new_connection(url) == 503,
+                        "503 once the idle ones are accepted")
+        for sock in idle:
+            sock.close()
+    with serve("--model", "linear", "--devices", "cpu", "--max-connections", "300",
+               "--frontends", "2", wrap=low) as (proc, url):
+        wait_ready(url)
+        wait_until_sync(lambda: len(children(proc.pid)) == 2, "two front ends")
+        assert [open_files_limit(pid) for pid in [proc.pid, *children(proc.pid)]] == \
+            [needed] * 3
 
 
 def test_front_ends_reach_the_device_process_past_max_connections() -> None:

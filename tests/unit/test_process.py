@@ -7,6 +7,7 @@ import gc
 import logging
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from app import process
 from app.process import (
     GIL_SWITCH_INTERVAL_S,
     LOADING_FREEZE_S,
+    OWN_FILES,
     YOUNG_COLLECTION_AT,
     ShortSwitch,
     fit_torch_threads,
@@ -269,3 +271,45 @@ def test_a_short_switch_is_left_on_an_error() -> None:
         raise RuntimeError("the launch failed")
     assert sys.getswitchinterval() == pytest.approx(0.001)
 
+
+
+def _open_files_after_fit(soft: int, hard: int, max_connections: int) -> tuple[list[int], str]:
+    """In a process started with these open-file limits: the limits after ``fit_open_files``,
+    and what it logged."""
+    code = ("import logging, resource\n"
+            "from app.process import fit_open_files\n"
+            "logging.basicConfig(format='%(message)s')\n"
+            f"got = fit_open_files({max_connections})\n"
+            "print(got, *resource.getrlimit(resource.RLIMIT_NOFILE))\n")
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)))
+    return [int(v) for v in done.stdout.split()], done.stderr
+
+
+def _hard_open_files() -> int:
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 2000:
+        pytest.skip(f"needs a hard limit on open files of 2000 or more (here {hard})")
+    return 2000
+
+
+def test_a_low_soft_limit_on_open_files_is_raised_to_what_the_connections_need() -> None:
+    """A container's 1024 under a higher hard limit ran out of descriptors before
+    max_connections: the server raises its soft limit (the front ends inherit it)."""
+    hard = _hard_open_files()
+    limits, logged = _open_files_after_fit(100, hard, 1000)
+    assert limits == [1000 + OWN_FILES, 1000 + OWN_FILES, hard]
+    assert logged == ""
+
+
+def test_a_soft_limit_on_open_files_is_never_lowered() -> None:
+    hard = _hard_open_files()
+    assert _open_files_after_fit(1900, hard, 10)[0] == [1900, 1900, hard]
+
+
+def test_a_hard_limit_too_low_for_max_connections_is_said_at_start() -> None:
+    limits, logged = _open_files_after_fit(100, 600, 1000)
+    assert limits == [600, 600, 600]
+    assert "limited to 600" in logged and "max_connections (1000)" in logged
+    assert f"past about {600 - OWN_FILES} connections" in logged
