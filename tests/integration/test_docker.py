@@ -62,13 +62,16 @@ def test_entrypoint_starts_and_serves() -> None:
                             pass_fds=[sock.fileno()], env=env, stderr=subprocess.PIPE)
     sock.close()
     url = f"http://127.0.0.1:{port}"
-    probe = [sys.executable if a == "python" else a.replace("8000", str(port))
-             for a in healthcheck]
+    # The check as the image runs it, at the port BATCHSERVE_PORT names (here the bound one).
+    probe = [sys.executable if a == "python" else a for a in healthcheck]
+    probe_env = {**env, "BATCHSERVE_PORT": str(port)}
     try:
-        assert subprocess.run(probe, capture_output=True, timeout=WAIT_S).returncode != 0
+        assert subprocess.run(probe, capture_output=True, timeout=WAIT_S,
+                              env=probe_env).returncode != 0
 
         def healthy() -> bool:
-            return subprocess.run(probe, capture_output=True, timeout=WAIT_S).returncode == 0
+            return subprocess.run(probe, capture_output=True, timeout=WAIT_S,
+                                  env=probe_env).returncode == 0
 
         wait_until_sync(healthy, "the image's HEALTHCHECK passing")
         r = httpx.post(url + "/predict", json={"instances": ["hello from the image"]}, timeout=60)
