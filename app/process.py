@@ -61,7 +61,7 @@ def fit_open_files(max_connections: int) -> int:
                     "and the server's own %d need: past about %d connections, new ones are "
                     "closed unanswered instead of refused; raise the limit (docker run "
                     "--ulimit nofile=N) or lower max_connections", hard, max_connections,
-                    OWN_FILES, hard - OWN_FILES)
+                    OWN_FILES, max(hard - OWN_FILES, 0))
         needed = hard
     resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
     return needed
