@@ -25,6 +25,39 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+# uvicorn's warnings that a client sets off at will, one a request: a connection past
+# max_connections (answered 503), a request httptools cannot parse (400). A flood of either
+# wrote a line a request: 10,000 lines a second, and a quarter of the CPU each refusal cost.
+FLOODABLE = ("Exceeded concurrency limit.", "Invalid HTTP request received.")
+REPEAT_WINDOW_S = 10.0
+
+
+class Repeats(logging.Filter):
+    """Lets one record of each of ``messages`` through a ``window_s``: the first at once, and
+    the first after the window, which tells how many were held back since the last."""
+
+    def __init__(self, messages: tuple[str, ...], window_s: float) -> None:
+        super().__init__()
+        self.window_s = window_s
+        self._next: dict[str, float] = dict.fromkeys(messages, 0.0)  # the next line's earliest
+        self._held: dict[str, int] = dict.fromkeys(messages, 0)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.msg
+        due = self._next.get(message) if isinstance(message, str) else None
+        if due is None:
+            return True
+        now = time.monotonic()
+        if now < due:
+            self._held[message] += 1
+            return False
+        self._next[message] = now + self.window_s
+        held, self._held[message] = self._held[message], 0
+        if held:
+            record.msg = f"{message} ({held} more since the last such line, not logged)"
+        return True
+
+
 # Control characters as escapes: a line of the text log is one record, whatever a request's path,
 # model name or body put in its message (a decoded %0a would otherwise start a forged line).
 _ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)} | {
@@ -121,7 +154,8 @@ class PassHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
 def configure_logging(level: str, fmt: str) -> None:
     """Send every logger (ours and uvicorn's) to stderr as text or JSON lines, the lines of an
-    event loop's pass in one write (``PassHandler``)."""
+    event loop's pass in one write (``PassHandler``), and the warnings a client can set off
+    once a request (``FLOODABLE``) at most once a ``REPEAT_WINDOW_S``, with a count."""
     handler = PassHandler(sys.stderr)
     handler.addFilter(RequestIdFilter())
     if fmt == "json":
@@ -138,3 +172,6 @@ def configure_logging(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.filters[:] = [f for f in uvicorn_log.filters if not isinstance(f, Repeats)]
+    uvicorn_log.addFilter(Repeats(FLOODABLE, REPEAT_WINDOW_S))

@@ -88,8 +88,12 @@ def status_on_a_new_connection(url: str) -> int:
         return client.post(url + "/predict", json={"instances": [[1, 2, 3, 4]]}).status_code
 
 
-def test_max_connections_are_served_and_one_more_gets_503() -> None:
-    with serve("--model", "linear", "--devices", "cpu", "--max-connections", "3") as (_, url):
+def test_max_connections_are_served_and_one_more_gets_503(tmp_path: Path) -> None:
+    """And the refusals are not a log line each (uvicorn warns once a refusal): a flood of
+    them would flood the log."""
+    log = tmp_path / "stderr"
+    with log.open("wb") as out, serve("--model", "linear", "--devices", "cpu",
+                                      "--max-connections", "3", stderr=out.fileno()) as (_, url):
         wait_ready(url)
 
         def status() -> int:
@@ -99,9 +103,12 @@ def test_max_connections_are_served_and_one_more_gets_503() -> None:
         wait_until_sync(lambda: status() == 200, "the third open connection served")
         idle.append(raw(url))
         wait_until_sync(lambda: status() == 503, "503 once the idle ones are accepted")
+        assert [status() for _ in range(20)] == [503] * 20
         for sock in idle:
             sock.close()
         wait_until_sync(lambda: status() == 200, "served again once they are gone")
+    lines = log.read_text().count("Exceeded concurrency limit.")
+    assert 1 <= lines < 21
 
 
 def open_files_limit(pid: int) -> int:

@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from app.logs import JsonFormatter, PassHandler, TextFormatter
+from app.logs import (
+    FLOODABLE,
+    JsonFormatter,
+    PassHandler,
+    Repeats,
+    TextFormatter,
+    configure_logging,
+)
 
 FORGED = "x\nCRITICAL batchserve [None]: forged\x00\r\t\x1b[31m"
 
@@ -156,3 +163,55 @@ def test_no_log_call_passes_an_error_it_caught() -> None:
                                 for a in call.args)):
                     found.append(f"{path.relative_to(app.parent)}:{call.lineno}")
     assert found == []
+
+
+def test_a_flood_of_one_warning_is_one_line_a_window_with_its_count(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past max_connections uvicorn warns once a refused request: the first goes out, the rest
+    of its window are counted and told in the first line after it; other messages pass."""
+    now = [100.0]
+    monkeypatch.setattr("app.logs.time.monotonic", lambda: now[0])
+    repeats = Repeats(("Exceeded concurrency limit.",), 10.0)
+
+    def passed(message: str) -> str | None:
+        rec = logging.LogRecord("uvicorn.error", logging.WARNING, __file__, 1, message, (), None)
+        return rec.getMessage() if repeats.filter(rec) else None
+
+    assert passed("Exceeded concurrency limit.") == "Exceeded concurrency limit."
+    assert [passed("Exceeded concurrency limit.") for _ in range(5)] == [None] * 5
+    assert passed("Invalid HTTP request received.") == "Invalid HTTP request received."
+    now[0] = 109.9
+    assert passed("Exceeded concurrency limit.") is None
+    now[0] = 110.0
+    assert passed("Exceeded concurrency limit.") == \
+        "Exceeded concurrency limit. (6 more since the last such line, not logged)"
+    now[0] = 500.0
+    assert passed("Exceeded concurrency limit.") == "Exceeded concurrency limit."
+
+
+def test_uvicorns_floodable_warnings_are_held_back_however_often_logging_is_set_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    monkeypatch.setattr(uvicorn_log, "filters", [])
+    monkeypatch.setattr(uvicorn_log, "isEnabledFor", lambda level: True)  # whatever a test set
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "setLevel", lambda level: None)  # the tests' own level stays
+    for switch in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
+        monkeypatch.setattr(logging, switch, getattr(logging, switch))
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    configure_logging("warning", "text")
+    configure_logging("warning", "text")
+    assert [type(f) for f in uvicorn_log.filters] == [Repeats]
+    # The server's handler on this logger itself: a test that ran uvicorn with its own
+    # logging config left "uvicorn" not passing records up to the root.
+    handler = root.handlers[0]
+    monkeypatch.setattr(uvicorn_log, "handlers", [handler])
+    monkeypatch.setattr(uvicorn_log, "propagate", False)
+    for message in FLOODABLE:
+        for _ in range(20):
+            uvicorn_log.warning(message)
+    handler.flush()
+    assert [line.rsplit(": ", 1)[1] for line in stream.getvalue().splitlines()] == \
+        list(FLOODABLE)
