@@ -1,91 +1,36 @@
-"""uvicorn's httptools protocol, writing a response's head and the first part of its body at once.
+"""uvicorn's httptools protocol as batchserve serves HTTP with it: each answer in one write
+(``HeadHeld``, app/head_held.py), and bounds a slow, large or pipelining client cannot pass.
 
-uvicorn writes the status line and headers when the app sends ``http.response.start`` and the
-body at ``http.response.body``: two ``write`` calls, so two TCP segments and two wake-ups of the
-client for every answer. Here the head is formatted by uvicorn as usual but held until the body
-comes, and both go out in one ``writelines`` (one ``writev`` on uvloop, the body not copied):
-one wake-up of the client an answer, at no more CPU a request than uvicorn's two writes
-(docs/benchmarks.md, ``bench.floor --stacks``).
-
-uvicorn builds a request's ``RequestResponseCycle`` inside ``on_headers_complete``; the protocol
-gives that cycle a transport of its own, ``_HeadHeld``, which tells the head by the cycle's
-``response_started`` (set just before uvicorn writes it), so no message the app sends passes
-through a second ``send`` (one a message cost about 10 us a request there).
-``batchserve serve`` passes ``OneWriteProtocol`` to uvicorn as its ``http`` implementation;
-``uvicorn --factory app.main:create_app`` runs with uvicorn's own.
+A request must arrive within ``read_timeout_s`` (408), its line and headers within
+``MAX_HEAD_BYTES`` (431), and a connection's reads pause past ``PIPELINE_LIMIT`` waiting
+requests. What the protocol answers itself, before any route saw the request (those, a 503
+past ``max_connections``, a 400 for bytes that are not HTTP), is counted by ``count_refusal``.
+``batchserve serve`` passes ``protocol_for``'s class to uvicorn as its ``http``
+implementation; ``uvicorn --factory app.main:create_app`` runs with uvicorn's own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sized
+from collections.abc import Callable, Sized
 from typing import Any
 
 import httptools
-from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.flow_control import FlowControl, service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from app.api.error_responses import format_for_path
 from app.api.inference import READ_TIMED_OUT
 from app.framing import Body, FramingError, body_of
+from app.head_held import HeadHeld
 
 log = logging.getLogger("batchserve")
 
-
-class _HeadHeld:
-    """A cycle's transport: the response's head (uvicorn's one write at ``http.response.start``)
-    waits for the next write, the body's, and both go out in one ``writelines``; a head with
-    nothing written after it (HEAD, an empty body) goes when the response completes
-    (``done``, the cycle's ``on_response``) or the connection closes. What the cycle writes
-    once its connection is closing is dropped: its client is gone, or the connection was
-    closed under it (a 400 for a request pipelined after it, a 408), and a write to the closed
-    socket would raise. Anything else goes to the real transport."""
-
-    __slots__ = ("transport", "cycle", "on_response", "head")
-
-    def __init__(self, transport: Any, cycle: RequestResponseCycle) -> None:
-        self.transport = transport
-        # Till the head comes (the first write once the response has started). Let go then:
-        # the cycle holds this, and a reference cycle a request would leave every request to
-        # the garbage collector (3-4 us a request more, measured in-process).
-        self.cycle: RequestResponseCycle | None = cycle
-        self.on_response = cycle.on_response
-        self.head: bytes | None = None
-
-    def write(self, data: bytes) -> None:
-        cycle = self.cycle
-        if cycle is not None and cycle.response_started:
-            self.cycle = None
-            self.head = data
-            return
-        head, self.head = self.head, None
-        transport = self.transport
-        if transport.is_closing():
-            return
-        if head is None:
-            transport.write(data)
-        else:
-            transport.writelines([head, data])  # uvloop: one writev, the body not copied
-
-    def flush(self) -> None:
-        head, self.head = self.head, None
-        if head is not None and not self.transport.is_closing():
-            self.transport.write(head)
-
-    def done(self) -> None:
-        self.flush()
-        self.on_response()
-
-    def close(self) -> None:
-        self.flush()
-        self.transport.close()
-
-    def is_closing(self) -> bool:
-        return bool(self.transport.is_closing())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.transport, name)
+# What counts the requests the protocol answers itself, before any route (503 past
+# max_connections, 400 not HTTP, 408, 431): called with the status, its reason and the
+# seconds since the request began.
+Refusals = Callable[[int, str, float], None]
 
 
 # The most pipelined requests a connection may have waiting before its reads pause.
@@ -115,7 +60,7 @@ MAX_HEAD_BYTES = 64 * 1024
 
 
 class OneWriteProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with ``_HeadHeld`` for every request, a bound on how
+    """uvicorn's httptools protocol with ``HeadHeld`` for every request, a bound on how
     long a request may take to arrive, and one on the size of its head: a client that stalls in
     its headers or body is answered 408, one whose headers pass ``MAX_HEAD_BYTES`` 431, and its
     connection closed, and one that pipelines has its reads paused past ``PIPELINE_LIMIT``
@@ -124,6 +69,7 @@ class OneWriteProtocol(HttpToolsProtocol):
     HTTP/1.1 with its body, as RFC 9110 lets a server do."""
 
     read_timeout_s: float | None = None
+    count_refusal: Refusals | None = None
     _read_timer: asyncio.TimerHandle | None = None
     # What is being read and since when (the loop's time): the connection till its first
     # request begins ({}), then each request's scope till it is whole; None between requests
@@ -161,6 +107,7 @@ class OneWriteProtocol(HttpToolsProtocol):
             self._refuse_head()
 
     def _refuse_head(self) -> None:
+        self._counted(431, "headers_too_large")
         self._cancel_read_timer()
         self._refuse(431, "Request Header Fields Too Large", "headers_too_large",
                      f"the request's line and headers are over {MAX_HEAD_BYTES} bytes",
@@ -177,6 +124,7 @@ class OneWriteProtocol(HttpToolsProtocol):
                 return
             msg = "Invalid HTTP request received."
             self.logger.warning(msg)
+            self._counted(400, "invalid_http")
             self.send_400_response(msg)
         except httptools.HttpParserUpgrade as upgrade:
             if self._should_upgrade():
@@ -193,6 +141,7 @@ class OneWriteProtocol(HttpToolsProtocol):
             pieces, rest = body.feed(data)
         except FramingError as exc:
             self.logger.warning("Invalid HTTP request received: %s", str(exc))
+            self._counted(400, "invalid_http")
             self.send_400_response("Invalid HTTP request received.")
             return
         for piece in pieces:
@@ -226,7 +175,7 @@ class OneWriteProtocol(HttpToolsProtocol):
         self._in_head, self._head_bytes = False, 0
         super().on_headers_complete()
         cycle = self.cycle
-        held = cycle.transport = _HeadHeld(self.transport, cycle)  # type: ignore[assignment]
+        held = cycle.transport = HeadHeld(self.transport, cycle)  # type: ignore[assignment]
         cycle.on_response = held.done
         if self.parser.should_upgrade() and not self._should_upgrade():
             try:
@@ -260,14 +209,29 @@ class OneWriteProtocol(HttpToolsProtocol):
         self._read_timer = None
         if self.transport.is_closing():
             return
-        scope[READ_TIMED_OUT] = True
         cycle = self.cycle
+        if scope and (cycle is None or cycle.scope is not scope):  # a request the app never
+            self._counted(408, "request_timeout")  # saw (one it did, it counts)
+        scope[READ_TIMED_OUT] = True
         if cycle is None or cycle.scope is not scope or not cycle.response_started:
             self._refuse(408, "Request Timeout", "request_timeout",
                          f"the request did not arrive within {self.read_timeout_s:g} s",
                          str(scope.get("path", "")))
         else:
             self.transport.close()
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        """uvicorn starts a request here, with its 503 app past ``limit_concurrency``."""
+        if app is service_unavailable:
+            self._counted(503, "connections")
+        super()._start_asgi_task(cycle, app)
+
+    def _counted(self, status: int, kind: str) -> None:
+        """Count an answer the protocol gives itself, before any route (``count_refusal``)."""
+        count = self.count_refusal
+        if count is not None:
+            now = self.loop.time()
+            count(status, kind, now - self._reading[0] if self._reading is not None else 0.0)
 
     def _refuse(self, status: int, reason: str, kind: str, message: str, path: str) -> None:
         """Answer ``status`` in the error format of the route ``path`` names, and close."""
@@ -288,7 +252,10 @@ def _head_size(url: bytes, headers: list[tuple[bytes, bytes]]) -> int:
     return len(url) + sum(len(name) + len(value) + 4 for name, value in headers)
 
 
-def protocol_for(read_timeout_s: float) -> type[OneWriteProtocol]:
+def protocol_for(read_timeout_s: float, count_refusal: Refusals | None = None
+                 ) -> type[OneWriteProtocol]:
     """``OneWriteProtocol`` cutting off requests that take longer than ``read_timeout_s`` to
-    arrive."""
-    return type("OneWriteProtocol", (OneWriteProtocol,), {"read_timeout_s": read_timeout_s})
+    arrive, and counting what it answers itself with ``count_refusal``."""
+    return type("OneWriteProtocol", (OneWriteProtocol,), {
+        "read_timeout_s": read_timeout_s, "count_refusal": staticmethod(count_refusal)
+        if count_refusal is not None else None})

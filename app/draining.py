@@ -15,6 +15,7 @@ import uvicorn
 from app.config import Settings, drain_limit_s
 from app.connection import protocol_for
 from app.errors import ConfigError
+from app.facade import refusals
 from app.grpc.listener import GrpcListener
 from app.process import freeze_startup_objects
 
@@ -145,7 +146,8 @@ def server_config(settings: Settings, app: Any) -> uvicorn.Config:
         log_level=settings.log_level,
         lifespan="on",
         # Each answer in one write; slow clients cut off (app/connection.py).
-        http=protocol_for(settings.read_timeout_s or settings.request_timeout_s),
+        http=protocol_for(settings.read_timeout_s or settings.request_timeout_s,
+                          refusals(app.state.service.unknown, "http")),
         # uvicorn counts the connection asking among those open: N + 1 lets N be served.
         limit_concurrency=settings.max_connections + 1,
         timeout_keep_alive=settings.keep_alive_s,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, Protocol
 
@@ -39,6 +40,17 @@ class RequestCounts(Protocol):
     def answered(self, status: int, seconds: float, protocol: str = "http") -> None: ...
 
     def rejected(self, reason: str) -> None: ...
+
+
+def refusals(counts: RequestCounts, protocol: str) -> Callable[[int, str, float], None]:
+    """What counts a request refused before any route took it (past ``max_connections``, not
+    HTTP, its head too large or too slow) in ``counts``, the server's requests for no model:
+    answered with its status, and rejected for its reason."""
+    def count(status: int, reason: str, seconds: float) -> None:
+        counts.rejected(reason)
+        counts.answered(status, seconds, protocol)
+
+    return count
 
 
 class Waiting(Protocol):

@@ -19,7 +19,7 @@ process a request with mlp's body (512 numbers) and a small answer at ``--concur
 front end's share of c=256 at 8): a bare protocol on uvloop, httptools parsing and one write
 an answer (no ASGI, no keep-alive timer, no checks: the least any Python server on uvloop
 spends), uvicorn with the raw app (two writes an answer), uvicorn with only the answer's head
-held for its body (one write: ``_HeadHeld``, app/connection.py), and uvicorn with batchserve's
+held for its body (one write: ``HeadHeld``, app/head_held.py), and uvicorn with batchserve's
 protocol (that one write and its bounds on slow, large and pipelined requests), rounds
 alternating.
 """
@@ -40,7 +40,8 @@ from typing import Any
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.connection import _HeadHeld, protocol_for
+from app.connection import protocol_for
+from app.head_held import HeadHeld
 from bench.run import (
     answered_s,
     body_file,
@@ -175,12 +176,12 @@ def bare_server(port: int) -> None:
 
 
 class OneWrite(HttpToolsProtocol):
-    """uvicorn's protocol with the head held for the body's write (``_HeadHeld``) and nothing
+    """uvicorn's protocol with the head held for the body's write (``HeadHeld``) and nothing
     else of batchserve's: the one write's own cost, apart from the bounds ``Served`` adds."""
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
-        held = self.cycle.transport = _HeadHeld(self.transport, self.cycle)  # type: ignore
+        held = self.cycle.transport = HeadHeld(self.transport, self.cycle)  # type: ignore
         self.cycle.on_response = held.done
 
 

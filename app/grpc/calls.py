@@ -143,12 +143,17 @@ class CallLimit:
     finds it free. (gRPC's own ``maximum_concurrent_rpcs`` frees it a few loop passes after the
     answer has gone: a closed loop of ``most`` clients was now and then refused.)"""
 
-    def __init__(self, most: int) -> None:
+    def __init__(self, most: int, refused: Callable[[int, str, float], None] | None = None
+                 ) -> None:
+        """``refused`` counts each call refused (as HTTP would have answered it, 503)."""
         self.most = most
         self.active = 0
+        self._refused = refused
 
     async def _enter(self, context: Context) -> None:
         if self.active >= self.most:
+            if self._refused is not None:
+                self._refused(503, "connections", 0.0)
             await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
                         f"{self.most} calls are in flight, as many as max_connections allows")
         self.active += 1

@@ -22,6 +22,7 @@ from app.api.inference import Serving
 from app.asks import Ask
 from app.config import Settings
 from app.errors import ConfigError, os_reason
+from app.facade import refusals
 from app.grpc.calls import CallLimit, method_table
 from app.grpc.control import Control
 from app.grpc.healthcheck import HEALTH, HealthServicer
@@ -86,7 +87,7 @@ class GrpcListener:
             ("grpc.max_send_message_length", -1),
         ])
         # Calls past this get RESOURCE_EXHAUSTED, as connections past it get 503 over HTTP.
-        limit = CallLimit(settings.max_connections)
+        limit = CallLimit(settings.max_connections, refusals(self.service.unknown, "grpc"))
         server.add_generic_rpc_handlers((
             method_table(InferenceServicer(self.service, control), limit),
             method_table(HealthServicer(control), limit, HEALTH, health_pb2)))

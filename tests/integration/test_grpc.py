@@ -429,6 +429,10 @@ async def test_calls_past_max_connections_are_refused() -> None:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await infer(echo_request(3))
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        registry = srv.app.state.service.metrics.registry  # counted as HTTP would answer it
+        assert sample(registry, "batchserve_rejected_total", model="", reason="connections") \
+            == sample(registry, "batchserve_requests_total", model="", status="503",
+                      protocol="grpc") == 1
         handler.gate.set()
         for call in held:
             assert (await call).raw_output_contents

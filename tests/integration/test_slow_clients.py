@@ -107,8 +107,42 @@ def test_max_connections_are_served_and_one_more_gets_503(tmp_path: Path) -> Non
         for sock in idle:
             sock.close()
         wait_until_sync(lambda: status() == 200, "served again once they are gone")
+        assert_refusals_counted(url, 21)
     lines = log.read_text().count("Exceeded concurrency limit.")
     assert 1 <= lines < 21
+
+
+def assert_refusals_counted(url: str, at_least: int) -> None:
+    """/metrics counts the requests refused past max_connections, which no route saw: as
+    requests for no model (model ""), answered 503, and rejected for "connections"."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    rejected = sample(text, "batchserve_rejected_total", model="", reason="connections")
+    answered = sample(text, "batchserve_requests_total", model="", status="503",
+                      protocol="http")
+    assert rejected == answered >= at_least
+
+
+def test_refusals_past_max_connections_are_counted_once_across_front_ends() -> None:
+    with serve("--model", "linear", "--devices", "cpu", "--max-connections", "1",
+               "--frontends", "2") as (_, url):
+        wait_ready(url)
+        idle: list[socket.socket] = []
+        refused = 0
+
+        def one_more_refused() -> bool:
+            nonlocal refused
+            idle.append(raw(url))  # holds its front end's place, whichever it reached
+            refused += status_on_a_new_connection(url) == 503
+            return refused >= 3
+
+        wait_until_sync(one_more_refused, "three refusals")
+        for sock in idle:
+            sock.close()
+        wait_until_sync(lambda: status_on_a_new_connection(url) == 200, "served again")
+        wait_until_sync(lambda: sample(httpx.get(url + "/metrics", timeout=10).text,
+                                       "batchserve_rejected_total", reason="connections")
+                        >= refused, "the front ends' counts at the device process")
+        assert_refusals_counted(url, refused)
 
 
 def open_files_limit(pid: int) -> int:

@@ -465,3 +465,45 @@ async def test_a_reset_connection_lets_go_of_its_keep_alive_timer() -> None:
     assert timer is not None and not timer.cancelled()
     protocol.connection_lost(ConnectionResetError())
     assert timer.cancelled() and protocol.timeout_keep_alive_task is None
+
+
+async def test_what_the_protocol_answers_itself_is_counted_once_and_nothing_else() -> None:
+    """Requests answered before any app saw them (no route counts those) are counted with
+    their status and reason: too slow in their head, not HTTP, a head too large, past the
+    connection limit. A request the app is reading, a served one and a connection that never
+    sent anything are not."""
+    counted: list[tuple[int, str]] = []
+
+    def count(status: int, reason: str, seconds: float) -> None:
+        assert seconds >= 0
+        counted.append((status, reason))
+
+    counting = protocol_for(0.05, count)
+
+    async def reading(scope: Any, receive: Any, send: Any) -> None:
+        while (await receive())["type"] == "http.request":
+            pass
+
+    stalled = [connect(counting, answer, b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-le"),
+               connect(counting, reading, POST.replace(b"length: 2", b"length: 9")),
+               connect(counting, answer, b"")]
+    for _, transport in stalled:
+        await wait_until(lambda t=transport: "close" in t.events, "the connection cut off")
+    assert counted == [(408, "request_timeout")]
+
+    served, transport = connect(counting, answer)
+    await wait_until(lambda: served.cycle.response_complete, "the response")
+    connect(counting, answer, b"\x16\x03\x01" * 100)
+    head, _ = connect(counting, answer, b"POST /predict HTTP/1.1\r\nx-big: ")
+    head.data_received(b"a" * MAX_HEAD_BYTES)
+    assert counted[1:] == [(400, "invalid_http"), (431, "headers_too_large")]
+
+    config = Config(answer, http=counting, lifespan="off", log_config=None, limit_concurrency=1)
+    config.load()
+    state = ServerState()
+    for request in (b"", POST):  # the first connection holds the one place
+        protocol = counting(config=config, server_state=state, app_state={})
+        protocol.connection_made(Transport())  # type: ignore[arg-type]
+        protocol.data_received(request)
+    await wait_until(lambda: protocol.cycle.response_complete, "the 503")
+    assert counted[3:] == [(503, "connections")]
