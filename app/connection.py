@@ -173,11 +173,15 @@ class OneWriteProtocol(HttpToolsProtocol):
             self._refuse_head()
             raise HeadTooLarge  # stops the parser: nothing of this request reaches the app
         self._in_head, self._head_bytes = False, 0
+        upgrade = self.parser.should_upgrade()
+        if upgrade and self._should_upgrade():  # a WebSocket, where uvicorn serves them: no
+            super().on_headers_complete()  # cycle, the connection goes to its protocol
+            return
         super().on_headers_complete()
         cycle = self.cycle
         held = cycle.transport = HeadHeld(self.transport, cycle)  # type: ignore[assignment]
         cycle.on_response = held.done
-        if self.parser.should_upgrade() and not self._should_upgrade():
+        if upgrade:
             try:
                 self._declined = body_of(self.headers)
             except FramingError:

@@ -148,6 +148,9 @@ def server_config(settings: Settings, app: Any) -> uvicorn.Config:
         # Each answer in one write; slow clients cut off (app/connection.py).
         http=protocol_for(settings.read_timeout_s or settings.request_timeout_s,
                           refusals(app.state.service.unknown, "http")),
+        # No WebSocket is served: an Upgrade to one is declined as h2c's is, answered in
+        # HTTP/1.1 (app/connection.py), and the websockets library is never imported.
+        ws="none",
         # uvicorn counts the connection asking among those open: N + 1 lets N be served.
         limit_concurrency=settings.max_connections + 1,
         timeout_keep_alive=settings.keep_alive_s,

@@ -189,3 +189,17 @@ def test_front_ends_reach_the_device_process_past_max_connections() -> None:
         for _ in range(10):  # new connections: the kernel gives them to either front end
             assert httpx.get(url + "/health_check", timeout=10).status_code == 200
             assert httpx.get(url + "/v2/models/linear", timeout=10).status_code == 200
+
+
+def test_a_websocket_upgrade_is_answered_in_http_1_1() -> None:
+    """The server serves no WebSocket: an upgrade to one is declined, the request answered as
+    if it had not asked (as an h2c upgrade is), not a 400 for an invalid request."""
+    with serve("--model", "linear", "--devices", "cpu") as (_, url):
+        wait_ready(url)
+        sock = raw(url)
+        sock.sendall(b"GET /health_check HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\n"
+                     b"upgrade: websocket\r\nsec-websocket-version: 13\r\n"
+                     b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+        answer = sock.recv(65536)
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and b'"status":"ready"' in answer

@@ -46,6 +46,9 @@ class Transport:
         return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 5000)}.get(
             name, default)
 
+    def set_protocol(self, protocol: Any) -> None:  # a WebSocket's, taking the connection
+        self.events.append(protocol)
+
     def pause_reading(self) -> None:
         pass
 
@@ -507,3 +510,27 @@ async def test_what_the_protocol_answers_itself_is_counted_once_and_nothing_else
         protocol.data_received(request)
     await wait_until(lambda: protocol.cycle.response_complete, "the 503")
     assert counted[3:] == [(503, "connections")]
+
+
+WEBSOCKET = (b"GET /health_check HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\n"
+             b"upgrade: websocket\r\nsec-websocket-version: 13\r\n"
+             b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+
+
+@pytest.mark.parametrize("ws", ["none", "websockets-sansio"])
+async def test_a_websocket_upgrade_is_declined_or_handed_over_never_a_400(ws: str) -> None:
+    """batchserve serves no WebSocket (``ws="none"``, app/draining.py): the upgrade is
+    declined and the request answered in HTTP/1.1. Where uvicorn serves them, the connection
+    goes to its WebSocket protocol (the head held for no cycle once made a 400)."""
+    config = Config(answer, http=OneWriteProtocol, lifespan="off", log_config=None, ws=ws)
+    config.load()
+    protocol = OneWriteProtocol(config=config, server_state=ServerState(), app_state={})
+    transport = Transport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    protocol.data_received(WEBSOCKET)
+    if ws == "none":
+        await wait_until(lambda: protocol.cycle.response_complete, "the response")
+        (written,) = transport.writes
+        assert written.startswith(b"HTTP/1.1 200 OK") and "close" not in transport.events
+    else:
+        assert transport.writes == [] and "WebSocket" in type(transport.events[-1]).__name__
