@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sized
+from collections.abc import Sized
 from typing import Any
 
 import httptools
@@ -22,15 +22,11 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from app.api.error_responses import format_for_path
 from app.api.inference import READ_TIMED_OUT
+from app.facade import Refusals
 from app.framing import Body, FramingError, body_of
 from app.head_held import HeadHeld
 
 log = logging.getLogger("batchserve")
-
-# What counts the requests the protocol answers itself, before any route (503 past
-# max_connections, 400 not HTTP, 408, 431): called with the status, its reason and the
-# seconds since the request began.
-Refusals = Callable[[int, str, float], None]
 
 
 # The most pipelined requests a connection may have waiting before its reads pause.

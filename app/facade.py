@@ -42,7 +42,12 @@ class RequestCounts(Protocol):
     def rejected(self, reason: str) -> None: ...
 
 
-def refusals(counts: RequestCounts, protocol: str) -> Callable[[int, str, float], None]:
+# What counts a request answered before any route took it: its status, the reason, and the
+# seconds since it began.
+Refusals = Callable[[int, str, float], None]
+
+
+def refusals(counts: RequestCounts, protocol: str) -> Refusals:
     """What counts a request refused before any route took it (past ``max_connections``, not
     HTTP, its head too large or too slow) in ``counts``, the server's requests for no model:
     answered with its status, and rejected for its reason."""

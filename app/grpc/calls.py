@@ -23,6 +23,7 @@ from google.protobuf.message import DecodeError, Message
 
 from app.api.access import RequestIds
 from app.errors import InvalidInput, ServeError
+from app.facade import Refusals
 from app.grpc import inference_pb2 as pb
 from app.logs import request_id
 
@@ -143,8 +144,7 @@ class CallLimit:
     finds it free. (gRPC's own ``maximum_concurrent_rpcs`` frees it a few loop passes after the
     answer has gone: a closed loop of ``most`` clients was now and then refused.)"""
 
-    def __init__(self, most: int, refused: Callable[[int, str, float], None] | None = None
-                 ) -> None:
+    def __init__(self, most: int, refused: Refusals | None = None) -> None:
         """``refused`` counts each call refused (as HTTP would have answered it, 503)."""
         self.most = most
         self.active = 0
