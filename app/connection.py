@@ -120,7 +120,6 @@ class OneWriteProtocol(HttpToolsProtocol):
                 return
             msg = "Invalid HTTP request received."
             self.logger.warning(msg)
-            self._counted(400, "invalid_http")
             self.send_400_response(msg)
         except httptools.HttpParserUpgrade as upgrade:
             if self._should_upgrade():
@@ -137,7 +136,6 @@ class OneWriteProtocol(HttpToolsProtocol):
             pieces, rest = body.feed(data)
         except FramingError as exc:
             self.logger.warning("Invalid HTTP request received: %s", str(exc))
-            self._counted(400, "invalid_http")
             self.send_400_response("Invalid HTTP request received.")
             return
         for piece in pieces:
@@ -225,6 +223,11 @@ class OneWriteProtocol(HttpToolsProtocol):
         if app is service_unavailable:
             self._counted(503, "connections")
         super()._start_asgi_task(cycle, app)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's 400 for bytes that are no request, counted."""
+        self._counted(400, "invalid_http")
+        super().send_400_response(msg)
 
     def _counted(self, status: int, kind: str) -> None:
         """Count an answer the protocol gives itself, before any route (``count_refusal``)."""
