@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -115,6 +116,8 @@ def json_text(value: Any) -> str:
     JSON number is read as a float), not as Python does (``True``, ``'5'``)."""
     if isinstance(value, (bool, str)) or value is None:
         return orjson.dumps(value).decode()
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, ensure_ascii=False)  # orjson stops at 64-bit integers
     return repr(value)
 
 

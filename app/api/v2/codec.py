@@ -66,8 +66,10 @@ def parse_request(
     priority = whole_number_of(request_params.get("priority"), "parameter 'priority'")
     timeout_us = whole_number_of(request_params.get("timeout"), "parameter 'timeout'")
     request_id = payload.get("id")
-    return InferRequest(request_id if isinstance(request_id, str) else None, rows, names,
-                        binary_out, binary_all, priority, timeout_us)
+    if request_id is not None and not isinstance(request_id, str):
+        # Triton refuses it too; dropping it would answer without the id the client sent
+        raise InvalidInput(f"'id' must be a string, got {json_text(request_id)}")
+    return InferRequest(request_id, rows, names, binary_out, binary_all, priority, timeout_us)
 
 
 def _rows(tensor: dict[str, Any], binary: bytes, max_rows: int, model: str,

@@ -122,3 +122,13 @@ def test_an_output_asked_for_twice_is_refused() -> None:
     for known in (None, [TensorSpec("OUTPUT0", "FP32", (2,))]):
         with pytest.raises(InvalidInput, match="^output 'OUTPUT0' is asked for twice$"):
             parse_request(json.dumps(payload).encode(), None, 16, "m", INPUT, known)
+
+
+@pytest.mark.parametrize(("request_id", "shows"), [(5, "5"), (["a"], '["a"]'), (True, "true")])
+def test_an_id_that_is_not_a_string_is_refused(request_id: object, shows: str) -> None:
+    head = json.dumps({"id": request_id, "inputs": [
+        {"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}).encode()
+    with pytest.raises(InvalidInput, match=re.escape(f"'id' must be a string, got {shows}")):
+        parse_request(head, None, 16, "m", INPUT)
+    assert parse_request(head.replace(json.dumps(request_id).encode(), b'"r1"', 1), None, 16,
+                         "m", INPUT).id == "r1"
