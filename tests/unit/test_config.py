@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ from app.errors import ConfigError
 from app.sources import load_settings, unknown_variables
 from app.supervisor import frontend_count
 from tests.conftest import make_settings
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_match_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,15 +112,34 @@ def test_bad_values_and_unknown_keys(tmp_path: Path) -> None:
 
 
 def test_shipped_example_config_is_valid() -> None:
-    root = Path(__file__).resolve().parents[2]
-    for path in sorted((root / "config").glob("*.toml")):
+    for path in sorted((ROOT / "config").glob("*.toml")):
         load_settings(path)
 
 
 def test_the_shipped_config_documents_every_setting() -> None:
-    text = (Path(__file__).resolve().parents[2] / "config" / "default.toml").read_text()
+    text = (ROOT / "config" / "default.toml").read_text()
     keys = set(re.findall(r"^(?:# )?([a-z_]+) *=", text, re.MULTILINE))
     assert set(Settings.model_fields) <= keys
+
+
+def test_the_shipped_config_sets_each_key_to_its_default() -> None:
+    """config/default.toml says it holds the built-in defaults: each key it sets is one."""
+    with (ROOT / "config" / "default.toml").open("rb") as file:
+        shipped = tomllib.load(file)
+    assert shipped and {key: Settings.model_fields[key].default for key in shipped} == shipped
+
+
+def test_the_docs_name_every_variable_and_only_real_ones() -> None:
+    """docs/configuration.md (jobs.md for job-queue mode) names each setting's variable, and
+    every ``BATCHSERVE_`` variable the README and docs name is a setting's (or the config
+    file's)."""
+    tables = "".join((ROOT / "docs" / name).read_text() for name in ("configuration.md", "jobs.md"))
+    named = set(re.findall(r"BATCHSERVE_([A-Z_]*[A-Z])", tables))
+    assert {name.upper() for name in Settings.model_fields} <= named
+    pages = [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+    prose = "".join(page.read_text() for page in pages)
+    assert set(re.findall(r"BATCHSERVE_([A-Z_]*[A-Z])", prose)) - {"CONFIG"} <= {
+        name.upper() for name in Settings.model_fields}
 
 
 def help_of(command: str, capsys: pytest.CaptureFixture[str]) -> str:
