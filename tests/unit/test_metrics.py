@@ -1,12 +1,14 @@
-"""Counting in bulk gives the same exposition as counting one by one."""
+"""Counting in bulk gives the same exposition as counting one by one; every metric is documented."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
-from app.metrics import LATENCY_BUCKETS, Metrics, observe_all
+from app.metrics import LATENCY_BUCKETS, JobMetrics, Metrics, observe_all
 
 DURATIONS = [0.0001, 0.0005, 0.0007, 0.003, 0.003, 0.2, 31.0, 0.0]  # bounds, between, above
 
@@ -47,3 +49,19 @@ def test_answered_all_is_answered_one_by_one() -> None:
     for value in DURATIONS:
         single.for_model("m", "1").answered(200, value, "grpc")
     assert exposition(bulk.registry) == exposition(single.registry)
+
+
+def test_every_metric_is_documented_under_the_name_it_is_scraped_by() -> None:
+    """docs/operations.md names each serving metric, docs/jobs.md each job-queue one, as a
+    scrape shows it (a counter with ``_total``)."""
+    root = Path(__file__).resolve().parents[2]
+    metrics = Metrics.create()
+    serving = {m.name + ("_total" if m.type == "counter" else ""): m
+               for m in metrics.registry.collect()}
+    jobs_registry = CollectorRegistry()
+    JobMetrics.create(jobs_registry)
+    jobs = {m.name + ("_total" if m.type == "counter" else ""): m
+            for m in jobs_registry.collect()}
+    for page, families in (("operations.md", serving), ("jobs.md", jobs)):
+        text = (root / "docs" / page).read_text()
+        assert families and not [name for name in families if name not in text], page
