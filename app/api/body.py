@@ -15,6 +15,9 @@ ENCODINGS = {b"gzip": 16 + zlib.MAX_WBITS, b"x-gzip": 16 + zlib.MAX_WBITS,
              b"deflate": zlib.MAX_WBITS}
 
 
+CLIENT_CLOSED = 499  # nginx's convention; never reaches the (gone) client, only metrics
+
+
 class ClientGone(Exception):
     """The client disconnected before its answer was ready."""
 

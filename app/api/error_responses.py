@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import Scope
 
+from app.api.body import CLIENT_CLOSED, ClientGone
 from app.errors import ServeError
 
 _HTTP_TYPES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
@@ -93,3 +94,9 @@ async def _handle(request: Request, exc: Exception) -> Response:
 def install(app: FastAPI) -> None:
     for kind in (ServeError, HTTPException, RequestValidationError, Exception):
         app.add_exception_handler(kind, _handle)
+    app.add_exception_handler(ClientGone, _gone)
+
+
+async def _gone(request: Request, exc: Exception) -> Response:
+    """A client that left before its request was whole: no one reads this answer."""
+    return Response(status_code=CLIENT_CLOSED)

@@ -20,7 +20,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from app.api.auth import check_auth
-from app.api.body import ClientGone, inflated, read_body
+from app.api.body import CLIENT_CLOSED, ClientGone, inflated, read_body
 from app.api.error_responses import format_of
 from app.arrays import Results
 from app.config import Settings
@@ -31,7 +31,6 @@ from app.tracing import Tracing, carrier_of
 TIMEOUT_HEADER = "x-request-timeout"
 PRIORITY_HEADER = "x-priority"
 READ_TIMED_OUT = "batchserve.read_timed_out"  # set by app/connection.py in a cut-off scope
-CLIENT_CLOSED = 499  # nginx's convention; never reaches the (gone) client, only metrics
 WATCH_AFTER_S = 0.02  # a request still unanswered after this starts watching for a disconnect
 
 # The headers above as OpenAPI parameters, for the inference routes' operations.

@@ -21,8 +21,9 @@ from urllib.parse import quote
 from google.protobuf import json_format
 
 from app.api.auth import check_auth
+from app.api.body import CLIENT_CLOSED
 from app.api.error_responses import V2
-from app.api.inference import CLIENT_CLOSED, Serving, submit
+from app.api.inference import Serving, submit
 from app.errors import DeadlineExceeded, InvalidInput, NotFound, ServeError
 from app.grpc import inference_pb2 as pb
 from app.grpc.calls import SERVICE, Context, Metadata, calls

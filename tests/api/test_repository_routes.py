@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,48 @@ async def test_a_name_no_folder_can_have_is_a_400_not_a_500(name: str, tmp_path:
         answer = await client.post(f"/v2/repository/models/{name}/load")
     assert answer.status_code == 400
     assert answer.json()["error"].endswith("no such model in the repository")
+
+
+@pytest.mark.parametrize("path", ["/v2/repository/index", "/v2/repository/models/linear/load",
+                                  "/v2/repository/models/linear/unload"])
+async def test_a_body_past_max_body_bytes_is_413_declared_or_not(path: str) -> None:
+    """These routes read their bodies within max_body_bytes too: the index, which needs no key,
+    held any body whole before."""
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: sent chunked
+        for _ in range(3):
+            yield b" " * 1000
+
+    async with app_client(make_settings(**EXPLICIT, max_body_bytes=2048)) as client:
+        declared = await client.post(path, content=b" " * 2049)
+        chunked = await client.post(path, content=chunks())
+        within = await client.post(path, content=b" " * 2048)
+    for answer in (declared, chunked):
+        assert answer.status_code == 413
+        assert answer.json() == {"error": "request body is larger than the limit of 2048 bytes"}
+    assert within.status_code == 200
+
+
+async def test_a_client_gone_mid_body_has_nothing_done_and_no_server_error() -> None:
+    """A load whose client leaves before its body is whole loads nothing (it could be the
+    config the client meant) and is no 500."""
+    async with app_client(make_settings(**EXPLICIT)) as client:
+        await client.post("/v2/repository/models/linear/unload")
+        app = client.app  # type: ignore[attr-defined]
+        messages = iter([{"type": "http.request", "body": b'{"param', "more_body": True},
+                         {"type": "http.disconnect"}])
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            return next(messages)
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                 "method": "POST", "scheme": "http", "path": "/v2/repository/models/linear/load",
+                 "raw_path": b"/v2/repository/models/linear/load", "query_string": b"",
+                 "headers": [(b"host", b"test")], "server": ("test", 80), "client": None}
+        await app(scope, receive, send)
+        index = (await client.post("/v2/repository/index")).json()
+    assert sent[0]["status"] == 499
+    assert [(e["name"], e["state"]) for e in index] == [("linear", "UNAVAILABLE")]
