@@ -60,7 +60,8 @@ def add_setting_flags(parser: argparse.ArgumentParser, skip: frozenset[str] = fr
 JOB_SETTINGS = frozenset({"redis_url", "job_stream", "job_group", "job_lease_s",
                           "job_max_deliveries", "result_ttl_s", "worker_metrics_port"})
 HTTP_SETTINGS = frozenset({"frontends", "frontend_timeout_s", "read_timeout_s", "keep_alive_s",
-                           "max_connections", "max_body_bytes", "api_key", "port", "grpc_port"})
+                           "max_connections", "max_body_bytes", "max_receiving_bytes", "api_key",
+                           "port", "grpc_port"})
 
 
 def _default_text(description: str | None, default: Any) -> str:

@@ -174,6 +174,12 @@ class Settings(BaseSettings, BatchSettings):
         None, description="the model POST /predict serves (default: the only one)"
     )
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1, description="largest request body")
+    max_receiving_bytes: int | None = Field(
+        None, ge=1, description="most bytes of request bodies a process holds while they "
+        "arrive, past which a request whose body is still coming gets 503 busy (default: a "
+        "quarter of the memory the server may use, a memory limit counting, shared by its "
+        "processes; at least max_body_bytes)",
+    )
     api_key: str | None = Field(
         None, min_length=1,
         description="when set, inference and model control need 'Authorization: Bearer'"
@@ -246,13 +252,18 @@ class Settings(BaseSettings, BatchSettings):
     )
 
     @model_validator(mode="after")
-    def _one_source_of_models(self) -> Settings:
+    def _consistent_serving(self) -> Settings:
         for single in ("model", "model_name"):
             if self.model_repository is not None and single in self.explicit:
                 raise ValueError(
                     f"{single} ({getattr(self, single)}) is for a single model, and "
                     f"model_repository ({self.model_repository}) names its models itself: give one"
                 )
+        if self.max_receiving_bytes is not None and self.max_receiving_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"max_receiving_bytes ({self.max_receiving_bytes}) is less than max_body_bytes "
+                f"({self.max_body_bytes}): a body of the largest size could never arrive"
+            )
         if self.load_model and self.model_control_mode != "explicit":
             raise ValueError(
                 f"load_model ({', '.join(self.load_model)}) needs model_control_mode explicit "

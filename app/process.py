@@ -7,10 +7,12 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import resource
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from types import TracebackType
 
 from loky import cpu_count
@@ -29,6 +31,24 @@ def usable_cores() -> int:
     ``docker --cpuset-cpus``) or a cgroup CPU quota (``docker --cpus``, a Kubernetes CPU
     limit) allows fewer, a quota of 2.5 CPUs counting 3. ``os.cpu_count`` sees the host's."""
     return int(cpu_count(only_physical_cores=False))
+
+
+# Where a container's memory limit is read: cgroup v2, then v1 (its "no limit" is a huge number).
+MEMORY_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def memory_bytes() -> int:
+    """The memory this process may use: the machine's, or less under a cgroup memory limit
+    (``docker --memory``, a Kubernetes memory limit), which the machine's figure does not see."""
+    most = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in MEMORY_LIMITS:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # cgroup v2 says "max" where there is no limit
+            most = min(most, int(text))
+    return most
 
 
 def tune_for_serving() -> None:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 
 import torch
 
+from app.arriving import Arriving, receiving_bytes
 from app.catalog import Catalog
 from app.config import Settings, drain_limit_s
 from app.devices import resolve_devices
@@ -67,6 +68,8 @@ class InferenceService:
                                           settings.default_model)
         self.workers: list[DeviceWorker] = []
         self.unknown = metrics.for_model("", "")  # requests for no model the server knows
+        self.arriving = Arriving(receiving_bytes(settings.max_receiving_bytes,
+                                                 settings.max_body_bytes, 1))
         self.state = ServerState()  # draining written here only (app/state.py)
         self.before_scrape: list[Callable[[], Awaitable[None]]] = []  # awaited by GET /metrics
         self._started = False

@@ -14,6 +14,7 @@ from functools import partial
 
 import uvicorn
 
+from app.arriving import receiving_bytes
 from app.asks import answer
 from app.bridge import Bridge
 from app.config import Settings, drain_limit_s
@@ -71,6 +72,9 @@ def serve(settings: Settings, fd: int | None = None) -> int:
     fit_open_files(settings.max_connections)
     fit_torch_threads()
     count = frontend_count(settings.frontends)
+    # Each process that takes HTTP requests gets its share of the room for arriving bodies.
+    settings = settings.model_copy(update={"max_receiving_bytes": receiving_bytes(
+        settings.max_receiving_bytes, settings.max_body_bytes, count)})
     if count > 1:
         return _serve_split(settings, count, fd)
     listener = listening_socket(settings.host, settings.port, fd, group=False)

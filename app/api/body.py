@@ -7,6 +7,7 @@ import zlib
 
 from starlette.types import Receive
 
+from app.arriving import Arriving
 from app.errors import InvalidInput, PayloadTooLarge, UnsupportedEncoding
 
 # The Content-Encodings Triton takes (tritonclient's request_compression_algorithm sends them),
@@ -22,29 +23,40 @@ class ClientGone(Exception):
     """The client disconnected before its answer was ready."""
 
 
-async def read_body(receive: Receive, limit: int, declared: bytes | None = None) -> bytes:
+async def read_body(receive: Receive, limit: int, declared: bytes | None = None,
+                    arriving: Arriving | None = None) -> bytes:
     """The body, or PayloadTooLarge as soon as it is known to exceed ``limit`` bytes.
 
-    ``declared`` is the Content-Length header, if any. ClientGone if the client disconnects.
+    ``declared`` is the Content-Length header, if any. A body that comes in pieces takes its
+    room in ``arriving`` till it is whole (app/arriving.py: 503 busy where there is none).
+    ClientGone if the client disconnects.
     """
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    length = int(declared) if declared is not None and declared.isdigit() else 0
+    if length > limit:
         raise PayloadTooLarge(f"request body is larger than the limit of {limit} bytes")
     chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            raise ClientGone
-        chunk: bytes = message.get("body", b"")
-        more = message.get("more_body", False)
-        if not chunks and not more and len(chunk) <= limit:
-            return chunk  # the usual case: the whole body in one message
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body is larger than the limit of {limit} bytes")
-        chunks.append(chunk)
-        if not more:
-            return b"".join(chunks)
+    size = taken = 0
+    try:
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                raise ClientGone
+            chunk: bytes = message.get("body", b"")
+            more = message.get("more_body", False)
+            if not chunks and not more and len(chunk) <= limit:
+                return chunk  # the usual case: the whole body in one message
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body is larger than the limit of {limit} bytes")
+            if arriving is not None and size > taken:  # its whole length at once where declared
+                arriving.take(max(size, length) - taken)
+                taken = max(size, length)
+            chunks.append(chunk)
+            if not more:
+                return b"".join(chunks)
+    finally:
+        if arriving is not None and taken:
+            arriving.give_back(taken)
 
 
 def inflated(body: bytes, encoding: bytes | None, limit: int) -> bytes:

@@ -23,6 +23,7 @@ from app.api.auth import check_auth
 from app.api.body import CLIENT_CLOSED, ClientGone, inflated, read_body
 from app.api.error_responses import format_of
 from app.arrays import Results
+from app.arriving import Arriving
 from app.config import Settings
 from app.errors import InvalidInput, NotFound, RequestTimeout, ServeError
 from app.facade import ModelFacade, RequestCounts, Waiting
@@ -80,6 +81,9 @@ class Serving(Protocol):
 
     @property
     def tracing(self) -> Tracing | None: ...
+
+    @property
+    def arriving(self) -> Arriving: ...  # the bodies still arriving in this process
 
 
 @dataclass(frozen=True)
@@ -220,7 +224,7 @@ async def run_inference(
         deadline = arrived + request_timeout_s(headers.get(b"x-request-timeout"),
                                                model.settings.request_timeout_s)
         body = inflated(await read_body(receive, settings.max_body_bytes,
-                                        headers.get(b"content-length")),
+                                        headers.get(b"content-length"), service.arriving),
                         headers.get(b"content-encoding"), settings.max_body_bytes)
         instances, context, asked = parse(model, body, headers)
         priority = asked.priority

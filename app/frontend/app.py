@@ -68,11 +68,12 @@ class DeviceProxy:
             headers.append((REQUEST_ID_HEADER, rid.encode()))
         try:
             body = await read_body(receive, self.service.settings.max_body_bytes,
-                                   dict(scope["headers"]).get(b"content-length"))
+                                   dict(scope["headers"]).get(b"content-length"),
+                                   self.service.arriving)
         except ClientGone:
             return Response(status_code=499)
         except ServeError as exc:
-            return errors.error_response(exc)
+            return errors.error_response(exc, errors.format_for_path(scope["path"]))
         path, method = scope["path"], scope["method"]
         try:
             answer = await self._relay(asked(scope, headers, body))
@@ -97,7 +98,7 @@ def _unreachable(path: str, reason: str) -> Response:
         return Response(orjson.dumps({"status": "unhealthy", "reason": reason}),
                         status_code=503, media_type="application/json",
                         headers={"Retry-After": "1"})
-    return errors.error_response(Unavailable("unhealthy", reason))
+    return errors.error_response(Unavailable("unhealthy", reason), errors.format_for_path(path))
 
 
 def create_frontend_app(service: RemoteService, link: socket.socket) -> FastAPI:

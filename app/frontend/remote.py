@@ -17,6 +17,7 @@ import pickle
 from typing import Any, cast
 
 from app.arrays import Results
+from app.arriving import Arriving, receiving_bytes
 from app.config import Settings
 from app.errors import BatchServeError, NotFound, Unavailable
 from app.facade import ModelFacade, decode_pool
@@ -224,6 +225,8 @@ class RemoteService:
         self.link = DeviceLink()
         self.repository = RemoteRepository(self)
         self.unknown = RemoteCounts(self.link, "", "")
+        self.arriving = Arriving(receiving_bytes(settings.max_receiving_bytes,
+                                                 settings.max_body_bytes, 1))
         self.draining = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.pool: DaemonPool | None = None

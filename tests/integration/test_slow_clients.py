@@ -4,6 +4,7 @@ off within ``read_timeout_s``; past ``max_connections`` a new one gets 503, not 
 from __future__ import annotations
 
 import resource
+import select
 import socket
 import time
 from pathlib import Path
@@ -203,3 +204,83 @@ def test_a_websocket_upgrade_is_answered_in_http_1_1() -> None:
         answer = sock.recv(65536)
         sock.close()
         assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and b'"status":"ready"' in answer
+
+
+MIB = 2**20
+
+
+def large_request(path: bytes = b"/predict") -> tuple[bytes, bytes]:
+    """A request of a 1 MiB body, split where a client that stalls before its end stops: the
+    head and the body's first 256 KiB (more than a process reads before its app asks for the
+    body), then the rest."""
+    body = b'{"instances": [[1, 2, 3, 4]]}'.ljust(MIB)
+    request = (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (path, len(body), body))
+    cut = request.index(b"\r\n\r\n") + 4 + 256 * 1024
+    return request[:cut], request[cut:]
+
+
+def answers_of(socks: list[socket.socket], at_least: int) -> dict[socket.socket, bytes]:
+    """The first bytes of the answers on ``socks``, once ``at_least`` of them have one."""
+    answered: dict[socket.socket, bytes] = {}
+    deadline = time.monotonic() + WAIT_S
+    while len(answered) < at_least and time.monotonic() < deadline:
+        ready, _, _ = select.select([s for s in socks if s not in answered], [], [], 0.1)
+        for sock in ready:
+            answered[sock] = sock.recv(65536)
+    return answered
+
+
+def test_bodies_still_arriving_in_one_process_are_bounded_by_max_receiving_bytes() -> None:
+    """Clients that send most of a large body and wait: with room for two such bodies, the
+    third and fourth get 503 busy at once, not their memory held; a small request is still
+    answered meanwhile, the two held ones once their bodies end, and a new large one after."""
+    with serve("--model", "linear", "--devices", "cpu", "--frontends", "1", "--max-body-bytes",
+               str(MIB), "--max-receiving-bytes", str(2 * MIB)) as (_, url):
+        wait_ready(url)
+        start, rest = large_request()
+        socks = [raw(url) for _ in range(4)]
+        for sock in socks:
+            sock.sendall(start)
+        refused = answers_of(socks, 2)
+        assert len(refused) == 2
+        for answer in refused.values():
+            assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
+            assert b"retry-after: 1\r\n" in answer.lower() and b'"type":"busy"' in answer
+        assert httpx.post(url + "/predict", json={"instances": [[1, 2, 3, 4]]},
+                          timeout=10).status_code == 200
+        held = [sock for sock in socks if sock not in refused]
+        for sock in held:
+            sock.sendall(rest)
+        for answer in answers_of(held, 2).values():
+            assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
+        for sock in socks:
+            sock.close()
+        assert httpx.post(url + "/predict", content=b"".join(large_request()).split(
+            b"\r\n\r\n", 1)[1], timeout=10).status_code == 200
+        metrics = httpx.get(url + "/metrics", timeout=10).text
+        assert sample(metrics, "batchserve_rejected_total", reason="busy") == 2
+
+
+def test_each_front_end_bounds_its_own_arriving_bodies() -> None:
+    """Two front ends with room for two bodies each: of six large requests stalled before
+    their end, at least two are refused 503 busy (whichever front ends took them): on the
+    inference routes and on a path a front end asks the device process's app to answer, each
+    in its protocol's form."""
+    with serve("--model", "linear", "--devices", "cpu", "--frontends", "2", "--max-body-bytes",
+               str(MIB), "--max-receiving-bytes", str(2 * MIB)) as (_, url):
+        wait_ready(url)
+        socks = []
+        for path in [b"/predict"] * 3 + [b"/v2/repository/index"] * 3:
+            sock = raw(url)
+            sock.sendall(large_request(path)[0])
+            socks.append(sock)
+        refused = answers_of(socks, 2)
+        assert len(refused) >= 2
+        for sock, answer in refused.items():
+            assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
+            v2 = socks.index(sock) >= 3
+            assert (b'{"error":"request bodies still arriving' if v2 else b'"type":"busy"') \
+                in answer, answer
+        for sock in socks:
+            sock.close()

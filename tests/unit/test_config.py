@@ -51,6 +51,9 @@ def test_contradictions_are_refused_naming_both() -> None:
         load_settings(None, {"max_wait_ms": 2000, "request_timeout_s": 1})
     with pytest.raises(ConfigError, match="max_instances.*queue_capacity"):
         load_settings(None, {"max_instances": 50, "queue_capacity": 10})
+    with pytest.raises(ConfigError, match=r"max_receiving_bytes \(1000\) is less than "
+                                          r"max_body_bytes \(2000\)"):
+        load_settings(None, {"max_receiving_bytes": 1000, "max_body_bytes": 2000})
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -313,3 +314,18 @@ def test_a_hard_limit_too_low_for_max_connections_is_said_at_start() -> None:
     assert limits == [600, 600, 600]
     assert "limited to 600" in logged and "max_connections (1000)" in logged
     assert f"past about {600 - OWN_FILES} connections" in logged
+
+
+def test_memory_is_the_machines_or_less_under_a_cgroup_limit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    monkeypatch.setattr(process, "MEMORY_LIMITS", (str(v2), str(v1)))
+    assert process.memory_bytes() == machine  # no cgroup files
+    v2.write_text("max\n")  # cgroup v2 without a limit
+    assert process.memory_bytes() == machine
+    v2.write_text("536870912\n")  # docker --memory 512m
+    assert process.memory_bytes() == 536870912
+    v2.unlink()
+    v1.write_text(f"{2**63 - 4096}\n")  # cgroup v1 without a limit: a huge number
+    assert process.memory_bytes() == machine

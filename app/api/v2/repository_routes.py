@@ -17,6 +17,7 @@ from app.api.deps import ServiceDep
 from app.api.error_responses import V2Route
 from app.errors import InvalidInput
 from app.payload import json_object
+from app.runtime import InferenceService
 
 router = APIRouter(prefix="/v2/repository", tags=["Model repository (Triton's extension)"],
                    route_class=V2Route)
@@ -29,12 +30,13 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-async def _body(request: Request, limit: int) -> dict[str, Any]:
+async def _body(request: Request, service: InferenceService) -> dict[str, Any]:
     """The request's JSON object; an empty body is an empty object (tritonclient sends one). A
-    body past ``limit`` (``max_body_bytes``) is refused 413 as it arrives, not held whole; a
+    body past ``max_body_bytes`` is refused 413 as it arrives, not held whole; a
     client gone before its body came is ``ClientGone`` (nothing is done for it)."""
-    raw = await read_body(request.receive, limit,
-                          request.headers.get("content-length", "").encode() or None)
+    raw = await read_body(request.receive, service.settings.max_body_bytes,
+                          request.headers.get("content-length", "").encode() or None,
+                          service.arriving)
     return json_object(raw) if raw.strip() else {}
 
 
@@ -63,7 +65,7 @@ def _config(params: dict[str, Any]) -> dict[str, Any] | None:
 @router.post("/index", summary="Every model of the repository with its state",
              responses=_ERRORS)
 async def index(request: Request, service: ServiceDep) -> Response:
-    ready = (await _body(request, service.settings.max_body_bytes)).get("ready", False)
+    ready = (await _body(request, service)).get("ready", False)
     if not isinstance(ready, bool):
         raise InvalidInput("'ready' must be true or false")
     return JSONResponse(service.repository.index(ready))
@@ -74,7 +76,7 @@ async def index(request: Request, service: ServiceDep) -> Response:
              responses={200: {"description": "ready (no body, as in Triton)"}, **_ERRORS})
 async def load(request: Request, service: ServiceDep, name: str) -> Response:
     check_auth(request.headers.get("authorization"), service.settings.api_key)
-    config = _config(_parameters(await _body(request, service.settings.max_body_bytes)))
+    config = _config(_parameters(await _body(request, service)))
     await service.repository.load(name, config)
     return Response(status_code=200)
 
@@ -85,7 +87,7 @@ async def load(request: Request, service: ServiceDep, name: str) -> Response:
              responses={200: {"description": "unloaded, or not loaded (no body)"}, **_ERRORS})
 async def unload(request: Request, service: ServiceDep, name: str) -> Response:
     check_auth(request.headers.get("authorization"), service.settings.api_key)
-    params = _parameters(await _body(request, service.settings.max_body_bytes))
+    params = _parameters(await _body(request, service))
     unknown = sorted(set(params) - {"unload_dependents"})
     if unknown:
         raise InvalidInput(f"unsupported unload parameters {unknown}")

@@ -1,14 +1,17 @@
-"""app/api/body.py: a request body as it was sent, before its Content-Encoding."""
+"""app/api/body.py: a request body as it was sent, before its Content-Encoding, read within
+its limit and the room for bodies still arriving."""
 
 from __future__ import annotations
 
 import gzip
 import zlib
+from typing import Any
 
 import pytest
 
-from app.api.body import inflated
-from app.errors import InvalidInput, PayloadTooLarge, UnsupportedEncoding
+from app.api.body import ClientGone, inflated, read_body
+from app.arriving import Arriving
+from app.errors import InvalidInput, PayloadTooLarge, Unavailable, UnsupportedEncoding
 
 BODY = b'{"instances": [[1, 2, 3, 4]]}'
 
@@ -44,3 +47,57 @@ def test_bytes_that_are_not_their_encoding_are_named(
 ) -> None:
     with pytest.raises(error, match=message):
         inflated(sent, encoding, 1000)
+
+
+def receiving(*messages: tuple[bytes, bool]) -> Any:
+    """An ASGI ``receive`` that gives ``messages`` (body, more_body), then a disconnect."""
+    queue = [{"type": "http.request", "body": body, "more_body": more} for body, more in messages]
+    queue.append({"type": "http.disconnect"})
+
+    async def receive() -> dict[str, Any]:
+        return queue.pop(0)
+    return receive
+
+
+@pytest.mark.asyncio
+async def test_a_body_in_pieces_holds_its_declared_length_till_it_is_whole() -> None:
+    room = Arriving(100)
+    seen = []
+
+    async def watched() -> dict[str, Any]:
+        message = await pieces()
+        seen.append(room.held)
+        return message
+    pieces = receiving((b"a" * 10, True), (b"b" * 10, True), (b"c" * 10, False))
+    assert await read_body(watched, 1000, b"30", room) == b"a" * 10 + b"b" * 10 + b"c" * 10
+    assert seen == [0, 30, 30] and room.held == 0  # taken at the first piece, given back
+
+
+@pytest.mark.asyncio
+async def test_a_body_without_a_length_holds_each_piece_as_it_comes() -> None:
+    room = Arriving(25)
+    with pytest.raises(Unavailable, match="hold 20 of the 25 bytes"):
+        await read_body(receiving((b"a" * 10, True), (b"b" * 10, True), (b"c" * 10, False)),
+                        1000, None, room)
+    assert room.held == 0
+
+
+@pytest.mark.asyncio
+async def test_no_room_is_a_503_before_the_body_is_read_and_a_whole_body_takes_none() -> None:
+    room = Arriving(100)
+    room.take(80)
+    with pytest.raises(Unavailable) as refused:
+        await read_body(receiving((b"a" * 10, True), (b"b" * 20, False)), 1000, b"30", room)
+    assert refused.value.type == "busy" and room.held == 80
+    assert await read_body(receiving((b"x" * 50, False)), 1000, b"50", room) == b"x" * 50
+    assert room.held == 80
+
+
+@pytest.mark.asyncio
+async def test_room_is_given_back_when_the_client_leaves_or_the_body_is_too_large() -> None:
+    room = Arriving(100)
+    with pytest.raises(ClientGone):
+        await read_body(receiving((b"a" * 10, True)), 1000, b"30", room)
+    with pytest.raises(PayloadTooLarge):
+        await read_body(receiving((b"a" * 40, True), (b"b" * 40, True)), 50, None, room)
+    assert room.held == 0

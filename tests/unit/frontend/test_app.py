@@ -12,6 +12,7 @@ import orjson
 import pytest
 from starlette.types import Receive, Scope, Send
 
+from app.arriving import Arriving
 from app.asks import Asked, Replied, answer
 from app.errors import Unavailable
 from app.frontend.app import DeviceProxy
@@ -42,7 +43,7 @@ async def call(proxy: DeviceProxy, path: str, query: bytes = b"", method: str = 
 
 def proxy_to(ask: Any) -> DeviceProxy:
     service = SimpleNamespace(settings=SimpleNamespace(max_body_bytes=1024),
-                              link=SimpleNamespace(ask=ask))
+                              link=SimpleNamespace(ask=ask), arriving=Arriving(4096))
     return DeviceProxy(service)  # type: ignore[arg-type]
 
 
@@ -106,8 +107,10 @@ async def test_a_device_process_gone_or_a_health_check_not_answered_in_time_is_5
 
     status, headers, body = await call(proxy_to(gone), "/health_check")
     assert status == 503 and orjson.loads(body)["status"] == "unhealthy"
-    status, _, body = await call(proxy_to(gone), "/v2/models/m")
+    status, _, body = await call(proxy_to(gone), "/openapi.json")
     assert status == 503 and orjson.loads(body)["error"]["type"] == "unhealthy"
+    status, _, body = await call(proxy_to(gone), "/v2/models/m")  # the protocol's form
+    assert status == 503 and "device process" in orjson.loads(body)["error"]
 
     async def held(request: Asked) -> Replied:
         await asyncio.sleep(3600)

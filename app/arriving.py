@@ -1,0 +1,47 @@
+"""The request bodies a process holds while they arrive, bounded (``max_receiving_bytes``).
+
+``max_body_bytes`` bounds one body, ``max_connections`` the connections: together, a process
+could hold 1000 bodies of 16 MiB each, 16 GiB, from clients that send all of a body but its
+last byte and wait (100 such connections held 1.8 GB). A body that comes in pieces takes room
+here until it is whole (its Content-Length at once, or each piece as it comes without one);
+where there is none, its request is refused 503 ``busy`` and the memory is never taken. A body
+that comes whole in its first message takes none: uvicorn reads at most one buffer of it a
+connection before the app asks for it.
+"""
+
+from __future__ import annotations
+
+from app.errors import Unavailable
+from app.process import memory_bytes
+
+# Of the memory the server may use, the share its processes' arriving bodies may take together
+# by default: the model, its batches and the parsed requests need the rest.
+MEMORY_SHARE = 4
+
+
+def receiving_bytes(max_receiving_bytes: int | None, max_body_bytes: int, processes: int) -> int:
+    """One process's room for arriving bodies: ``max_receiving_bytes`` where set, else a
+    ``MEMORY_SHARE``-th of the memory the server may use shared by its ``processes`` that take
+    HTTP requests, and never less than one body of ``max_body_bytes``."""
+    if max_receiving_bytes is not None:
+        return max_receiving_bytes
+    return max(max_body_bytes, memory_bytes() // MEMORY_SHARE // processes)
+
+
+class Arriving:
+    """The bytes of bodies still arriving in this process (event-loop thread only)."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.held = 0
+
+    def take(self, size: int) -> None:
+        """Room for ``size`` more bytes, or Unavailable (503 busy) where there is none."""
+        if self.held + size > self.most:
+            raise Unavailable("busy", f"request bodies still arriving hold {self.held} of the "
+                              f"{self.most} bytes this server takes at once "
+                              "(max_receiving_bytes); retry later")
+        self.held += size
+
+    def give_back(self, size: int) -> None:
+        self.held -= size
