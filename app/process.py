@@ -33,21 +33,35 @@ def usable_cores() -> int:
     return int(cpu_count(only_physical_cores=False))
 
 
-# Where a container's memory limit is read: cgroup v2, then v1 (its "no limit" is a huge number).
-MEMORY_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+# Where cgroups are mounted, and where this process's own are named: v2's line "0::/path", v1's
+# "N:memory:/path".
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+OWN_CGROUPS = Path("/proc/self/cgroup")
 
 
 def memory_bytes() -> int:
     """The memory this process may use: the machine's, or less under a cgroup memory limit
-    (``docker --memory``, a Kubernetes memory limit), which the machine's figure does not see."""
+    (``docker --memory``, a Kubernetes memory limit, a systemd unit's ``MemoryMax``) on its
+    own cgroup or one above it, which the machine's figure does not see."""
     most = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for path in MEMORY_LIMITS:
-        try:
-            text = Path(path).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():  # cgroup v2 says "max" where there is no limit
-            most = min(most, int(text))
+    try:
+        lines = OWN_CGROUPS.read_text().splitlines()
+    except OSError:
+        lines = []
+    own = {kind: path for kind, path in (line.split(":", 2)[1:] for line in lines
+                                          if line.count(":") >= 2)}
+    for kind, mounted, name in (("", CGROUP_ROOT, "memory.max"),
+                                ("memory", CGROUP_ROOT / "memory", "memory.limit_in_bytes")):
+        where = mounted / own.get(kind, "/").lstrip("/")
+        for folder in (where, *where.parents):
+            if not folder.is_relative_to(mounted):
+                break
+            try:
+                text = (folder / name).read_text().strip()
+            except OSError:
+                continue
+            if text.isdigit():  # v2 says "max" where there is no limit, v1 a huge number
+                most = min(most, int(text))
     return most
 
 

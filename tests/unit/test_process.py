@@ -318,14 +318,32 @@ def test_a_hard_limit_too_low_for_max_connections_is_said_at_start() -> None:
 
 def test_memory_is_the_machines_or_less_under_a_cgroup_limit(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The least of the machine's memory and the limits on this process's cgroup and those
+    above it (v2), or v1's limit."""
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
-    monkeypatch.setattr(process, "MEMORY_LIMITS", (str(v2), str(v1)))
-    assert process.memory_bytes() == machine  # no cgroup files
-    v2.write_text("max\n")  # cgroup v2 without a limit
+    root, own = tmp_path / "cgroup", tmp_path / "self-cgroup"
+    unit = root / "system.slice" / "batchserve.service"
+    unit.mkdir(parents=True)
+    monkeypatch.setattr(process, "CGROUP_ROOT", root)
+    monkeypatch.setattr(process, "OWN_CGROUPS", own)
+    assert process.memory_bytes() == machine  # no cgroup files at all
+    own.write_text("0::/system.slice/batchserve.service\n")
+    (root / "memory.max").write_text("max\n")  # v2 without a limit
     assert process.memory_bytes() == machine
-    v2.write_text("536870912\n")  # docker --memory 512m
+    (unit / "memory.max").write_text("536870912\n")  # the unit's MemoryMax=512M
     assert process.memory_bytes() == 536870912
-    v2.unlink()
-    v1.write_text(f"{2**63 - 4096}\n")  # cgroup v1 without a limit: a huge number
+    (root / "system.slice" / "memory.max").write_text("268435456\n")  # the slice's, lower
+    assert process.memory_bytes() == 268435456
+    own.write_text("0::/\n")  # in its own cgroup namespace: a container's limit is the root's
+    (root / "memory.max").write_text("1073741824\n")
+    assert process.memory_bytes() == 1073741824
+    (root / "memory.max").unlink()
+    (unit / "memory.max").unlink()
+    (root / "system.slice" / "memory.max").unlink()
+    v1 = root / "memory" / "pod" / "box"  # v1: the memory hierarchy's own folder
+    v1.mkdir(parents=True)
+    own.write_text("4:memory:/pod/box\n1:cpu:/\n0::/\n")
+    (root / "memory" / "memory.limit_in_bytes").write_text(f"{2**63 - 4096}\n")  # no limit
     assert process.memory_bytes() == machine
+    (v1.parent / "memory.limit_in_bytes").write_text("734003200\n")
+    assert process.memory_bytes() == 734003200
