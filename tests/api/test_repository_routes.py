@@ -61,6 +61,10 @@ async def test_a_body_past_max_body_bytes_is_413_declared_or_not(path: str) -> N
         declared = await client.post(path, content=b" " * 2049)
         chunked = await client.post(path, content=chunks())
         within = await client.post(path, content=b" " * 2048)
+        schema = (await client.get("/openapi.json")).json()
+    documented = schema["paths"][path.replace("linear", "{name}")]["post"]["responses"]
+    assert {"413", "503"} <= set(documented)
+    assert ("401" in documented) == path.endswith("load")  # index needs no key
     for answer in (declared, chunked):
         assert answer.status_code == 413
         assert answer.json() == {"error": "request body is larger than the limit of 2048 bytes"}

@@ -22,11 +22,19 @@ from app.runtime import InferenceService
 router = APIRouter(prefix="/v2/repository", tags=["Model repository (Triton's extension)"],
                    route_class=V2Route)
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"description": text, "content": {"application/json": {"schema": {
-        "type": "object", "properties": {"error": {"type": "string"}}}}}}
-    for status, text in [(400, "malformed request, or the model could not be loaded"),
-                         (401, "missing or wrong bearer token")]
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The protocol's error answers these routes give, as OpenAPI responses."""
+    return {status: {"description": _ERROR_TEXT[status], "content": {"application/json": {
+        "schema": {"type": "object", "properties": {"error": {"type": "string"}}}}}}
+        for status in statuses}
+
+
+_ERROR_TEXT = {
+    400: "malformed request, or the model could not be loaded",
+    401: "missing or wrong bearer token",
+    413: "body larger than max_body_bytes",
+    503: "request bodies still arriving fill max_receiving_bytes (busy), or the server is "
+         "shutting down; Retry-After says when to try again",
 }
 
 
@@ -63,7 +71,7 @@ def _config(params: dict[str, Any]) -> dict[str, Any] | None:
 
 
 @router.post("/index", summary="Every model of the repository with its state",
-             responses=_ERRORS)
+             responses=_errors(400, 413, 503))
 async def index(request: Request, service: ServiceDep) -> Response:
     ready = (await _body(request, service)).get("ready", False)
     if not isinstance(ready, bool):
@@ -73,7 +81,8 @@ async def index(request: Request, service: ServiceDep) -> Response:
 
 @router.post("/models/{name}/load", summary="Load or reload a model; answers once it is ready",
              response_class=Response,
-             responses={200: {"description": "ready (no body, as in Triton)"}, **_ERRORS})
+             responses={200: {"description": "ready (no body, as in Triton)"},
+                        **_errors(400, 401, 413, 503)})
 async def load(request: Request, service: ServiceDep, name: str) -> Response:
     check_auth(request.headers.get("authorization"), service.settings.api_key)
     config = _config(_parameters(await _body(request, service)))
@@ -84,7 +93,8 @@ async def load(request: Request, service: ServiceDep, name: str) -> Response:
 @router.post("/models/{name}/unload",
              summary="Unload a model: answers once its admitted requests are answered",
              response_class=Response,
-             responses={200: {"description": "unloaded, or not loaded (no body)"}, **_ERRORS})
+             responses={200: {"description": "unloaded, or not loaded (no body)"},
+                        **_errors(400, 401, 413, 503)})
 async def unload(request: Request, service: ServiceDep, name: str) -> Response:
     check_auth(request.headers.get("authorization"), service.settings.api_key)
     params = _parameters(await _body(request, service))
