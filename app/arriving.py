@@ -4,9 +4,11 @@
 could hold 1000 bodies of 16 MiB each, 16 GiB, from clients that send all of a body but its
 last byte and wait (100 such connections held 1.8 GB). A body that comes in pieces takes room
 here until it is whole (its Content-Length at once, or each piece as it comes without one);
-where there is none, its request is refused 503 ``busy`` and the memory is never taken. A body
-that comes whole in its first message takes none: uvicorn reads at most one buffer of it a
-connection before the app asks for it.
+where there is none, its request is refused 503 ``busy`` and the memory is never taken. One
+declared past 64 KiB takes it before any of it is read (app/api/body.py), so a client that
+sent ``Expect: 100-continue`` is refused before it sends the body. A short body that comes
+whole in its first message takes none: uvicorn reads at most one buffer of it a connection
+before the app asks for it.
 """
 
 from __future__ import annotations

@@ -19,6 +19,12 @@ ENCODINGS = {b"gzip": 16 + zlib.MAX_WBITS, b"x-gzip": 16 + zlib.MAX_WBITS,
 CLIENT_CLOSED = 499  # nginx's convention; never reaches the (gone) client, only metrics
 
 
+# A body declared longer than this takes its room in ``arriving`` before any of it is read:
+# uvicorn hands a body over once it holds 64 KiB of it, so a longer one seldom comes whole, and
+# a client that sent ``Expect: 100-continue`` is refused before it sends the body.
+LIKELY_WHOLE = 64 * 2**10
+
+
 class ClientGone(Exception):
     """The client disconnected before its answer was ready."""
 
@@ -27,8 +33,9 @@ async def read_body(receive: Receive, limit: int, declared: bytes | None = None,
                     arriving: Arriving | None = None) -> bytes:
     """The body, or PayloadTooLarge as soon as it is known to exceed ``limit`` bytes.
 
-    ``declared`` is the Content-Length header, if any. A body that comes in pieces takes its
-    room in ``arriving`` till it is whole (app/arriving.py: 503 busy where there is none).
+    ``declared`` is the Content-Length header, if any. A body that comes in pieces, or is
+    declared past ``LIKELY_WHOLE``, takes its room in ``arriving`` till it is whole
+    (app/arriving.py: 503 busy where there is none).
     ClientGone if the client disconnects.
     """
     length = int(declared) if declared is not None and declared.isdigit() else 0
@@ -37,6 +44,9 @@ async def read_body(receive: Receive, limit: int, declared: bytes | None = None,
     chunks: list[bytes] = []
     size = taken = 0
     try:
+        if arriving is not None and length > LIKELY_WHOLE:  # before a 100 Continue asks for it
+            arriving.take(length)
+            taken = length
         while True:
             message = await receive()
             if message["type"] != "http.request":

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from app.api.body import ClientGone, inflated, read_body
+from app.api.body import LIKELY_WHOLE, ClientGone, inflated, read_body
 from app.arriving import Arriving
 from app.errors import InvalidInput, PayloadTooLarge, Unavailable, UnsupportedEncoding
 
@@ -101,3 +101,19 @@ async def test_room_is_given_back_when_the_client_leaves_or_the_body_is_too_larg
     with pytest.raises(PayloadTooLarge):
         await read_body(receiving((b"a" * 40, True), (b"b" * 40, True)), 50, None, room)
     assert room.held == 0
+
+
+@pytest.mark.asyncio
+async def test_a_long_declared_body_is_refused_before_any_of_it_is_asked_for() -> None:
+    """No receive, so uvicorn sends no 100 Continue: the client need not send the body."""
+    room = Arriving(LIKELY_WHOLE * 2 + 1)
+    room.take(LIKELY_WHOLE)
+
+    async def never() -> dict[str, Any]:
+        raise AssertionError("the body was asked for")
+    with pytest.raises(Unavailable):
+        await read_body(never, 10**9, str(LIKELY_WHOLE + 2).encode(), room)
+    assert room.held == LIKELY_WHOLE
+    whole = b"x" * (LIKELY_WHOLE + 1)  # one that came whole all the same gives its room back
+    assert await read_body(receiving((whole, False)), 10**9, b"%d" % len(whole), room) == whole
+    assert room.held == LIKELY_WHOLE
