@@ -13,7 +13,7 @@ before the app asks for it.
 
 from __future__ import annotations
 
-from app.errors import Unavailable
+from app.errors import ReceivingFull
 from app.process import memory_bytes
 
 # Of the memory the server may use, the share its processes' arriving bodies may take together
@@ -38,11 +38,11 @@ class Arriving:
         self.held = 0
 
     def take(self, size: int) -> None:
-        """Room for ``size`` more bytes, or Unavailable (503 busy) where there is none."""
+        """Room for ``size`` more bytes, or ReceivingFull (503 busy) where there is none."""
         if self.held + size > self.most:
-            raise Unavailable("busy", f"request bodies still arriving hold {self.held} of the "
-                              f"{self.most} bytes this server takes at once "
-                              "(max_receiving_bytes); retry later")
+            raise ReceivingFull(f"request bodies still arriving hold {self.held} of the "
+                                f"{self.most} bytes this server takes at once "
+                                "(max_receiving_bytes); retry later")
         self.held += size
 
     def give_back(self, size: int) -> None:

@@ -42,6 +42,12 @@ class ServeError(BatchServeError):
     type: str = "internal_error"
     retry_after_s: int | None = None
 
+    @property
+    def reason(self) -> str:
+        """What ``batchserve_rejected_total`` counts it under: its type, unless one type has
+        several causes an operator tells apart."""
+        return self.type
+
 
 class InvalidInput(ServeError):
     status = 422
@@ -77,6 +83,18 @@ class Unavailable(ServeError):
     def __init__(self, state: str, message: str) -> None:
         super().__init__(message)
         self.type = state
+
+
+class ReceivingFull(Unavailable):
+    """503 busy: the request bodies still arriving in the process fill ``max_receiving_bytes``
+    (app/arriving.py); counted apart from a full queue, which the queue's alert is about."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("busy", message)
+
+    @property
+    def reason(self) -> str:
+        return "receiving"
 
 
 class WouldMissDeadline(Unavailable):

@@ -12,7 +12,8 @@
 # alone is their workload's curve's): mlp-json-long-launch and minilm-long-launch (a CUDA
 # launch and wait at the server's 100 us switch interval, not 5: app/process.py),
 # mlp-json-eager, mlp-binary32-eager and minilm-eager (--cuda-graphs false), minilm-profile
-# (the device process under py-spy); about a minute each. And three diagnostics: "device"
+# (the device process under py-spy), mlp-json-c512 (c=256 and 512 on one server: is the
+# curve's bound the round trip or the CPU?); about a minute each. And three diagnostics: "device"
 # (about 3 minutes), the device process alone (bench.device on mlp, eager and with CUDA graphs,
 # and on minilm's items: its ceiling and CPU a request without HTTP, and which thread holds
 # the GIL, printed by bench.gil_share; on mlp with 32 synthetic front ends, its event loop's
@@ -58,7 +59,8 @@
 #       (since 8688f06 a front end holds its message a pass from 8 requests waiting, not 16:
 #       N=8 against 630b9d8's 48,451 req/s and against 630b9d8 itself on the same machine,
 #       and 10 and 12, where 16 seldom held one)
-#       TESTS= CURVES="pinned sync prompt" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh
+#       TESTS= CURVES="pinned sync prompt mlp-json-c512" ALT_WORKLOADS=mlp OUT=$OUT \
+#       bash bench/gpu.sh  (~5 minutes)
 #   3:  (here: python -m bench.carry --base COMMIT)
 #       TESTS= CURVES="ab" OUT=$OUT bash bench/gpu.sh                      (~4 minutes)
 #   4:  TESTS= CURVES="writes paced" OUT=$OUT bash bench/gpu.sh            (~6 minutes)
@@ -287,6 +289,10 @@ main() {
     --queue-capacity 16384 --concurrency 256 --cuda-graphs false
   point mlp-json-eager 60 --workload mlp --max-batch-size 256 --concurrency 256 \
     --cuda-graphs false
+  # mlp JSON at c=256 and 512 on one server: at N=8 on the H200 each front end was busy 0.70-0.90
+  # of a core, neither side at its limit. If c=512 serves many more requests a second, c=256's
+  # bound is the round trip (a front end idles while its requests are at the device), not CPU.
+  point mlp-json-c512 75 --workload mlp --max-batch-size 256 --concurrency 256,512
   # mlp JSON and minilm with the launch and wait at the server's 100 us, not 5 (app/process.py)
   point mlp-json-long-launch 60 --workload mlp --max-batch-size 256 --concurrency 256 \
     --launch-switch-us 100

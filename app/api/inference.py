@@ -257,7 +257,7 @@ async def run_inference(
     except ServeError as exc:
         status = format_of(scope).status_of(exc.status)
         if status != 500:
-            metrics.rejected(exc.type)
+            metrics.rejected(exc.reason)
         raise
     finally:
         ended = time.monotonic()

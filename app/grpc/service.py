@@ -184,7 +184,7 @@ async def infer(service: Serving, request: pb.ModelInferRequest,
     except ServeError as exc:
         status = V2.status_of(exc.status)
         if status != 500:
-            metrics.rejected(exc.type)
+            metrics.rejected(exc.reason)
         raise
     finally:
         ended = time.monotonic()

@@ -259,7 +259,8 @@ def test_bodies_still_arriving_in_one_process_are_bounded_by_max_receiving_bytes
         assert httpx.post(url + "/predict", content=b"".join(large_request()).split(
             b"\r\n\r\n", 1)[1], timeout=10).status_code == 200
         metrics = httpx.get(url + "/metrics", timeout=10).text
-        assert sample(metrics, "batchserve_rejected_total", reason="busy") == 2
+        assert sample(metrics, "batchserve_rejected_total", reason="receiving") == 2
+        assert sample(metrics, "batchserve_rejected_total", reason="busy") == 0  # the queue's
 
 
 def test_each_front_end_bounds_its_own_arriving_bodies() -> None:

@@ -18,6 +18,7 @@ def test_room_is_taken_and_given_back_and_none_past_the_most() -> None:
     with pytest.raises(Unavailable) as refused:
         room.take(1)
     assert refused.value.type == "busy" and refused.value.status == 503
+    assert refused.value.reason == "receiving"  # its metric's, apart from a full queue's
     assert "hold 10 of the 10 bytes" in refused.value.message
     room.give_back(6)
     room.take(5)
