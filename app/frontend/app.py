@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 from app.api import error_responses as errors
 from app.api import predict
 from app.api.access import HEALTH_PATHS, REQUEST_ID_HEADER, AccessLog
-from app.api.body import ClientGone, read_body
+from app.api.body import LIKELY_WHOLE, ClientGone, read_body
 from app.api.relay import HELD, Relay
 from app.api.routing import BatchServeApp
 from app.api.v2.infer import infer_routes
@@ -66,10 +66,14 @@ class DeviceProxy:
         rid = request_id.get()
         if rid is not None:
             headers.append((REQUEST_ID_HEADER, rid.encode()))
+        arriving = self.service.arriving
         try:
             body = await read_body(receive, self.service.settings.max_body_bytes,
-                                   dict(scope["headers"]).get(b"content-length"),
-                                   self.service.arriving)
+                                   dict(scope["headers"]).get(b"content-length"), arriving)
+            # A long body keeps its room till the device process answers: this process holds
+            # it meanwhile, and one that parses slower than clients send would pile them up.
+            held = len(body) if len(body) > LIKELY_WHOLE else 0
+            arriving.take(held)
         except ClientGone:
             return Response(status_code=499)
         except ServeError as exc:
@@ -81,6 +85,8 @@ class DeviceProxy:
             return _unreachable(path, HELD)
         except Unavailable:
             return _unreachable(path, GONE)
+        finally:
+            arriving.give_back(held)
         if method == "POST" and path.startswith(_REPOSITORY_PREFIX):
             await self.service.link.sync()
         response = Response(answer.body, status_code=answer.status)

@@ -12,6 +12,7 @@ import orjson
 import pytest
 from starlette.types import Receive, Scope, Send
 
+from app.api.body import LIKELY_WHOLE
 from app.arriving import Arriving
 from app.asks import Asked, Replied, answer
 from app.errors import Unavailable
@@ -167,3 +168,34 @@ async def test_probes_asked_while_the_same_one_is_on_its_way_share_its_answer() 
     assert answers[9][2] != answers[10][2]
     assert (await call(proxy, "/health_check"))[2] != answers[0][2]  # asked again: a new one
     assert len(device.asked) == 8
+
+
+@pytest.mark.asyncio
+async def test_a_long_body_keeps_its_room_till_the_device_process_answers() -> None:
+    """A front end holds a proxied body till its answer comes: while the device process is
+    slow to answer, a second long body finds no room (503 busy in the path's protocol's form);
+    a short one takes none."""
+    gate = asyncio.Event()
+
+    async def slow(request: Asked) -> Replied:
+        if len(request.body) > LIKELY_WHOLE:
+            await gate.wait()
+        return Replied(200, [], b"{}")
+
+    async def synced() -> None:
+        pass
+
+    room = Arriving(LIKELY_WHOLE * 3 // 2)
+    proxy = DeviceProxy(SimpleNamespace(  # type: ignore[arg-type]
+        settings=SimpleNamespace(max_body_bytes=10**6),
+        link=SimpleNamespace(ask=slow, sync=synced), arriving=room))
+    body = b" " * (LIKELY_WHOLE + 1)
+    first = asyncio.create_task(call(proxy, "/v2/repository/index", method="POST", body=body))
+    await wait_until(lambda: room.held == len(body), "the first body's room taken")
+    status, headers, answer = await call(proxy, "/v2/repository/index", method="POST",
+                                         body=body)
+    assert status == 503 and headers[b"retry-after"] == b"1"
+    assert "(max_receiving_bytes)" in orjson.loads(answer)["error"]
+    assert (await call(proxy, "/v2/repository/index", method="POST", body=b"{}"))[0] == 200
+    gate.set()
+    assert (await first)[0] == 200 and room.held == 0
