@@ -252,7 +252,9 @@ def test_bodies_still_arriving_in_one_process_are_bounded_by_max_receiving_bytes
         held = [sock for sock in socks if sock not in refused]
         for sock in held:
             sock.sendall(rest)
-        for answer in answers_of(held, 2).values():
+        answered = answers_of(held, 2)
+        assert len(answered) == 2
+        for answer in answered.values():
             assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
         for sock in socks:
             sock.close()
