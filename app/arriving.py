@@ -10,9 +10,8 @@ sent ``Expect: 100-continue`` is refused before it sends the body. A long body a
 asks the device process's app to answer keeps its room till the answer comes
 (app/frontend/app.py): with 40 clients sending 16 MB bodies to /v2/repository/index, which
 the device process parses slower than they come, and room for 100 MB, a front end peaked at
-858 MB without that and 343 with it. A short body that comes
-whole in its first message takes none: uvicorn reads at most one buffer of it a connection
-before the app asks for it.
+858 MB without that and 343 with it. A short body that comes whole in its first message
+takes none: uvicorn reads at most one buffer of it a connection before the app asks for it.
 """
 
 from __future__ import annotations
