@@ -1,10 +1,11 @@
 """uvicorn's httptools protocol as batchserve serves HTTP with it: each answer in one write
 (``HeadHeld``, app/head_held.py), and bounds a slow, large or pipelining client cannot pass.
 
-A request must arrive within ``read_timeout_s`` (408), its line and headers within
-``MAX_HEAD_BYTES`` (431), and a connection's reads pause past ``PIPELINE_LIMIT`` waiting
-requests. What the protocol answers itself, before any route saw the request (those, a 503
-past ``max_connections``, a 400 for bytes that are not HTTP), is counted by ``count_refusal``.
+A request must arrive within ``read_timeout_s`` (408), its line and headers, and a chunked
+body's trailers, within ``MAX_HEAD_BYTES`` (431), and a connection's reads pause past
+``PIPELINE_LIMIT`` waiting requests. What the protocol answers itself, before any route saw
+the request (those, a 503 past ``max_connections``, a 400 for bytes that are not HTTP), is
+counted by ``count_refusal``.
 ``batchserve serve`` passes ``protocol_for``'s class to uvicorn as its ``http``
 implementation; ``uvicorn --factory app.main:create_app`` runs with uvicorn's own.
 """
@@ -21,7 +22,7 @@ from uvicorn.protocols.http.flow_control import FlowControl, service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from app.api.error_responses import format_for_path
-from app.api.inference import READ_TIMED_OUT
+from app.api.inference import CUT_OFF
 from app.facade import Refusals
 from app.framing import Body, FramingError, body_of
 from app.head_held import HeadHeld
@@ -76,6 +77,11 @@ class OneWriteProtocol(HttpToolsProtocol):
     # The body of a request whose Upgrade (h2c) is declined, read here (app/framing.py):
     # llhttp ended that request at its headers.
     _declined: Body | None = None
+    # Bytes of the reads, since a chunk's header, that held none of the body: the last chunk's
+    # trailers, which httptools gathers whole before it hands them on (None: no chunk header
+    # waits for its data). ``_bodied``: the read being parsed held some of the body.
+    _trailing: int | None = None
+    _bodied = False
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -97,10 +103,25 @@ class OneWriteProtocol(HttpToolsProtocol):
         counted = self._in_head
         if counted:
             self._head_bytes += len(data)
+        self._bodied = False
         self._feed(data)
         if (counted and self._in_head and self._head_bytes > MAX_HEAD_BYTES
                 and not self.transport.is_closing()):  # not after uvicorn's own 400
             self._refuse_head()
+        elif self._trailing is not None and not self._bodied:
+            self._trailing += len(data)  # the read that began them (with body) goes uncounted
+            if self._trailing > MAX_HEAD_BYTES and not self.transport.is_closing():
+                self._trailing = None
+                self._cut_off(self.scope, 431, "Request Header Fields Too Large",
+                              "headers_too_large",
+                              f"the request's trailers are over {MAX_HEAD_BYTES} bytes")
+
+    def on_chunk_header(self) -> None:
+        self._trailing = 0
+
+    def on_body(self, body: bytes) -> None:
+        self._trailing, self._bodied = None, True
+        super().on_body(body)
 
     def _refuse_head(self) -> None:
         self._counted(431, "headers_too_large")
@@ -186,6 +207,7 @@ class OneWriteProtocol(HttpToolsProtocol):
             return  # body, read by _read_declined, is still to come
         self._cancel_read_timer()
         self._reading = None
+        self._trailing = None
         self._in_head = True  # a next request's head may follow
         super().on_message_complete()
 
@@ -210,11 +232,16 @@ class OneWriteProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if scope and (cycle is None or cycle.scope is not scope):  # a request the app never
             self._counted(408, "request_timeout")  # saw (one it did, it counts)
-        scope[READ_TIMED_OUT] = True
+        self._cut_off(scope, 408, "Request Timeout", "request_timeout",
+                      f"the request did not arrive within {self.read_timeout_s:g} s")
+
+    def _cut_off(self, scope: Any, status: int, reason: str, kind: str, message: str) -> None:
+        """Answer ``status`` for the request of ``scope`` unless the app has begun its answer,
+        and close; the app, if it is reading the body, sees the client gone and counts it."""
+        scope[CUT_OFF] = (status, kind)
+        cycle = self.cycle
         if cycle is None or cycle.scope is not scope or not cycle.response_started:
-            self._refuse(408, "Request Timeout", "request_timeout",
-                         f"the request did not arrive within {self.read_timeout_s:g} s",
-                         str(scope.get("path", "")))
+            self._refuse(status, reason, kind, message, str(scope.get("path", "")))
         else:
             self.transport.close()
 

@@ -25,13 +25,15 @@ from app.api.error_responses import format_of
 from app.arrays import Results
 from app.arriving import Arriving
 from app.config import Settings
-from app.errors import InvalidInput, NotFound, RequestTimeout, ServeError
+from app.errors import InvalidInput, NotFound, ServeError
 from app.facade import ModelFacade, RequestCounts, Waiting
 from app.tracing import Tracing, carrier_of
 
 TIMEOUT_HEADER = "x-request-timeout"
 PRIORITY_HEADER = "x-priority"
-READ_TIMED_OUT = "batchserve.read_timed_out"  # set by app/connection.py in a cut-off scope
+# Set by app/connection.py in the scope of a request it cut off and answered itself (a 408 for
+# one slow to arrive, a 431 for trailers past the bound): (status, the rejection's type).
+CUT_OFF = "batchserve.cut_off"
 WATCH_AFTER_S = 0.02  # a request still unanswered after this starts watching for a disconnect
 
 # The headers above as OpenAPI parameters, for the inference routes' operations.
@@ -247,9 +249,10 @@ async def run_inference(
         status = response.status_code
         return response
     except ClientGone:
-        if scope.get(READ_TIMED_OUT):  # cut off by the protocol, which answered 408 itself
-            status = RequestTimeout.status
-            metrics.rejected(RequestTimeout.type)
+        cut_off = scope.get(CUT_OFF)
+        if cut_off is not None:  # cut off by the protocol, which answered it itself
+            status, kind = cut_off
+            metrics.rejected(kind)
         else:
             status = CLIENT_CLOSED
             metrics.rejected("disconnected")

@@ -11,7 +11,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from app.api.inference import READ_TIMED_OUT
+from app.api.inference import CUT_OFF
 from app.connection import MAX_HEAD_BYTES, PIPELINE_LIMIT, OneWriteProtocol, protocol_for
 from tests.conftest import wait_until
 
@@ -183,7 +183,8 @@ async def test_a_request_that_does_not_arrive_in_time_gets_408_and_is_closed(
     protocol.connection_lost(None)  # as a real transport does once closed
     if b"\r\n\r\n" in request_bytes:
         await wait_until(lambda: seen, "the app done")
-        assert seen == ["http.disconnect"] and protocol.scope[READ_TIMED_OUT]
+        assert seen == ["http.disconnect"]
+        assert protocol.scope[CUT_OFF] == (408, "request_timeout")
 
 
 class TimerCount:
@@ -534,3 +535,63 @@ async def test_a_websocket_upgrade_is_declined_or_handed_over_never_a_400(ws: st
         assert written.startswith(b"HTTP/1.1 200 OK") and "close" not in transport.events
     else:
         assert transport.writes == [] and "WebSocket" in type(transport.events[-1]).__name__
+
+
+CHUNKED = (b"POST /predict HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+           b"2\r\n{}\r\n")
+
+
+async def test_trailers_past_the_head_bound_get_431_and_are_not_gathered() -> None:
+    """httptools gathers a trailer whole before it hands it on: 150 MB of one took 230 MB and
+    seconds of the loop, till the read timeout. Past MAX_HEAD_BYTES the request is cut off."""
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        while (message := await receive())["type"] == "http.request" and message["more_body"]:
+            pass
+        seen.append(message["type"])
+
+    protocol, transport = connect(OneWriteProtocol, app, CHUNKED + b"0\r\nx-t: ")
+    piece = b"y" * 16384
+    for _ in range(MAX_HEAD_BYTES // len(piece) + 1):
+        assert "close" not in transport.events
+        protocol.data_received(piece)
+    await wait_until(lambda: "close" in transport.events, "the connection closed")
+    (written,) = transport.writes
+    assert written.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
+    assert written.endswith(b"the request's trailers are over 65536 bytes\"}}")
+    protocol.connection_lost(None)
+    await wait_until(lambda: seen, "the app done")
+    assert seen == ["http.disconnect"]
+    assert protocol.scope[CUT_OFF] == (431, "headers_too_large")  # the app counts it so
+
+
+async def test_a_chunked_body_in_any_reads_with_small_trailers_is_served() -> None:
+    """Only reads with none of the body count toward the trailers' bound: a body whose chunks
+    and reads fall anyhow is not refused for the reads that carried it."""
+    got: list[bytes] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        body = b""
+        while (message := await receive())["type"] == "http.request":
+            body += message.get("body", b"")
+            if not message["more_body"]:
+                break
+        got.append(body)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    body = bytes(range(256)) * 2048  # 512 KiB in chunks of 100 KiB
+    parts = [body[i:i + 102400] for i in range(0, len(body), 102400)]
+    wire = (b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts)
+            + b"0\r\nx-checksum: " + b"c" * 1000 + b"\r\n\r\n")
+    head, _ = CHUNKED.split(b"2\r\n", 1)
+    protocol, transport = connect(OneWriteProtocol, app, head)
+    at = 0
+    for size in [6, 102400, 3, 65536, 200000, 1, 7] * 20:  # reads ending inside chunk headers
+        protocol.data_received(wire[at:at + size])
+        at += size
+        if at >= len(wire):
+            break
+    await wait_until(lambda: protocol.cycle.response_complete, "the response")
+    assert got == [body] and transport.writes[0].startswith(b"HTTP/1.1 200 OK\r\n")
