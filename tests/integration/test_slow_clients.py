@@ -231,6 +231,16 @@ def answers_of(socks: list[socket.socket], at_least: int) -> dict[socket.socket,
     return answered
 
 
+def answered(socks: list[socket.socket], count: int, status_line: bytes
+             ) -> dict[socket.socket, bytes]:
+    """The answers on ``socks``, once ``count`` of them have one, each with ``status_line``."""
+    answers = answers_of(socks, count)
+    assert len(answers) == count
+    for answer in answers.values():
+        assert answer.startswith(status_line), answer
+    return answers
+
+
 def test_bodies_still_arriving_in_one_process_are_bounded_by_max_receiving_bytes() -> None:
     """Clients that send most of a large body and wait: with room for two such bodies, the
     third and fourth get 503 busy at once, not their memory held; a small request is still
@@ -242,20 +252,15 @@ def test_bodies_still_arriving_in_one_process_are_bounded_by_max_receiving_bytes
         socks = [raw(url) for _ in range(4)]
         for sock in socks:
             sock.sendall(start)
-        refused = answers_of(socks, 2)
-        assert len(refused) == 2
+        refused = answered(socks, 2, b"HTTP/1.1 503 Service Unavailable\r\n")
         for answer in refused.values():
-            assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
             assert b"retry-after: 1\r\n" in answer.lower() and b'"type":"busy"' in answer
         assert httpx.post(url + "/predict", json={"instances": [[1, 2, 3, 4]]},
                           timeout=10).status_code == 200
         held = [sock for sock in socks if sock not in refused]
         for sock in held:
             sock.sendall(rest)
-        answered = answers_of(held, 2)
-        assert len(answered) == 2
-        for answer in answered.values():
-            assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
+        answered(held, 2, b"HTTP/1.1 200 OK\r\n")
         for sock in socks:
             sock.close()
         assert httpx.post(url + "/predict", content=b"".join(large_request()).split(
