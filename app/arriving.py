@@ -16,6 +16,7 @@ takes none: uvicorn reads at most one buffer of it a connection before the app a
 
 from __future__ import annotations
 
+from app.config import Settings
 from app.errors import ReceivingFull
 from app.process import memory_bytes
 
@@ -24,13 +25,13 @@ from app.process import memory_bytes
 MEMORY_SHARE = 4
 
 
-def receiving_bytes(max_receiving_bytes: int | None, max_body_bytes: int, processes: int) -> int:
+def receiving_bytes(settings: Settings, processes: int = 1) -> int:
     """One process's room for arriving bodies: ``max_receiving_bytes`` where set, else a
     ``MEMORY_SHARE``-th of the memory the server may use shared by its ``processes`` that take
     HTTP requests, and never less than one body of ``max_body_bytes``."""
-    if max_receiving_bytes is not None:
-        return max_receiving_bytes
-    return max(max_body_bytes, memory_bytes() // MEMORY_SHARE // processes)
+    if settings.max_receiving_bytes is not None:
+        return settings.max_receiving_bytes
+    return max(settings.max_body_bytes, memory_bytes() // MEMORY_SHARE // processes)
 
 
 class Arriving:

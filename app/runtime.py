@@ -68,8 +68,7 @@ class InferenceService:
                                           settings.default_model)
         self.workers: list[DeviceWorker] = []
         self.unknown = metrics.for_model("", "")  # requests for no model the server knows
-        self.arriving = Arriving(receiving_bytes(settings.max_receiving_bytes,
-                                                 settings.max_body_bytes, 1))
+        self.arriving = Arriving(receiving_bytes(settings))
         self.state = ServerState()  # draining written here only (app/state.py)
         self.before_scrape: list[Callable[[], Awaitable[None]]] = []  # awaited by GET /metrics
         self._started = False

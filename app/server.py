@@ -73,8 +73,8 @@ def serve(settings: Settings, fd: int | None = None) -> int:
     fit_torch_threads()
     count = frontend_count(settings.frontends)
     # Each process that takes HTTP requests gets its share of the room for arriving bodies.
-    settings = settings.model_copy(update={"max_receiving_bytes": receiving_bytes(
-        settings.max_receiving_bytes, settings.max_body_bytes, count)})
+    settings = settings.model_copy(
+        update={"max_receiving_bytes": receiving_bytes(settings, count)})
     if count > 1:
         return _serve_split(settings, count, fd)
     listener = listening_socket(settings.host, settings.port, fd, group=False)

@@ -59,8 +59,9 @@ async def read_body(receive: Receive, limit: int, declared: bytes | None = None,
             if size > limit:
                 raise PayloadTooLarge(f"request body is larger than the limit of {limit} bytes")
             if arriving is not None and size > taken:  # its whole length at once where declared
-                arriving.take(max(size, length) - taken)
-                taken = max(size, length)
+                wanted = max(size, length)
+                arriving.take(wanted - taken)
+                taken = wanted
             chunks.append(chunk)
             if not more:
                 return b"".join(chunks)

@@ -225,8 +225,7 @@ class RemoteService:
         self.link = DeviceLink()
         self.repository = RemoteRepository(self)
         self.unknown = RemoteCounts(self.link, "", "")
-        self.arriving = Arriving(receiving_bytes(settings.max_receiving_bytes,
-                                                 settings.max_body_bytes, 1))
+        self.arriving = Arriving(receiving_bytes(settings))
         self.draining = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.pool: DaemonPool | None = None

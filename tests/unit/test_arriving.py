@@ -7,6 +7,7 @@ import pytest
 from app import arriving
 from app.arriving import MEMORY_SHARE, Arriving, receiving_bytes
 from app.errors import Unavailable
+from tests.conftest import make_settings
 
 MIB = 2**20
 
@@ -28,8 +29,10 @@ def test_room_is_taken_and_given_back_and_none_past_the_most() -> None:
 def test_the_default_shares_a_part_of_memory_among_the_processes(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(arriving, "memory_bytes", lambda: 8 * 1024 * MIB)
-    assert receiving_bytes(None, 16 * MIB, 1) == 8 * 1024 * MIB // MEMORY_SHARE
-    assert receiving_bytes(None, 16 * MIB, 4) == 8 * 1024 * MIB // MEMORY_SHARE // 4
+    default = make_settings(max_body_bytes=16 * MIB)
+    assert receiving_bytes(default) == 8 * 1024 * MIB // MEMORY_SHARE
+    assert receiving_bytes(default, 4) == 8 * 1024 * MIB // MEMORY_SHARE // 4
     # never less than one body of the largest size; what the user set, as set
-    assert receiving_bytes(None, 1024 * MIB, 8) == 1024 * MIB
-    assert receiving_bytes(5 * MIB, 1 * MIB, 8) == 5 * MIB
+    assert receiving_bytes(make_settings(max_body_bytes=1024 * MIB), 8) == 1024 * MIB
+    assert receiving_bytes(make_settings(max_receiving_bytes=5 * MIB, max_body_bytes=MIB),
+                           8) == 5 * MIB
