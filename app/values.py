@@ -59,14 +59,17 @@ def _number(value: Any) -> float | None:
 def derive_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
     """``given`` (the values set explicitly) plus defaults adjusted so that they never contradict
     a value the user set: ``queue_capacity=4`` alone lowers the default ``max_instances`` to 4,
-    ``request_timeout_s=0.004`` alone lowers the default ``max_wait_ms`` to 2, and the other
-    way round. Two explicit values that contradict each other are left for the checks."""
+    ``max_instances`` or ``max_batch_size`` above 1024 raise the default ``queue_capacity`` to
+    hold that many (a batch never holds more than the queue), ``request_timeout_s=0.004``
+    alone lowers the default ``max_wait_ms`` to 2, and the other way round. Two explicit values
+    that contradict each other are left for the checks."""
     out = dict(given)
     capacity, instances = _number(given.get("queue_capacity")), _number(given.get("max_instances"))
     if "max_instances" not in given and capacity is not None:
         out["max_instances"] = max(1, int(min(DEFAULT_MAX_INSTANCES, capacity)))
-    if "queue_capacity" not in given and instances is not None:
-        out["queue_capacity"] = int(max(DEFAULT_QUEUE_CAPACITY, instances))
+    batch = _number(given.get("max_batch_size"))
+    if "queue_capacity" not in given and (instances is not None or batch is not None):
+        out["queue_capacity"] = int(max(DEFAULT_QUEUE_CAPACITY, instances or 0, batch or 0))
     timeout_s, wait_ms = _number(given.get("request_timeout_s")), _number(given.get("max_wait_ms"))
     if "max_wait_ms" not in given and timeout_s is not None and timeout_s > 0:
         out["max_wait_ms"] = min(DEFAULT_MAX_WAIT_MS, timeout_s * 1000.0 / 2)

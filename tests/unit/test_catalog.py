@@ -22,6 +22,16 @@ def test_a_models_settings_take_what_the_user_set_for_the_server() -> None:
         model_settings(server, {"max_wait_ms": 900, "request_timeout_s": 0.5})
 
 
+def test_a_models_large_batch_gets_a_queue_that_holds_it() -> None:
+    """A batch never holds more than the queue: a model's max_batch_size past the default
+    capacity raises that model's default capacity, not one the user set for the server."""
+    server = load_settings(None, {"model_repository": "/tmp"})
+    assert model_settings(server, {"max_batch_size": 4096}).queue_capacity == 4096
+    assert model_settings(server, {}).queue_capacity == 1024
+    capped = load_settings(None, {"queue_capacity": 512, "model_repository": "/tmp"})
+    assert model_settings(capped, {"max_batch_size": 4096}).queue_capacity == 512
+
+
 def test_versions_are_numbered_folders_and_the_newest_serves(tmp_path: Path) -> None:
     for version in ("1", "3", "10"):
         (tmp_path / "m" / version).mkdir(parents=True)

@@ -61,6 +61,10 @@ def test_contradictions_are_refused_naming_both() -> None:
     [
         ({"queue_capacity": 4}, {"max_instances": 4}),
         ({"max_instances": 3000}, {"queue_capacity": 3000}),
+        ({"max_batch_size": 4096}, {"queue_capacity": 4096, "max_instances": 256}),
+        ({"max_batch_size": 64}, {"queue_capacity": 1024}),
+        ({"max_batch_size": 4096, "max_instances": 5000}, {"queue_capacity": 5000}),
+        ({"max_batch_size": 4096, "queue_capacity": 16}, {"queue_capacity": 16}),
         ({"request_timeout_s": 0.004}, {"max_wait_ms": 2.0}),
         ({"max_wait_ms": 40_000}, {"request_timeout_s": 80.0}),
         ({"queue_capacity": 4, "max_instances": 2}, {"max_instances": 2}),
