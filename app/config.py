@@ -25,6 +25,7 @@ from pydantic_settings import (
 
 from app.values import (
     DAY_S,
+    DEFAULT_GRPC_PORT,
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_INSTANCES,
     DEFAULT_MAX_WAIT_MS,
@@ -222,8 +223,8 @@ class Settings(BaseSettings, BatchSettings):
     host: str = Field("127.0.0.1", min_length=1, description="address to bind")
     port: int = Field(8000, ge=0, le=65535, description="port to bind (0: any free port)")
     grpc_port: int = Field(
-        8001, ge=0, le=65535, description="port of the Open Inference Protocol over gRPC, on "
-        "the same host (0: no gRPC)",
+        DEFAULT_GRPC_PORT, ge=0, le=65535, description="port of the Open Inference Protocol over "
+        "gRPC, on the same host (0: no gRPC; 8002 where port is 8001)",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     log_format: Literal["text", "json"] = Field("text", description="log line format")
@@ -264,6 +265,8 @@ class Settings(BaseSettings, BatchSettings):
                 f"max_receiving_bytes ({self.max_receiving_bytes}) is less than max_body_bytes "
                 f"({self.max_body_bytes}): a body of the largest size could never arrive"
             )
+        if self.grpc_port and self.grpc_port == self.port:
+            raise ValueError(f"port and grpc_port are both {self.port}: each needs its own")
         if self.load_model and self.model_control_mode != "explicit":
             raise ValueError(
                 f"load_model ({', '.join(self.load_model)}) needs model_control_mode explicit "

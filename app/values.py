@@ -14,6 +14,7 @@ DEFAULT_MAX_WAIT_MS = 5.0
 DEFAULT_QUEUE_CAPACITY = 1024
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 DEFAULT_MAX_INSTANCES = 256
+DEFAULT_GRPC_PORT = 8001  # Triton's
 DAY_S = 86400.0  # the longest a timeout or lease may be: longer ones overflow timers and Redis
 
 
@@ -60,7 +61,8 @@ def derive_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
     """``given`` (the values set explicitly) plus defaults adjusted so that they never contradict
     a value the user set: ``queue_capacity=4`` alone lowers the default ``max_instances`` to 4,
     ``max_instances`` or ``max_batch_size`` above 1024 raise the default ``queue_capacity`` to
-    hold that many (a batch never holds more than the queue), ``request_timeout_s=0.004``
+    hold that many (a batch never holds more than the queue), ``port=8001`` moves the default
+    ``grpc_port`` to 8002, ``request_timeout_s=0.004``
     alone lowers the default ``max_wait_ms`` to 2, and the other way round. Two explicit values
     that contradict each other are left for the checks."""
     out = dict(given)
@@ -70,6 +72,8 @@ def derive_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
     batch = _number(given.get("max_batch_size"))
     if "queue_capacity" not in given and (instances is not None or batch is not None):
         out["queue_capacity"] = int(max(DEFAULT_QUEUE_CAPACITY, instances or 0, batch or 0))
+    if "grpc_port" not in given and _number(given.get("port")) == DEFAULT_GRPC_PORT:
+        out["grpc_port"] = DEFAULT_GRPC_PORT + 1  # gRPC's default port gives way to HTTP on it
     timeout_s, wait_ms = _number(given.get("request_timeout_s")), _number(given.get("max_wait_ms"))
     if "max_wait_ms" not in given and timeout_s is not None and timeout_s > 0:
         out["max_wait_ms"] = min(DEFAULT_MAX_WAIT_MS, timeout_s * 1000.0 / 2)

@@ -54,6 +54,9 @@ def test_contradictions_are_refused_naming_both() -> None:
     with pytest.raises(ConfigError, match=r"max_receiving_bytes \(1000\) is less than "
                                           r"max_body_bytes \(2000\)"):
         load_settings(None, {"max_receiving_bytes": 1000, "max_body_bytes": 2000})
+    with pytest.raises(ConfigError, match="port and grpc_port are both 9000: each needs its own"):
+        load_settings(None, {"port": 9000, "grpc_port": 9000})
+    assert load_settings(None, {"port": 0, "grpc_port": 0}).grpc_port == 0  # 0 and 0: no gRPC
 
 
 @pytest.mark.parametrize(
@@ -68,6 +71,9 @@ def test_contradictions_are_refused_naming_both() -> None:
         ({"request_timeout_s": 0.004}, {"max_wait_ms": 2.0}),
         ({"max_wait_ms": 40_000}, {"request_timeout_s": 80.0}),
         ({"queue_capacity": 4, "max_instances": 2}, {"max_instances": 2}),
+        ({"port": 8001}, {"grpc_port": 8002}),
+        ({"port": 9000}, {"grpc_port": 8001}),
+        ({"port": 8001, "grpc_port": 0}, {"grpc_port": 0}),
     ],
 )
 def test_defaults_give_way_to_what_the_user_set(given: dict, derived: dict) -> None:
@@ -96,6 +102,13 @@ def test_endless_times_are_refused_naming_only_what_was_set(given: dict, named: 
     time (a traceback at shutdown); it is refused at start-up, naming the setting given."""
     with pytest.raises(ConfigError, match=named):
         load_settings(None, given)
+
+
+def test_an_http_port_from_the_environment_moves_grpc_off_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHSERVE_PORT", "8001")
+    s = load_settings()
+    assert (s.port, s.grpc_port, s.explicit) == (8001, 8002, {"port"})
 
 
 def test_the_environment_alone_gives_a_working_queue(monkeypatch: pytest.MonkeyPatch) -> None:
