@@ -17,6 +17,7 @@ from typing import Any
 from app.config import ENV_PREFIX, Settings
 from app.errors import BatchServeError, ConfigError
 from app.sources import load_settings, unknown_variables
+from app.version import __version__
 
 
 def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:
@@ -199,9 +200,12 @@ def _read_jsonl(path: str) -> list[Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="batchserve", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="batchserve", description="An inference server for PyTorch models that batches "
+        "requests dynamically: HTTP (/predict, the Open Inference Protocol) and gRPC.")
+    parser.add_argument("--version", action="version", version=f"batchserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    p_serve = sub.add_parser("serve", help="run the HTTP server")
+    p_serve = sub.add_parser("serve", help="run the server: HTTP, and gRPC on grpc_port")
     add_setting_flags(p_serve, skip=JOB_SETTINGS)
     p_serve.add_argument(
         "--fd", type=int, default=None,

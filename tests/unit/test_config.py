@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 
 from app import supervisor
-from app.cli import HTTP_SETTINGS, JOB_SETTINGS, build_parser
+from app.cli import HTTP_SETTINGS, JOB_SETTINGS, build_parser, main
 from app.config import Settings
 from app.errors import ConfigError
 from app.sources import load_settings, unknown_variables
 from app.supervisor import frontend_count
+from app.version import __version__
 from tests.conftest import make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,6 +180,13 @@ def test_every_setting_has_a_flag_in_the_command_that_reads_it(
     assert flags_in(serve) | flags_in(worker) == set(Settings.model_fields)
     assert not flags_in(serve) & JOB_SETTINGS and not flags_in(worker) & HTTP_SETTINGS
     assert "frontends" in flags_in(serve) and "redis_url" in flags_in(worker)
+
+
+def test_version_is_one_line_and_exit_0(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ended:
+        main(["--version"])
+    assert ended.value.code == 0
+    assert capsys.readouterr().out == f"batchserve {__version__}\n"
 
 
 def test_help_says_each_default_once_in_words(capsys: pytest.CaptureFixture[str]) -> None:
