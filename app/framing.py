@@ -11,6 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 MAX_LINE = 4096  # a chunk-size line or a trailer line longer than this is refused
+MOST_DIGITS = 18  # of a number a request states (a length, a level): int64's, and below the
+# 4,300 past which int() raises instead of reading it
+
+
+def decimal(text: bytes | str) -> int | None:
+    """The whole number ``text`` writes in ASCII digits ("²" and "٣" are digits to
+    ``isdigit``), at most ``MOST_DIGITS`` of them; None for anything else."""
+    if not (text.isascii() and text.isdigit()) or len(text) > MOST_DIGITS:
+        return None
+    return int(text)
 
 
 class FramingError(ValueError):
@@ -79,7 +89,7 @@ def body_of(headers: Sequence[tuple[bytes, bytes]]) -> Body | None:
         if name == b"transfer-encoding" and value.strip().lower().endswith(b"chunked"):
             return Body(None)
         if name == b"content-length":
-            if not value.strip().isdigit():
+            length = decimal(value.strip())
+            if length is None:
                 raise FramingError(f"Content-Length is not a length: {value[:20]!r}")
-            length = int(value)
     return Body(length) if length else None

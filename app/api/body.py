@@ -9,6 +9,7 @@ from starlette.types import Receive
 
 from app.arriving import Arriving
 from app.errors import InvalidInput, PayloadTooLarge, UnsupportedEncoding
+from app.framing import decimal
 
 # The Content-Encodings Triton takes (tritonclient's request_compression_algorithm sends them),
 # as zlib's window bits: gzip's header, or deflate's zlib one.
@@ -38,7 +39,7 @@ async def read_body(receive: Receive, limit: int, declared: bytes | None = None,
     (app/arriving.py: 503 busy where there is none).
     ClientGone if the client disconnects.
     """
-    length = int(declared) if declared is not None and declared.isdigit() else 0
+    length = (decimal(declared) or 0) if declared is not None else 0  # llhttp checked it
     if length > limit:
         raise PayloadTooLarge(f"request body is larger than the limit of {limit} bytes")
     chunks: list[bytes] = []

@@ -27,6 +27,7 @@ from app.arriving import Arriving
 from app.config import Settings
 from app.errors import InvalidInput, NotFound, ServeError
 from app.facade import ModelFacade, RequestCounts, Waiting
+from app.framing import decimal
 from app.tracing import Tracing, carrier_of
 
 TIMEOUT_HEADER = "x-request-timeout"
@@ -118,10 +119,11 @@ def priority_header(header: bytes | None) -> int | None:
     """``X-Priority: N``: the level a request asks for (1 the most urgent; 0 the default)."""
     if header is None:
         return None
-    if not (header.isascii() and header.isdigit()):
-        raise InvalidInput(f"{PRIORITY_HEADER} must be a whole number >= 0, got "
-                           f"{header.decode('latin-1')!r}")
-    return int(header)
+    level = decimal(header)
+    if level is None:
+        shown = header[:40].decode("latin-1") + ("..." if len(header) > 40 else "")
+        raise InvalidInput(f"{PRIORITY_HEADER} must be a whole number >= 0, got {shown!r}")
+    return level
 
 
 class DisconnectWatch:

@@ -523,6 +523,8 @@ async def test_every_predict_route_states_the_single_models_contract(tmp_path: A
     ("3", "priority 3 is out of range: model 'linear' has levels 1 (most urgent) to 2"),
     ("high", "X-Priority must be a whole number"),
     ("-1", "X-Priority must be a whole number >= 0"),
+    ("9" * 5000, "X-Priority must be a whole number >= 0, got '" + "9" * 40 + "...'"),
+    ("9" * 18, "priority 999999999999999999 is out of range"),
 ])
 async def test_a_bad_priority_is_refused_naming_the_range(header: str, contains: str) -> None:
     async with app_client(make_settings()) as client:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.framing import MAX_LINE, Body, FramingError, body_of
+from app.framing import MAX_LINE, Body, FramingError, body_of, decimal
 
 CHUNKED = b"4\r\nWiki\r\n7;ext=1\r\npedia i\r\nB\r\nn \r\nchunks.\r\n0\r\nTrailer: x\r\n\r\n"
 
@@ -53,5 +53,14 @@ def test_the_headers_say_which_body() -> None:
     length = body_of([(b"content-length", b"3")])
     assert length is not None and read(length, [b"abc"]) == (b"abc", b"")
     assert body_of([(b"content-length", b"0")]) is None and body_of([]) is None
-    with pytest.raises(FramingError, match="not a length"):
-        body_of([(b"content-length", b"-1")])
+    for bad in (b"-1", b"9" * 5000, b"\xd9\xa3"):
+        with pytest.raises(FramingError, match="not a length"):
+            body_of([(b"content-length", bad)])
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    (b"0", 0), ("42", 42), (b"9" * 18, 10**18 - 1), (b"9" * 19, None), ("9" * 5000, None),
+    ("²", None), ("٣", None), (b"", None), (b"-1", None), (b" 1", None), (b"1e3", None),
+])
+def test_a_stated_number_is_ascii_digits_int64_holds(text: bytes | str, value: int | None) -> None:
+    assert decimal(text) == value

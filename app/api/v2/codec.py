@@ -17,6 +17,7 @@ import orjson
 
 from app.api.v2.checks import check_input, check_outputs, check_served, unknown_output
 from app.errors import InvalidInput
+from app.framing import decimal
 from app.models.signature import DATATYPES, TensorSpec, datatype_of
 from app.payload import json_object, json_text, whole_number_of
 
@@ -46,9 +47,8 @@ def parse_request(
     is ``expected``; ``outputs`` (if known) are the names a request may ask for."""
     json_part, binary = body, b""
     if header_length is not None:
-        digits = header_length.isascii() and header_length.isdigit()  # not "²" or "٣"
-        json_size = int(header_length) if digits else -1
-        if not 0 <= json_size <= len(body):
+        json_size = decimal(header_length)
+        if json_size is None or json_size > len(body):
             raise InvalidInput("Inference-Header-Content-Length is not a valid length")
         json_part, binary = body[:json_size], body[json_size:]
     payload = json_object(json_part)

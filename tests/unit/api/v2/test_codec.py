@@ -62,6 +62,14 @@ def test_a_bad_size_in_shape_is_400_naming_it(size: object, shows: str) -> None:
         infer({"name": "INPUT0", "shape": [1, size], "datatype": "FP32", "data": [1, 2]})
 
 
+@pytest.mark.parametrize("length", ["9" * 5000, "99999999999999999999", "-1", "1.0", "٣", "",
+                                    "9999"])
+def test_a_header_length_that_is_none_of_the_bodys_is_400(length: str) -> None:
+    """Past 4,300 digits int() raises a ValueError of its own (it was a 500)."""
+    with pytest.raises(InvalidInput, match="Inference-Header-Content-Length is not a valid"):
+        parse_request(b'{"inputs": []}', length, 16, "m", INPUT)
+
+
 def test_binary_data_must_be_exactly_what_binary_data_size_says() -> None:
     data = np.ones(2, np.float32).tobytes()
     tensor = {"name": "INPUT0", "shape": [1, 2], "datatype": "FP32",
