@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import os
 import resource
 import sys
@@ -29,8 +30,12 @@ log = logging.getLogger("batchserve")
 def usable_cores() -> int:
     """The cores this process may use: the machine's, fewer where its CPU affinity (taskset,
     ``docker --cpuset-cpus``) or a cgroup CPU quota (``docker --cpus``, a Kubernetes CPU
-    limit) allows fewer, a quota of 2.5 CPUs counting 3. ``os.cpu_count`` sees the host's."""
-    return int(cpu_count(only_physical_cores=False))
+    limit, a systemd unit's ``CPUQuota``) allows fewer, a quota of 2.5 CPUs counting 3.
+    ``os.cpu_count`` sees the host's; loky's reads the quota where a container shows its
+    cgroup as the root, ``cpu_quota`` on the process's own cgroups and those above."""
+    cores = int(cpu_count(only_physical_cores=False))
+    quota = cpu_quota()
+    return cores if quota is None else max(1, min(cores, math.ceil(quota)))
 
 
 # Where cgroups are mounted, and where this process's own are named: v2's line "0::/path", v1's
@@ -39,29 +44,54 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 OWN_CGROUPS = Path("/proc/self/cgroup")
 
 
-def memory_bytes() -> int:
-    """The memory this process may use: the machine's, or less under a cgroup memory limit
-    (``docker --memory``, a Kubernetes memory limit, a systemd unit's ``MemoryMax``) on its
-    own cgroup or one above it, which the machine's figure does not see."""
-    most = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+def cgroup_files(v2_name: str, controller: str, v1_name: str) -> list[tuple[Path, str]]:
+    """(path, text) of each ``v2_name`` (cgroup v2) and each ``v1_name`` of ``controller``'s
+    hierarchy (v1) on this process's own cgroups and those above them, nearest first: a limit
+    may be set on any of them."""
     try:
         lines = OWN_CGROUPS.read_text().splitlines()
     except OSError:
         lines = []
-    own = {kind: path for kind, path in (line.split(":", 2)[1:] for line in lines
-                                          if line.count(":") >= 2)}
-    for kind, mounted, name in (("", CGROUP_ROOT, "memory.max"),
-                                ("memory", CGROUP_ROOT / "memory", "memory.limit_in_bytes")):
+    own = {kind: path for kinds, path in (line.split(":", 2)[1:] for line in lines
+                                          if line.count(":") >= 2) for kind in kinds.split(",")}
+    found = []
+    for kind, mounted, name in (("", CGROUP_ROOT, v2_name),
+                                (controller, CGROUP_ROOT / controller, v1_name)):
         where = mounted / own.get(kind, "/").lstrip("/")
         for folder in (where, *where.parents):
             if not folder.is_relative_to(mounted):
                 break
             try:
-                text = (folder / name).read_text().strip()
+                found.append((folder / name, (folder / name).read_text().strip()))
             except OSError:
                 continue
-            if text.isdigit():  # v2 says "max" where there is no limit, v1 a huge number
-                most = min(most, int(text))
+    return found
+
+
+def cpu_quota() -> float | None:
+    """The fewest CPUs a quota on this process's cgroups allows (v2 ``cpu.max`` "150000
+    100000": 1.5; v1 ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``); None without one."""
+    quotas = []
+    for path, text in cgroup_files("cpu.max", "cpu", "cpu.cfs_quota_us"):
+        limit, _, period = text.partition(" ")
+        if path.name != "cpu.max":
+            try:
+                period = (path.parent / "cpu.cfs_period_us").read_text().strip()
+            except OSError:
+                continue
+        if limit.isdigit() and period.isdigit() and int(period) > 0:  # "max", -1: no quota
+            quotas.append(int(limit) / int(period))
+    return min(quotas, default=None)
+
+
+def memory_bytes() -> int:
+    """The memory this process may use: the machine's, or less under a cgroup memory limit
+    (``docker --memory``, a Kubernetes memory limit, a systemd unit's ``MemoryMax``) on its
+    own cgroup or one above it, which the machine's figure does not see."""
+    most = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for _, text in cgroup_files("memory.max", "memory", "memory.limit_in_bytes"):
+        if text.isdigit():  # v2 says "max" where there is no limit, v1 a huge number
+            most = min(most, int(text))
     return most
 
 

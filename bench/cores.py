@@ -6,7 +6,13 @@ other down (SMT siblings shown as cores, a shared frequency budget) decides whet
 ends can add throughput there. Each process runs rounds of a front end's kind of work for
 ``--seconds``: parse mlp's JSON body (C, allocating) and a little plain Python (calls, dicts,
 attributes); the rounds a second of one process alone, then of K at once, K = each of
-``--processes`` (default: half the cores and all of them).
+``--processes`` (default: half the cores and all of them, and every online CPU where a quota
+or the affinity allows fewer).
+
+First it prints the CPU quota on this process's cgroups (``docker --cpus``, a Kubernetes CPU
+limit: the usable cores count it) and their throttling counters; ``--cgroup`` prints only
+those, to compare after a run: a quota the whole box shares (the server, wrk) shows as
+throttled periods there, not as any one process's CPU.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import random
 import statistics
 import time
 
-from app.process import usable_cores
+from app.process import cgroup_files, usable_cores
 
 
 def _body() -> bytes:
@@ -68,15 +74,31 @@ def rates(k: int, seconds: float) -> list[float]:
     return got
 
 
+def cpu_cgroup() -> str:
+    """The CPU quota files (v2 ``cpu.max``; v1 ``cpu.cfs_quota_us``, -1: none) and throttling
+    counters on this process's cgroups, nearest first, one line each."""
+    found = [*cgroup_files("cpu.max", "cpu", "cpu.cfs_quota_us"),
+             *cgroup_files("cpu.stat", "cpu", "cpu.stat")]
+    lines = [f"{path}: {' '.join(text.split())}" for path, text in found
+             if path.name != "cpu.stat" or "throttled" in text]
+    return "\n".join(lines) or "no CPU cgroup files"
+
+
 def main() -> None:
-    cores = usable_cores()
+    cores, online = usable_cores(), os.cpu_count() or 1
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--processes", default=f"{max(1, cores // 2)},{cores}",
-                        help="comma list of K (half the cores and all of them)")
+    parser.add_argument("--processes", default=",".join(str(k) for k in sorted(
+        {max(1, cores // 2), cores, online})), help="comma list of K (half the cores, all of "
+        "them, and every online CPU)")
+    parser.add_argument("--cgroup", action="store_true",
+                        help="print the CPU quota and throttling counters only")
     args = parser.parse_args()
+    print(cpu_cgroup())
+    if args.cgroup:
+        return
     alone = rates(1, args.seconds)[0]
-    print(f"== {cores} usable cores ({os.cpu_count()} online); one process alone: "
+    print(f"== {cores} usable cores ({online} online); one process alone: "
           f"{alone:,.0f} rounds/s")
     for k in (int(x) for x in args.processes.split(",")):
         got = rates(k, args.seconds)

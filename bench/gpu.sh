@@ -263,8 +263,11 @@ main() {
   # whether the cores are physical or hyperthreads: a front end's CPU a request depends on it
   command -v lscpu >/dev/null && lscpu | grep -E \
     '^(Model name|CPU\(s\)|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|NUMA node\(s\)):'
-  # and whether they slow each other down when all are busy (lscpu in a VM may not say)
-  timeout 30 "$PY" -m bench.cores
+  # and whether they slow each other down when all are busy (lscpu in a VM may not say), and
+  # any CPU quota on its cgroups (on mlp JSON at 630b9d8 the server's CPU, fe us + dev us a
+  # request, came to 7.1 cores at 8 front ends and 7.2 at 14, wrk's beside it: a quota of 8
+  # would explain why 14 gave no more)
+  timeout 45 "$PY" -m bench.cores
 
   if [ -n "$TESTS" ]; then
     echo "== tests: $TESTS (devices auto: CUDA where present)"
@@ -318,6 +321,10 @@ main() {
   alternating pinned "--pin-device-cores=$PIN_CORES"
   ab_compare
   c1_compare
+  # a CPU quota on the machine's cgroups throttles the server and wrk together: its counters
+  # now, against those bench.cores printed first
+  echo "== CPU cgroup after the runs"
+  "$PY" -m bench.cores --cgroup
 }
 
 main 2>&1 | tee -a "$OUT/gpu.log"

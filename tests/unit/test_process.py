@@ -347,3 +347,46 @@ def test_memory_is_the_machines_or_less_under_a_cgroup_limit(
     assert process.memory_bytes() == machine
     (v1.parent / "memory.limit_in_bytes").write_text("734003200\n")
     assert process.memory_bytes() == 734003200
+
+
+def test_a_v1_hierarchy_of_several_controllers_is_read_nearest_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """v1 mounts cpu and cpuacct as one hierarchy ("2:cpu,cpuacct:/pod/box"): a CPU quota on
+    the pod or the box is found by either name."""
+    root, own = tmp_path / "cgroup", tmp_path / "self-cgroup"
+    box = root / "cpu" / "pod" / "box"
+    box.mkdir(parents=True)
+    monkeypatch.setattr(process, "CGROUP_ROOT", root)
+    monkeypatch.setattr(process, "OWN_CGROUPS", own)
+    own.write_text("2:cpu,cpuacct:/pod/box\n0::/\n")
+    (box / "cpu.cfs_quota_us").write_text("-1\n")
+    (box.parent / "cpu.cfs_quota_us").write_text("800000\n")
+    assert process.cgroup_files("cpu.max", "cpu", "cpu.cfs_quota_us") == [
+        (box / "cpu.cfs_quota_us", "-1"), (box.parent / "cpu.cfs_quota_us", "800000")]
+
+
+def test_a_cpu_quota_on_any_own_cgroup_bounds_the_usable_cores(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A systemd unit's CPUQuota or a pod's limit on a cgroup above the process counts, also
+    where the process does not see its cgroup as the root (loky reads the root's only)."""
+    root, own = tmp_path / "cgroup", tmp_path / "self-cgroup"
+    unit = root / "system.slice" / "batchserve.service"
+    unit.mkdir(parents=True)
+    monkeypatch.setattr(process, "CGROUP_ROOT", root)
+    monkeypatch.setattr(process, "OWN_CGROUPS", own)
+    monkeypatch.setattr(process, "cpu_count", lambda only_physical_cores: 16)
+    own.write_text("0::/system.slice/batchserve.service\n")
+    (unit / "cpu.max").write_text("max 100000\n")
+    assert (process.cpu_quota(), process.usable_cores()) == (None, 16)
+    (root / "system.slice" / "cpu.max").write_text("250000 100000\n")  # 2.5 CPUs: 3 cores
+    assert (process.cpu_quota(), process.usable_cores()) == (2.5, 3)
+    (unit / "cpu.max").write_text("50000 100000\n")  # half a CPU: still one core
+    assert (process.cpu_quota(), process.usable_cores()) == (0.5, 1)
+    own.write_text("1:cpu,cpuacct:/pod\n0::/nowhere\n")  # v1: the quota over its period
+    v1 = root / "cpu" / "pod"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert (process.cpu_quota(), process.usable_cores()) == (None, 16)
+    (v1 / "cpu.cfs_quota_us").write_text("400000\n")
+    assert (process.cpu_quota(), process.usable_cores()) == (4.0, 4)
