@@ -20,6 +20,7 @@ from app.api.access import REQUEST_ID_HEADER
 from app.api.relay import HELD, Relay
 from app.asks import Ask, Asked, Replied
 from app.errors import Relayed
+from app.framing import decimal
 from app.logs import request_id
 
 PASSED_ON = ("authorization",)  # the call's metadata the app reads, besides its request id
@@ -83,9 +84,8 @@ def _relayed(answer: Replied) -> Relayed:
     else:
         type_ = "error"
         message = str(error) if error is not None else _phrase(answer.status)
-    retry = dict(answer.headers).get(b"retry-after", b"").decode()
-    return Relayed(answer.status, type_, message,
-                   int(retry) if retry and retry.isdigit() else None)
+    retry = dict(answer.headers).get(b"retry-after")
+    return Relayed(answer.status, type_, message, decimal(retry) if retry else None)
 
 
 def _phrase(status: int) -> str:

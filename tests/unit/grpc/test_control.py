@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 
 from app.asks import Asked, Replied, answer
 from app.errors import Relayed
-from app.grpc.control import Control
+from app.grpc.control import Control, _relayed
 from tests.conftest import wait_until
 
 
@@ -84,3 +84,13 @@ async def test_a_call_is_the_http_request_it_stands_for_and_an_error_its_status(
     with pytest.raises(Relayed) as refused:
         await control.get("/v2/nothing", {})
     assert (refused.value.status, refused.value.type) == (404, "error")
+
+
+@pytest.mark.parametrize(("retry", "seconds"), [
+    (b"1", 1), (b"30", 30), (b"soon", None), (b"9" * 5000, None), (None, None)])
+def test_an_errors_retry_after_travels_as_whole_seconds_or_not_at_all(
+        retry: bytes | None, seconds: int | None) -> None:
+    headers = [(b"retry-after", retry)] if retry is not None else []
+    answer = Replied(503, headers, orjson.dumps({"error": {"type": "busy", "message": "full"}}))
+    relayed = _relayed(answer)
+    assert (relayed.status, relayed.type, relayed.retry_after_s) == (503, "busy", seconds)
