@@ -201,8 +201,8 @@ class Settings(BaseSettings, BatchSettings):
     )
     max_connections: int = Field(
         1000, ge=1, description="open connections (and requests in flight) per process, past "
-        "which new ones get 503 (gRPC: calls in flight, past which RESOURCE_EXHAUSTED); the "
-        "soft limit on open files is raised to fit, up to the hard limit",
+        "which new ones get 503 (gRPC: as many connections, and calls in flight, past which "
+        "RESOURCE_EXHAUSTED); the soft limit on open files is raised to fit, up to the hard limit",
     )
     frontends: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field(
         "auto", description="front-end processes feeding one device process (1: one process; "

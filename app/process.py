@@ -104,28 +104,31 @@ def tune_for_serving() -> None:
 
 
 # Files a serving process holds open beside its clients' connections: its loop's, its logs',
-# the links to the front ends, gRPC's connections, a model's files while it loads.
+# the links to the front ends, a model's files while it loads.
 OWN_FILES = 256
 
 
-def fit_open_files(max_connections: int) -> int:
+def fit_open_files(max_connections: int, grpc: bool = False) -> int:
     """Raise this process's soft limit on open files, which the front ends it starts inherit,
-    to what ``max_connections`` connections and ``OWN_FILES`` need, as far as the hard limit
-    lets it; never lower it. Containers often start with a soft limit of 1024 under a far
+    to what ``max_connections`` connections (as many again with ``grpc``: its listener takes
+    that many of its own) and ``OWN_FILES`` need, as far as the hard limit lets it; never
+    lower it. Containers often start with a soft limit of 1024 under a far
     higher hard one: there, a flood of connections ran out of descriptors before
     ``max_connections``, and uvloop closed the connections it could not take unanswered
     instead of refusing them 503. Where the hard limit is too low, a warning says so. Returns
     the soft limit."""
-    needed = max_connections + OWN_FILES
+    listeners = 2 if grpc else 1
+    needed = max_connections * listeners + OWN_FILES
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= needed:
         return soft
     if hard != resource.RLIM_INFINITY and hard < needed:
-        log.warning("open files are limited to %d a process, fewer than max_connections (%d) "
+        log.warning("open files are limited to %d a process, fewer than max_connections (%d)%s "
                     "and the server's own %d need: past about %d connections, new ones are "
                     "closed unanswered instead of refused; raise the limit (docker run "
                     "--ulimit nofile=N) or lower max_connections", hard, max_connections,
-                    OWN_FILES, max(hard - OWN_FILES, 0))
+                    " for each of HTTP and gRPC" if grpc else "", OWN_FILES,
+                    max(hard - OWN_FILES, 0))
         needed = hard
     resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
     return needed

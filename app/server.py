@@ -69,7 +69,7 @@ def serve(settings: Settings, fd: int | None = None) -> int:
     for warning in unknown_variables(os.environ):
         log.warning("%s", warning)
     tune_for_serving()
-    fit_open_files(settings.max_connections)
+    fit_open_files(settings.max_connections, grpc=bool(settings.grpc_port))
     fit_torch_threads()
     count = frontend_count(settings.frontends)
     # Each process that takes HTTP requests gets its share of the room for arriving bodies.

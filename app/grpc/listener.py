@@ -85,6 +85,9 @@ class GrpcListener:
             ("grpc.so_reuseport", 1),  # beside the reserved socket and the other front ends
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             ("grpc.max_send_message_length", -1),
+            # gRPC core closes connections past this: without it a flood of idle ones took
+            # every descriptor, and HTTP's connections were closed unanswered.
+            ("grpc.max_allowed_incoming_connections", settings.max_connections),
         ])
         # Calls past this get RESOURCE_EXHAUSTED, as connections past it get 503 over HTTP.
         limit = CallLimit(settings.max_connections, refusals(self.service.unknown, "grpc"))

@@ -5,10 +5,12 @@ standard health service as grpc_health_probe and kubelets call it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 import signal
+import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,12 +31,14 @@ from tritonclient.utils import InferenceServerException
 
 from app.models.builtin import linear_module
 from tests.conftest import (
+    WAIT_S,
     LiveServer,
     live_server,
     make_settings,
     queued,
     sample,
     wait_until,
+    wait_until_sync,
 )
 from tests.fakes import GatedHandler, export_scale
 
@@ -437,6 +441,49 @@ async def test_calls_past_max_connections_are_refused() -> None:
         for call in held:
             assert (await call).raw_output_contents
         assert (await infer(echo_request(4))).raw_output_contents
+
+
+def test_connections_past_max_connections_are_closed_and_http_serves_on() -> None:
+    """gRPC core closes connections past ``max_connections``: a flood of idle ones (1,500
+    took every descriptor of a process with Docker's soft limit, and HTTP's connections were
+    closed unanswered) holds at most that many, and both protocols serve once it has gone."""
+    settings = bytes(3) + b"\x04" + bytes(5)  # an empty SETTINGS frame (HTTP/2)
+    preface, ack = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + settings, bytes(3) + b"\x04\x01" + bytes(4)
+    with live_server(make_settings(max_connections=4), grpc=True) as srv:
+        host, port = (srv.grpc_url or "").rsplit(":", 1)
+        flood = [socket.create_connection((host, int(port)), timeout=WAIT_S) for _ in range(8)]
+        for conn in flood:
+            conn.sendall(preface)
+        for conn in flood:  # the server's SETTINGS acknowledged: gRPC keeps such a one open
+            with contextlib.suppress(OSError):
+                if conn.recv(65536):
+                    conn.sendall(ack)
+
+        def closed(conn: socket.socket) -> bool:
+            conn.setblocking(False)
+            try:
+                while conn.recv(65536):  # the server's SETTINGS, then nothing: open
+                    pass
+            except BlockingIOError:
+                return False
+            except OSError:  # reset
+                return True
+            return True  # end of stream
+
+        wait_until_sync(lambda: sum(map(closed, flood)) >= 4, "connections past 4 closed")
+        assert sum(not closed(conn) for conn in flood) <= 4
+        assert httpx.post(srv.url + "/predict", json={"instances": [[1, 2, 3, 4]]},
+                          timeout=WAIT_S).status_code == 200
+        for conn in flood:
+            conn.close()
+        wait_until_sync(lambda: _serves(srv), "a gRPC call once the flood has gone")
+
+
+def _serves(srv: LiveServer) -> bool:
+    try:
+        return bool(client_for(srv).is_server_live(client_timeout=2))
+    except InferenceServerException:
+        return False
 
 
 def test_sigterm_answers_the_calls_accepted_then_exits_0(tmp_path: Path) -> None:

@@ -274,13 +274,14 @@ def test_a_short_switch_is_left_on_an_error() -> None:
 
 
 
-def _open_files_after_fit(soft: int, hard: int, max_connections: int) -> tuple[list[int], str]:
+def _open_files_after_fit(soft: int, hard: int, max_connections: int,
+                          grpc: bool = False) -> tuple[list[int], str]:
     """In a process started with these open-file limits: the limits after ``fit_open_files``,
     and what it logged."""
     code = ("import logging, resource\n"
             "from app.process import fit_open_files\n"
             "logging.basicConfig(format='%(message)s')\n"
-            f"got = fit_open_files({max_connections})\n"
+            f"got = fit_open_files({max_connections}, grpc={grpc})\n"
             "print(got, *resource.getrlimit(resource.RLIMIT_NOFILE))\n")
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
@@ -302,6 +303,16 @@ def test_a_low_soft_limit_on_open_files_is_raised_to_what_the_connections_need()
     limits, logged = _open_files_after_fit(100, hard, 1000)
     assert limits == [1000 + OWN_FILES, 1000 + OWN_FILES, hard]
     assert logged == ""
+
+
+def test_with_grpc_the_open_files_fit_its_connections_too() -> None:
+    """gRPC's listener holds up to max_connections connections of its own beside HTTP's."""
+    hard = _hard_open_files()
+    limits, logged = _open_files_after_fit(100, hard, 500, grpc=True)
+    assert limits == [1000 + OWN_FILES, 1000 + OWN_FILES, hard]
+    limits, logged = _open_files_after_fit(100, 600, 500, grpc=True)
+    assert limits == [600, 600, 600]
+    assert "max_connections (500) for each of HTTP and gRPC" in logged
 
 
 def test_a_soft_limit_on_open_files_is_never_lowered() -> None:
