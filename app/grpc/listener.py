@@ -81,6 +81,12 @@ class GrpcListener:
         """Listen (on the running loop); ConfigError if the port cannot be bound."""
         settings = self.settings
         control = Control(self._ask, self._changed)
+        # A call holds memory from its headers on, before its message comes and ``limit``
+        # below can see it (20,000 such streams on one connection: 422 MB). gRPC's own bound,
+        # ``maximum_concurrent_rpcs``, refuses calls past it at their start: at twice
+        # ``limit``, which frees a place as the answer is ready where gRPC's frees it only once
+        # the answer has gone, a client of max_connections calls in a closed loop never meets
+        # it.
         server = grpc.aio.server(options=[
             ("grpc.so_reuseport", 1),  # beside the reserved socket and the other front ends
             ("grpc.max_receive_message_length", settings.max_body_bytes),
@@ -88,7 +94,7 @@ class GrpcListener:
             # gRPC core closes connections past this: without it a flood of idle ones took
             # every descriptor, and HTTP's connections were closed unanswered.
             ("grpc.max_allowed_incoming_connections", settings.max_connections),
-        ])
+        ], maximum_concurrent_rpcs=2 * settings.max_connections)
         # Calls past this get RESOURCE_EXHAUSTED, as connections past it get 503 over HTTP.
         limit = CallLimit(settings.max_connections, refusals(self.service.unknown, "grpc"))
         server.add_generic_rpc_handlers((
