@@ -490,24 +490,23 @@ def test_calls_whose_message_never_comes_are_bounded_too() -> None:
             "/inference.GRPCInferenceService/ModelInfer",
             request_serializer=pb.ModelInferRequest.SerializeToString,
             response_deserializer=pb.ModelInferResponse.FromString)
-        release = threading.Event()
-
-        def once_released() -> Iterator[pb.ModelInferRequest]:
+        def once_released(release: threading.Event) -> Iterator[pb.ModelInferRequest]:
             release.wait(WAIT_S)
             request = pb.ModelInferRequest(model_name="linear", raw_input_contents=[
                 np.ones(4, np.float32).tobytes()])
             request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4])
             yield request
 
-        calls = [waiting.future(once_released()) for _ in range(6)]
+        releases = [threading.Event() for _ in range(6)]
+        calls = [waiting.future(once_released(release)) for release in releases]
         wait_until_sync(lambda: sum(c.done() for c in calls) >= 2, "calls past 4 refused")
         refused = [c for c in calls if c.done()]
         assert len(refused) == 2
         assert {c.code() for c in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
-        release.set()
-        for call in calls:
-            if call not in refused:  # the held ones, answered once their message came
-                assert call.result(WAIT_S).raw_output_contents
+        for call, release in zip(calls, releases, strict=True):
+            release.set()
+            if call not in refused:  # each held one, answered once its message came (one at
+                assert call.result(WAIT_S).raw_output_contents  # a time: 2 may be in flight)
 
 
 def _serves(srv: LiveServer) -> bool:
