@@ -62,9 +62,9 @@ def derive_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
     a value the user set: ``queue_capacity=4`` alone lowers the default ``max_instances`` to 4,
     ``max_instances`` or ``max_batch_size`` above 1024 raise the default ``queue_capacity`` to
     hold that many (a batch never holds more than the queue), ``port=8001`` moves the default
-    ``grpc_port`` to 8002, ``request_timeout_s=0.004``
-    alone lowers the default ``max_wait_ms`` to 2, and the other way round. Two explicit values
-    that contradict each other are left for the checks."""
+    ``grpc_port`` to 8002, ``request_timeout_s=0.004`` alone lowers the default
+    ``max_wait_ms`` to 2, and the other way round. Two explicit values that contradict each
+    other are left for the checks."""
     out = dict(given)
     capacity, instances = _number(given.get("queue_capacity")), _number(given.get("max_instances"))
     if "max_instances" not in given and capacity is not None:

@@ -39,7 +39,7 @@ async def read_body(receive: Receive, limit: int, declared: bytes | None = None,
     (app/arriving.py: 503 busy where there is none).
     ClientGone if the client disconnects.
     """
-    length = (decimal(declared) or 0) if declared is not None else 0  # llhttp checked it
+    length = decimal(declared or b"") or 0  # llhttp checked it
     if length > limit:
         raise PayloadTooLarge(f"request body is larger than the limit of {limit} bytes")
     chunks: list[bytes] = []

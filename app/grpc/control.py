@@ -84,8 +84,8 @@ def _relayed(answer: Replied) -> Relayed:
     else:
         type_ = "error"
         message = str(error) if error is not None else _phrase(answer.status)
-    retry = dict(answer.headers).get(b"retry-after")
-    return Relayed(answer.status, type_, message, decimal(retry) if retry else None)
+    retry = decimal(dict(answer.headers).get(b"retry-after", b""))
+    return Relayed(answer.status, type_, message, retry)
 
 
 def _phrase(status: int) -> str:
