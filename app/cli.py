@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.config import ENV_PREFIX, Settings
-from app.errors import BatchServeError, ConfigError
+from app.errors import BatchServeError, ConfigError, first_line
 from app.sources import load_settings, unknown_variables
 from app.version import __version__
 
@@ -162,8 +162,7 @@ def submit_jobs(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     except (RedisError, OSError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"batchserve submit: cannot use Redis at {settings.redis_url}: {reason}",
+        print(f"batchserve submit: cannot use Redis at {settings.redis_url}: {first_line(exc)}",
               file=sys.stderr)
         return 1
     out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115

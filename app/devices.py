@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from app.errors import ConfigError
+from app.errors import ConfigError, first_line
 
 
 def resolve_devices(spec: str) -> list[torch.device]:
@@ -67,5 +67,5 @@ def device_fault(device: torch.device) -> str | None:
     try:
         torch.cuda.synchronize(device)
     except RuntimeError as exc:  # torch.AcceleratorError from torch 2.8 on
-        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return first_line(exc)
     return None

@@ -22,6 +22,13 @@ class ConfigError(BatchServeError):
     """Settings that cannot work together, or a config file that cannot be read."""
 
 
+def first_line(exc: BaseException) -> str:
+    """An error in one line for a log or stderr line: its message's first, else its type's
+    name (torch's and Redis's messages run over several lines)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def os_reason(exc: OSError) -> str:
     """An OS error in words for a ConfigError's line: "Address already in use", not its repr.
     A name that does not resolve has a negative errno (getaddrinfo's), which ``os.strerror``

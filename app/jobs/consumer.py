@@ -17,10 +17,10 @@ from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from app.config import Settings
-from app.errors import ServeError, Unavailable
+from app.errors import ServeError, Unavailable, first_line
 from app.jobs.leases import keep_leases
 from app.jobs.messages import (
     RESULT_KEY,
@@ -205,8 +205,13 @@ class JobWorker:
             raise
         except Released as exc:
             log.warning("job entry %s left to another worker (%s)", job.entry, str(exc))
+        # Not acknowledged: the job stays pending and is taken over after its lease. Redis
+        # gone is one line a job (the worker then exits, saying so once); anything else is
+        # a fault of ours, with its traceback.
+        except (RedisError, OSError) as exc:
+            log.error("job entry %s could not be finished (Redis: %s); it will be retried",
+                      job.entry, first_line(exc))
         except Exception:
-            # Not acknowledged: the job stays pending and is taken over after its lease.
             log.exception("job entry %s could not be finished; it will be retried", job.entry)
 
     async def _infer(self, job: Job) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from redis.exceptions import RedisError
 
 from app.config import Settings
-from app.errors import ConfigError, os_reason
+from app.errors import ConfigError, first_line, os_reason
 from app.jobs.consumer import JobWorker
 from app.metrics import JobMetrics
 from app.process import fit_torch_threads, freeze_startup_objects, tune_for_serving
@@ -73,7 +73,7 @@ async def run_worker(settings: Settings) -> int:
             cause = exc.__cause__ if isinstance(exc, RuntimeError) and exc.__cause__ else exc
             if isinstance(cause, (RedisError, OSError)):
                 log.critical("cannot use Redis at %s: %s; exiting", settings.redis_url,
-                             _first_line(cause))
+                             first_line(cause))
             else:
                 log.exception("the worker stopped on an error")
             return 1
@@ -98,7 +98,3 @@ async def _stop_when_not_live(service: InferenceService, stop: asyncio.Event) ->
                  "a model not taken back after a restart); stopping to be restarted")
     stop.set()
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

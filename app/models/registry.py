@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from app.errors import ModelLoadError
+from app.errors import ModelLoadError, first_line
 from app.models.base import ModelHandler
 from app.models.builtin import linear_handler, mlp_handler
 from app.models.tensor import TensorHandler
@@ -91,8 +91,7 @@ def _require(path: Path, kind: str) -> None:
 
 
 def _not_a_model(path: Path, kind: str, exc: Exception) -> ModelLoadError:
-    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return ModelLoadError(f"{path} is not a {kind}: {first_line}")
+    return ModelLoadError(f"{path} is not a {kind}: {first_line(exc)}")
 
 
 def _torchscript(path: Path) -> ModelHandler:

@@ -35,14 +35,15 @@ pytestmark = [
 STREAM, GROUP = "batchserve:jobs", "batchserve"
 
 
-@pytest.fixture
-def redis_url(tmp_path: Path) -> Iterator[str]:
+@contextmanager
+def redis_server(folder: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A redis-server on a free loopback port, up: its URL and its process."""
     with socket.socket() as probe:  # a free loopback port for redis-server to bind
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     proc = subprocess.Popen(
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(tmp_path)],
+         "--appendonly", "no", "--dir", str(folder)],
         stdout=subprocess.DEVNULL,
     )
     url = f"redis://127.0.0.1:{port}/0"
@@ -55,10 +56,17 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
 
     try:
         wait_until_sync(up, "redis-server up")
-        yield url
+        yield url, proc
     finally:
-        proc.terminate()
+        if proc.poll() is None:
+            proc.terminate()
         proc.wait(WAIT_S)
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    with redis_server(tmp_path) as (url, _):
+        yield url
 
 
 @contextmanager
@@ -364,6 +372,34 @@ def test_submit_and_worker_fail_in_one_line(redis_url: str, tmp_path: Path) -> N
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot use Redis at" in lines[0], proc.stderr
+
+
+def test_redis_lost_stops_the_worker_in_lines_without_a_traceback(tmp_path: Path) -> None:
+    """Redis gone while jobs are held: a line for each job not finished (it stays pending, for
+    another worker after its lease), one line saying why the worker stops, exit 1."""
+    with redis_server(tmp_path) as (url, server):
+        held = ("--model", "tests.fakes:sleep_module", "--max-batch-size", "1")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app", "worker", "--redis-url", url, "--devices", "cpu",
+             "--log-level", "warning", *held],
+            cwd=ROOT, env={**os.environ, "SLEEP_S": "0.5"}, stderr=subprocess.PIPE, text=True)
+        try:
+            r = redis.Redis.from_url(url)
+            for i in range(4):
+                r.xadd(STREAM, {"job": orjson.dumps({"id": f"j{i}", "instances": [[1.0, 2.0]]})})
+            wait_until_sync(lambda: pending_count(r) >= 2, "the worker holds jobs")
+            server.kill()
+            server.wait(WAIT_S)
+            _, stderr = proc.communicate(timeout=WAIT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 1, stderr
+    assert "Traceback" not in stderr, stderr
+    lines = stderr.strip().splitlines()
+    assert "cannot use Redis at" in lines[-1], stderr
+    assert lines[:-1] and all("could not be finished (Redis: " in line for line in lines[:-1]), \
+        stderr
 
 
 def test_an_idle_worker_stops_within_a_second_of_sigterm(redis_url: str) -> None:
