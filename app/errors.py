@@ -113,13 +113,6 @@ class WouldMissDeadline(Unavailable):
         self.retry_after_s = retry_after_s
 
 
-class RequestTimeout(ServeError):
-    """408: the request's headers or body did not arrive within ``read_timeout_s``."""
-
-    status = 408
-    type = "request_timeout"
-
-
 class DeadlineExceeded(ServeError):
     status = 504
     type = "timeout"

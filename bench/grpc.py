@@ -123,11 +123,5 @@ def main() -> None:
     print(table(points))
 
 
-def table_from(path: str) -> str:
-    """The table of a run's JSON lines (what ``run`` prints), for a run already made."""
-    with open(path) as f:
-        return table([Point(**json.loads(line)) for line in f if line.startswith("{")])
-
-
 if __name__ == "__main__":
     main()
