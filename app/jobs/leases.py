@@ -15,8 +15,10 @@ from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from app.config import Settings
+from app.errors import first_line
 from app.metrics import JobMetrics
 
 log = logging.getLogger("batchserve.jobs")
@@ -30,6 +32,9 @@ async def keep_leases(client: aioredis.Redis, settings: Settings, consumer: str,
         try:
             await renew(client, settings, consumer, held, metrics)
             await publish(client, settings, consumer, len(held), metrics)
+        except (RedisError, OSError) as exc:  # Redis away: a line, not a traceback each time
+            log.error("lease renewal failed (Redis: %s); retrying in %.1fs", first_line(exc),
+                      interval)
         except Exception:
             log.exception("lease renewal failed; retrying in %.1fs", interval)
         await asyncio.sleep(interval)

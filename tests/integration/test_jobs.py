@@ -385,7 +385,7 @@ def test_redis_lost_stops_the_worker_in_lines_without_a_traceback(tmp_path: Path
             cwd=ROOT, env={**os.environ, "SLEEP_S": "0.5"}, stderr=subprocess.PIPE, text=True)
         try:
             r = redis.Redis.from_url(url)
-            for i in range(4):
+            for i in range(20):  # 0.5 s each, two held at a time: held at the kill
                 r.xadd(STREAM, {"job": orjson.dumps({"id": f"j{i}", "instances": [[1.0, 2.0]]})})
             wait_until_sync(lambda: pending_count(r) >= 2, "the worker holds jobs")
             server.kill()
