@@ -215,6 +215,26 @@ def rows_in(items: list[PendingItem]) -> int:
     return sum(item.rows for item in items)
 
 
+def halves(items: list[PendingItem], rows: int
+           ) -> tuple[list[PendingItem], list[PendingItem]] | None:
+    """``items`` (``rows`` instances) in two: the first half of the items and the rest, or a
+    lone chunk's first half of rows and the rest; None for a single instance."""
+    if len(items) > 1:
+        return items[:len(items) // 2], items[len(items) // 2:]
+    if rows > 1:
+        first, rest = items[0].split(rows // 2)
+        return [first], [rest]
+    return None
+
+
+def one_request(items: list[PendingItem], rows: int) -> bool:
+    """Whether ``items`` (``rows`` instances) are all one client's request: the items of one
+    request, or one row of a chunk of one-row requests (each row another client's)."""
+    request = items[0].request
+    return all(item.request is request for item in items) and (
+        request.deadlines is None or rows == 1)
+
+
 def expire(future: asyncio.Future[Results]) -> None:
     """A request's deadline timer: its answer is DeadlineExceeded unless it has one."""
     if not future.done():

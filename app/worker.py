@@ -21,6 +21,7 @@ import torch
 from app.bell import Bell, Mailbox
 from app.devices import THREAD_PREFIX, DeviceFault, device_fault
 from app.errors import DeadlineExceeded, ModelError
+from app.failures import after_failure, log_failure
 from app.models.base import Replica
 from app.pending import DROPPED, PendingItem, rows_in
 from app.report import BatchReport, per_item
@@ -236,33 +237,24 @@ class DeviceWorker:
         return flight
 
     def _launch_group(self, executor: DeviceExecutor, slot: Slot, items: list[PendingItem],
-                      flight: Launched) -> None:
+                      flight: Launched, apart: bool = False) -> None:
+        """Launch ``items``. Where the model raises, app/failures.py says which parts are
+        tried again (``apart``: parts of a failed batch) and what the rest are answered."""
         report = flight.report
         rows = rows_in(items)
         try:
             with self.clock.timing(slot.model, rows):
                 launch = executor.launch(slot.model.handler, slot.replica,
                                          [i.data for i in items], rows)
-        except torch.OutOfMemoryError:
-            if len(items) == 1 and rows > 1:  # a chunk: its halves, as two items
-                items = list(items[0].split(rows // 2))
-            if len(items) == 1:
-                log.error("device %s: out of memory on a single item of %s", self.label,
-                          slot.model.name)
-                report.results.append((items[0], ModelError(
-                    "the model ran out of device memory on this item alone"
-                )))
+        except Exception as exc:
+            retry = after_failure(exc, self.label, slot, items, rows, apart)
+            if not isinstance(exc, torch.OutOfMemoryError):
+                self._check_device(slot, rows)
+            if retry.parts is None or self.fault is not None:
+                report.results.extend((i, retry.error) for i in items)
                 return
-            half = len(items) // 2
-            if rows // 2 < slot.batch_limit:
-                slot.batch_limit = rows // 2
-                log.warning("device %s: out of memory at batch %d of %s; batch limit lowered "
-                            "to %d", self.label, rows, slot.model.name, rows // 2)
-            self._launch_group(executor, slot, items[:half], flight)
-            self._launch_group(executor, slot, items[half:], flight)
-            return
-        except Exception:
-            self._model_failed(slot, items, report)
+            for part in retry.parts:
+                self._launch_group(executor, slot, part, flight, retry.apart)
             return
         flight.groups.append((items, launch))
 
@@ -277,7 +269,9 @@ class DeviceWorker:
                 with self.clock.timing(slot.model, launch.n):
                     outputs, seconds = launch.wait()
             except Exception:
-                self._model_failed(slot, items, report)
+                log_failure(self.label, slot.model.name, launch.n)
+                self._check_device(slot, launch.n)
+                report.results.extend((i, ModelError()) for i in items)
                 continue
             self.busy_s += seconds
             self._fairness.charge(slot.model, seconds)
@@ -290,11 +284,7 @@ class DeviceWorker:
         slot.rate.answered(time.monotonic())
         self._loop.call_soon_threadsafe(slot.model.deliver, report)
 
-    def _model_failed(self, slot: Slot, items: list[PendingItem], report: BatchReport) -> None:
-        """The model raised on these items (at launch or while waiting): log it, fail them."""
-        log.exception("device %s: %s failed on a batch of %d", self.label, slot.model.name,
-                      len(items))
-        report.results.extend((i, ModelError()) for i in items)
-        with self.clock.timing(slot.model, rows_in(items)):  # a synchronize may hang too
+    def _check_device(self, slot: Slot, rows: int) -> None:
+        """After the model raised: whether the device can still be used (``fault``)."""
+        with self.clock.timing(slot.model, rows):  # a synchronize may hang too
             self.fault = self.fault or device_fault(self.device)
-

@@ -214,6 +214,34 @@ async def test_a_failing_model_answers_each_request_500_once() -> None:
         assert service.repository.get().in_flight == 0 and not front.waiting
 
 
+class DoubleNonNegative(torch.nn.Module):
+    """Doubles rows; raises on a batch that holds a negative number (an input it cannot take)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x < 0).any():
+            raise ValueError("negative input")
+        return 2 * x
+
+
+async def test_a_row_the_model_fails_on_fails_that_request_alone() -> None:
+    """Five one-row requests queued as one chunk, one of them a row the model raises on: that
+    request gets 500, the other four their rows (the chunk tried apart, app/failures.py)."""
+    handler = TensorHandler("rows", lambda device: DoubleNonNegative(), (2,),
+                            examples=[[0.0, 0.0]])
+    async with running(handler, max_batch_size=8) as service:
+        bridge, (front, outbox) = Bridge(service), link()
+        rows = np.arange(10, dtype=np.float32).reshape(5, 2)
+        rows[3] = -1.0
+        bridge._handle(front, message(service, *[(i, [rows[i]]) for i in range(5)],
+                                      stacked=True))
+        await wait_until(lambda: len(outbox.results()) == 5, "every request answered")
+        answers = outbox.results()
+        assert answers[3] == (500, "model_error")
+        for i in (0, 1, 2, 4):
+            np.testing.assert_array_equal(np.stack(answers[i]), 2 * rows[i:i + 1])
+        assert service.repository.get().in_flight == 0 and not front.waiting
+
+
 async def test_a_stacked_request_is_one_chunk_that_a_batch_limit_splits() -> None:
     """A request's rows that came stacked are queued as one item whatever their number, counted
     as rows; a batch takes what fits of it, the rest goes first into the next; every row's

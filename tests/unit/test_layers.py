@@ -22,7 +22,7 @@ LAYERS = [
     ["app.metrics"],
     ["app.transfer", "app.queues", "app.warmup", "app.facade", "app.graphs", "app.text_graphs"],
     ["app.served"],
-    ["app.slot", "app.stall", "app.worker", "app.intake"],
+    ["app.slot", "app.failures", "app.stall", "app.worker", "app.intake"],
     ["app.catalog", "app.repository", "app.learning"],
     ["app.runtime"],
     ["app.api", "app.grpc", "app.jobs", "app.snapshot"],

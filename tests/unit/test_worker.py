@@ -175,6 +175,54 @@ async def test_a_failing_batch_fails_only_its_items() -> None:
         assert h.worker.state is WorkerState.READY
 
 
+class GatedFailing(GatedHandler):
+    """Gated; raises on a batch that holds a negative number (FailingHandler's)."""
+
+    def compute(self, batch: torch.Tensor) -> torch.Tensor:
+        out = super().compute(batch)
+        if (batch < 0).any():
+            raise ValueError("negative input")
+        return out
+
+
+async def test_the_requests_batched_with_one_the_model_fails_on_are_answered(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A batch of four requests, one with an item the model raises on: the batch is tried
+    apart, down to requests alone; the others get their results, that one fails, and the
+    batch's traceback is logged once."""
+    handler = GatedFailing()
+    async with device(handler) as h:
+        h.put("echo", 0.0)
+        await wait_until(handler.entered.is_set, "the first batch on the device")
+        h.put("echo", 1.0, 2.0)
+        h.put("echo", 3.0, -1.0)
+        h.put("echo", 4.0)
+        h.put("echo", 5.0)
+        handler.gate.set()
+        results = await h.settled(7)
+    assert isinstance(results[-1.0], ModelError)
+    assert {k: float(v) for k, v in results.items() if k not in (3.0, -1.0)} == {
+        0.0: 0.0, 1.0: 2.0, 2.0: 4.0, 4.0: 8.0, 5.0: 10.0}
+    assert caplog.text.count("Traceback") == 1
+    assert "echo failed on a batch of 6; its requests are tried apart" in caplog.text
+    assert "echo failed on a request of 1 alone" in caplog.text
+
+
+async def test_a_model_that_fails_on_every_batch_fails_each_request_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    handler = GatedFailing()
+    async with device(handler) as h:
+        h.put("echo", 0.0)
+        await wait_until(handler.entered.is_set, "the first batch on the device")
+        for i in range(1, 6):
+            h.put("echo", -float(i))
+        handler.gate.set()
+        results = await h.settled(6)
+    assert all(isinstance(results[-float(i)], ModelError) for i in range(1, 6))
+    assert sum(len(r.results) for _, r in h.reports) == 6  # one answer an item
+    assert caplog.text.count("Traceback") == 1
+
+
 async def test_a_wrong_output_count_fails_the_batch(caplog: pytest.LogCaptureFixture) -> None:
     async with device(WrongLengthHandler()) as h:
         h.put("echo", 1.0, 2.0)

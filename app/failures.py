@@ -1,0 +1,68 @@
+"""A model call that failed on a device thread (app/worker.py): which of its items are tried
+again, in which parts, and what the rest are answered.
+
+Out of memory: each half on its own, with the model's batch limit lowered below the batch,
+down to a single item, which fails alone. A model that raises on several requests' items: each
+half on its own, down to one request's items, so that an input the model cannot take fails the
+request that sent it, not the requests batched with it. The batch's traceback is logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from app.errors import ModelError
+from app.pending import PendingItem, halves, one_request
+from app.slot import Slot
+
+log = logging.getLogger("batchserve.worker")
+
+Parts = tuple[list[PendingItem], list[PendingItem]]
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    parts: Parts | None  # each tried on its own; None: every item is answered ``error``
+    error: ModelError
+    apart: bool  # the parts are a failed batch's, tried apart (their failures log no traceback)
+
+
+def after_failure(exc: Exception, label: str, slot: Slot, items: list[PendingItem], rows: int,
+                  apart: bool) -> Retry:
+    """What follows ``exc``, raised by the model on ``items`` (``rows`` instances) on device
+    ``label``; ``apart``: they are a part of a failed batch. Call it where ``exc`` is caught:
+    the batch's log line carries its traceback."""
+    parts = halves(items, rows)
+    if isinstance(exc, torch.OutOfMemoryError):
+        return Retry(parts, out_of_memory(label, slot, rows, alone=parts is None), apart)
+    alone = one_request(items, rows)
+    log_failure(label, slot.model.name, rows, alone, apart)
+    return Retry(None if alone else parts, ModelError(), True)
+
+
+def out_of_memory(label: str, slot: Slot, rows: int, alone: bool) -> ModelError:
+    """Out of memory on ``rows``: the model's batch limit lowered below them; the error of a
+    single item (``alone``)."""
+    if alone:
+        log.error("device %s: out of memory on a single item of %s", label, slot.model.name)
+        return ModelError("the model ran out of device memory on this item alone")
+    if rows // 2 < slot.batch_limit:
+        slot.batch_limit = rows // 2
+        log.warning("device %s: out of memory at batch %d of %s; batch limit lowered to %d",
+                    label, rows, slot.model.name, rows // 2)
+    return ModelError()
+
+
+def log_failure(label: str, model: str, rows: int, alone: bool = True,
+                apart: bool = False) -> None:
+    """The model raised on ``rows`` instances: a batch's traceback (a batch whose requests
+    are then tried apart unless ``alone``), or, for a part of a failed batch (``apart``), a
+    line where one request fails alone."""
+    if not apart:
+        log.exception("device %s: %s failed on a batch of %d%s", label, model, rows,
+                      "" if alone else "; its requests are tried apart")
+    elif alone:
+        log.error("device %s: %s failed on a request of %d alone", label, model, rows)
