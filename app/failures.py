@@ -4,7 +4,8 @@ again, in which parts, and what the rest are answered.
 Out of memory: each half on its own, with the model's batch limit lowered below the batch,
 down to a single item, which fails alone. A model that raises on several requests' items: each
 half on its own, down to one request's items, so that an input the model cannot take fails the
-request that sent it, not the requests batched with it. The batch's traceback is logged once.
+request that sent it, not the requests batched with it. A failed batch logs its traceback and
+one line saying how many of its requests failed alone.
 """
 
 from __future__ import annotations
@@ -58,11 +59,16 @@ def out_of_memory(label: str, slot: Slot, rows: int, alone: bool) -> ModelError:
 
 def log_failure(label: str, model: str, rows: int, alone: bool = True,
                 apart: bool = False) -> None:
-    """The model raised on ``rows`` instances: a batch's traceback (a batch whose requests
-    are then tried apart unless ``alone``), or, for a part of a failed batch (``apart``), a
-    line where one request fails alone."""
+    """The model raised on ``rows`` instances: the traceback of a batch (its requests then
+    tried apart unless ``alone``); nothing for a part of a failed batch (``apart``), which
+    ``log_apart`` counts."""
     if not apart:
         log.exception("device %s: %s failed on a batch of %d%s", label, model, rows,
                       "" if alone else "; its requests are tried apart")
-    elif alone:
-        log.error("device %s: %s failed on a request of %d alone", label, model, rows)
+
+
+def log_apart(label: str, model: str, rows: int, failed: int) -> None:
+    """How a failed batch of ``rows`` instances, tried apart, ended: one line a batch, however
+    many of its requests failed alone (``failed``)."""
+    log.error("device %s: %s's batch of %d tried apart: %d of its requests failed alone",
+              label, model, rows, failed)

@@ -21,7 +21,7 @@ import torch
 from app.bell import Bell, Mailbox
 from app.devices import THREAD_PREFIX, DeviceFault, device_fault
 from app.errors import DeadlineExceeded, ModelError
-from app.failures import after_failure, log_failure
+from app.failures import after_failure, log_apart, log_failure
 from app.models.base import Replica
 from app.pending import DROPPED, PendingItem, rows_in
 from app.report import BatchReport, per_item
@@ -237,9 +237,10 @@ class DeviceWorker:
         return flight
 
     def _launch_group(self, executor: DeviceExecutor, slot: Slot, items: list[PendingItem],
-                      flight: Launched, apart: bool = False) -> None:
+                      flight: Launched, apart: bool = False) -> int:
         """Launch ``items``. Where the model raises, app/failures.py says which parts are
-        tried again (``apart``: parts of a failed batch) and what the rest are answered."""
+        tried again (``apart``: parts of a failed batch) and what the rest are answered.
+        Returns how many of its parts failed with nothing left to try (a request alone)."""
         report = flight.report
         rows = rows_in(items)
         try:
@@ -252,11 +253,14 @@ class DeviceWorker:
                 self._check_device(slot, rows)
             if retry.parts is None or self.fault is not None:
                 report.results.extend((i, retry.error) for i in items)
-                return
-            for part in retry.parts:
-                self._launch_group(executor, slot, part, flight, retry.apart)
-            return
+                return 1
+            failed = sum(self._launch_group(executor, slot, part, flight, retry.apart)
+                         for part in retry.parts)
+            if retry.apart and not apart:
+                log_apart(self.label, slot.model.name, rows, failed)
+            return failed
         flight.groups.append((items, launch))
+        return 0
 
     def _complete(self, flight: Launched) -> None:
         """Wait for the batch's device work, split the outputs and send every result. The model

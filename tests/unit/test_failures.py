@@ -51,5 +51,5 @@ def test_a_raise_halves_several_requests_down_to_one(caplog: pytest.LogCaptureFi
         assert slot.batch_limit == 8 and isinstance(retry.error, ModelError)
         one = fail(ValueError("bad input"), slot, items[:2], apart=True)  # one request's
         assert one.parts is None
-    assert [r.exc_info is not None for r in caplog.records] == [True, False]
-    assert "m failed on a request of 2 alone" in caplog.records[1].getMessage()
+    [record] = caplog.records  # the batch's traceback; its parts' failures log_apart counts
+    assert record.exc_info is not None and "its requests are tried apart" in record.getMessage()

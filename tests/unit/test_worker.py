@@ -205,7 +205,7 @@ async def test_the_requests_batched_with_one_the_model_fails_on_are_answered(
         0.0: 0.0, 1.0: 2.0, 2.0: 4.0, 4.0: 8.0, 5.0: 10.0}
     assert caplog.text.count("Traceback") == 1
     assert "echo failed on a batch of 6; its requests are tried apart" in caplog.text
-    assert "echo failed on a request of 1 alone" in caplog.text
+    assert "echo's batch of 6 tried apart: 1 of its requests failed alone" in caplog.text
 
 
 async def test_a_model_that_fails_on_every_batch_fails_each_request_once(
@@ -220,7 +220,9 @@ async def test_a_model_that_fails_on_every_batch_fails_each_request_once(
         results = await h.settled(6)
     assert all(isinstance(results[-float(i)], ModelError) for i in range(1, 6))
     assert sum(len(r.results) for _, r in h.reports) == 6  # one answer an item
-    assert caplog.text.count("Traceback") == 1
+    assert caplog.text.count("Traceback") == 1  # the batch's, and a line for its five:
+    assert "echo's batch of 5 tried apart: 5 of its requests failed alone" in caplog.text
+    assert len(caplog.records) == 2
 
 
 async def test_a_wrong_output_count_fails_the_batch(caplog: pytest.LogCaptureFixture) -> None:
