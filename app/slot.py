@@ -35,6 +35,8 @@ class Slot:
     cost: CostModel
     padded: bool  # its batches are padded to their longest item (text): it has lengths
     rate: ArrivalRate = field(default_factory=ArrivalRate)
+    # The last failure whose traceback was logged, and when (app/failures.py).
+    traced: tuple[str, float] | None = None
 
     def lengths(self, data: list[Any]) -> list[int]:
         """Each decoded item's length (tokens), for a model that pads to its longest."""

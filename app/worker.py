@@ -273,7 +273,7 @@ class DeviceWorker:
                 with self.clock.timing(slot.model, launch.n):
                     outputs, seconds = launch.wait()
             except Exception:
-                log_failure(self.label, slot.model.name, launch.n)
+                log_failure(self.label, slot, launch.n)
                 self._check_device(slot, launch.n)
                 report.results.extend((i, ModelError()) for i in items)
                 continue

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from app.errors import ModelError
-from app.failures import after_failure
+from app.failures import TRACEBACK_EVERY_S, after_failure
 from app.pending import Answer, PendingItem, PendingRequest
 
 
@@ -17,6 +17,7 @@ class FakeSlot:
     def __init__(self, batch_limit: int) -> None:
         self.batch_limit = batch_limit
         self.model = type("Model", (), {"name": "m"})()
+        self.traced: tuple[str, float] | None = None
 
 
 def requests(*sizes: int) -> list[PendingItem]:
@@ -53,3 +54,20 @@ def test_a_raise_halves_several_requests_down_to_one(caplog: pytest.LogCaptureFi
         assert one.parts is None
     [record] = caplog.records  # the batch's traceback; its parts' failures log_apart counts
     assert record.exc_info is not None and "its requests are tried apart" in record.getMessage()
+
+
+def test_the_same_error_again_is_a_line_its_traceback_again_after_a_while(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A model broken on every batch, or a client sending what it cannot take, does not flood
+    the log with tracebacks: one, then a line a batch while the error is the same."""
+    slot = FakeSlot(8)
+    with caplog.at_level(logging.ERROR, logger="batchserve.worker"):
+        for _ in range(3):
+            fail(ValueError("bad input\ndetail"), slot, requests(1))
+        fail(KeyError("other"), slot, requests(1))
+        assert slot.traced is not None
+        slot.traced = (slot.traced[0], slot.traced[1] - TRACEBACK_EVERY_S)  # a while ago
+        fail(KeyError("other"), slot, requests(1))
+    traced = [r.exc_info is not None for r in caplog.records]
+    assert traced == [True, False, False, True, True]
+    assert "(ValueError: bad input, as logged before)" in caplog.records[1].getMessage()
