@@ -33,6 +33,8 @@ Parts = tuple[list[PendingItem], list[PendingItem]]
 
 @dataclass(frozen=True, slots=True)
 class Retry:
+    """What follows a failed model call (``after_failure``)."""
+
     parts: Parts | None  # each tried on its own; None: every item is answered ``error``
     error: ModelError
     apart: bool  # the parts are a failed batch's, tried apart (their failures log no traceback)
