@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import logging
 import sys
+import threading
 import time
+from collections import deque
 from typing import TextIO
 
 import orjson
@@ -97,66 +98,102 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry).decode()
 
 
-class PassHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """A stream handler that writes the lines an event loop's pass logs below WARNING in one
-    write at the pass's end (a callback it schedules then), not one write each: at info a
-    server logs a line a request, and each write to the pipe a container's logs are read from
-    was 13 % of a front end's samples and woke the reader; so written, a process serves
-    about 1.07 x the requests at info (docs/benchmarks.md, "Whole server"). A line of WARNING
-    or above, or from a thread with no running loop, is written at once, after those
-    waiting, so the order stays; so is what waits on another loop (one that may be gone),
-    and everything at ``flush`` (at exit)."""
+WRITE_EVERY_S = 0.05  # how often the writer writes what waits (a warning: at once)
+BUFFER_LINES = 10_000  # what may wait for a stream that takes nothing; past it, lines are dropped
+FLUSH_WAIT_S = 2.0  # the longest ``flush`` (at exit) waits for a stream that takes nothing
+
+
+class WriterHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler whose lines a thread of its own writes: no thread that logs ever waits
+    on the stream. A reader that stops reading (a container's log pipe that its collector no
+    longer drains, a terminal paused) filled the pipe, and the next write then held the event
+    loop: the server answered nothing, health checks included. Here at most ``BUFFER_LINES``
+    wait for such a stream; further lines are dropped and counted, and a line says how many
+    once the stream takes lines again.
+
+    The writer writes what waits every ``WRITE_EVERY_S``, in one write (at info a server logs
+    a line a request: one write each was 13 % of a front end's samples, and woke the reader
+    each time), and a WARNING or above at once, after the lines before it. A logging thread
+    only appends to a deque: a lock the writer also took, taken a line, made the two convoy
+    on the GIL (1.5 us more a line). ``flush`` (at exit) writes what waits, waiting at most
+    ``FLUSH_WAIT_S``."""
 
     def __init__(self, stream: TextIO) -> None:
         super().__init__(stream)
-        self._lines: list[str] = []
-        self._due: asyncio.AbstractEventLoop | None = None  # whose pass's end writes them
+        self._lines: deque[str] = deque()
+        self._dropped = 0  # a count for the reader: two threads' drops at once may count one
+        self._now = threading.Event()  # a warning or a flush waits
+        self._writing = False
+        self._thread: threading.Thread | None = None
+        self._starting = threading.Lock()
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self._lines.append(self.format(record) + self.terminator)
-            try:
-                loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-            except RuntimeError:
-                loop = None
-            if loop is None or record.levelno >= logging.WARNING or (
-                    self._due is not None and self._due is not loop):
-                self._write()
-            elif self._due is None:
-                self._due = loop
-                loop.call_soon(self._pass_done)
+            line = self.format(record) + self.terminator
+            if len(self._lines) >= BUFFER_LINES:
+                self._dropped += 1
+                return
+            self._lines.append(line)
+            if record.levelno >= logging.WARNING:
+                self._now.set()
+            if self._thread is None:
+                self._start()
         except RecursionError:  # as logging's own handlers do
             raise
-        except Exception:  # noqa: BLE001 - a log line that cannot be written is reported
+        except Exception:  # noqa: BLE001 - a log line that cannot be made is reported
             self.handleError(record)
 
-    def _pass_done(self) -> None:
-        with self.lock:  # type: ignore[union-attr]  # logging creates it in __init__
-            try:
-                self._write()
-            except Exception:  # noqa: BLE001 - as emit reports its own
-                self.handleError(logging.makeLogRecord({"msg": "log lines of a pass"}))
+    def _start(self) -> None:
+        with self._starting:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._write_forever, daemon=True,
+                                                name="batchserve-log")
+                self._thread.start()
 
-    def _write(self) -> None:
-        """What waits, in one write, and flush (under the handler's lock)."""
-        self._due = None
-        text = "".join(self._lines)
-        self._lines.clear()
-        if text:
-            self.stream.write(text)
-        self.stream.flush()
+    def _write_forever(self) -> None:
+        while True:
+            self._now.wait(WRITE_EVERY_S)
+            self._now.clear()
+            self._write_waiting()
+
+    def _write_waiting(self) -> None:
+        parts = []
+        take = self._lines.popleft
+        while True:
+            try:
+                parts.append(take())
+            except IndexError:
+                break
+        dropped, self._dropped = self._dropped, 0
+        if dropped:
+            parts.append(f"{dropped} log lines dropped after the line above: the log's reader "
+                         f"did not keep up{self.terminator}")
+        if not parts:
+            return
+        self._writing = True
+        try:
+            self.stream.write("".join(parts))
+            self.stream.flush()
+        except Exception:  # noqa: BLE001 - as emit reports its own
+            self.handleError(logging.makeLogRecord({"msg": "log lines"}))
+        finally:
+            self._writing = False
 
     def flush(self) -> None:
-        with self.lock:  # type: ignore[union-attr]
-            if self.stream and hasattr(self.stream, "flush"):
-                self._write()
+        """Write what waits (logging.shutdown's, at exit), waiting at most ``FLUSH_WAIT_S``."""
+        if self._thread is None:
+            return
+        self._now.set()
+        deadline = time.monotonic() + FLUSH_WAIT_S
+        while (self._lines or self._dropped or self._writing) and time.monotonic() < deadline:
+            time.sleep(0.001)
 
 
 def configure_logging(level: str, fmt: str) -> None:
-    """Send every logger (ours and uvicorn's) to stderr as text or JSON lines, the lines of an
-    event loop's pass in one write (``PassHandler``), and the warnings a client can set off
-    once a request (``FLOODABLE``) at most once a ``REPEAT_WINDOW_S``, with a count."""
-    handler = PassHandler(sys.stderr)
+    """Send every logger (ours and uvicorn's) to stderr as text or JSON lines, written by a
+    thread of their own (``WriterHandler``), and the warnings a client can set off once a
+    request (``FLOODABLE``) at most once a ``REPEAT_WINDOW_S``, with a count."""
+    handler = WriterHandler(sys.stderr)
     handler.addFilter(RequestIdFilter())
     if fmt == "json":
         handler.setFormatter(JsonFormatter())

@@ -142,6 +142,26 @@ def test_start_up_says_what_it_does_and_probes_are_logged_when_they_change() -> 
     assert len(probes) == 1, probes  # six answered 200, one line
 
 
+@pytest.mark.parametrize("frontends", ["1", "2"])
+def test_a_log_pipe_nobody_reads_does_not_stop_the_server(frontends: str) -> None:
+    """At info each request writes an access line. With stderr a pipe nobody reads, 64 KB of
+    lines fill it; the server serves on (its lines wait for the reader, app/logs.py) and,
+    once read, the log says how many lines it dropped or has them all."""
+    with serve("--model", "linear", "--devices", "cpu", "--frontends", frontends,
+               stderr=subprocess.PIPE) as (proc, url):
+        wait_ready(url)
+        body = {"instances": [[1, 2, 3, 4]]}
+        with httpx.Client(base_url=url, timeout=30) as client:
+            for _ in range(1500):  # about 200 KB of access lines
+                assert client.post("/predict", json=body).status_code == 200
+            assert client.get("/health_check").status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        said = proc.communicate(timeout=WAIT_S)[1].decode()  # read at last
+        assert proc.returncode == 0
+    assert "drained in" in said and "Traceback" not in said
+    assert said.count('"POST /predict" 200') == 1500
+
+
 @pytest.mark.parametrize("log_format", ["text", "json"])
 def test_a_path_cannot_forge_a_log_line(log_format: str) -> None:
     """A decoded %0a in a request's path (its 404 logged by the access log and the error) stays

@@ -1,14 +1,15 @@
-"""Log lines: one record per line whatever a request puts in it, in text and JSON; an event loop
-pass's lines in one write (``PassHandler``)."""
+"""Log lines: one record per line whatever a request puts in it, in text and JSON; written by a
+thread of their own, which a stream that takes nothing never makes a logging thread wait on
+(``WriterHandler``)."""
 
 from __future__ import annotations
 
 import ast
-import asyncio
 import io
 import json
 import logging
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,11 +17,12 @@ import pytest
 from app.logs import (
     FLOODABLE,
     JsonFormatter,
-    PassHandler,
     Repeats,
     TextFormatter,
+    WriterHandler,
     configure_logging,
 )
+from tests.conftest import wait_until_sync
 
 FORGED = "x\nCRITICAL batchserve [None]: forged\x00\r\t\x1b[31m"
 
@@ -67,8 +69,8 @@ class Writes(io.StringIO):
         return len(text)
 
 
-def handler_on(stream: Writes) -> PassHandler:
-    handler = PassHandler(stream)
+def handler_on(stream: Writes) -> WriterHandler:
+    handler = WriterHandler(stream)
     handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
     return handler
 
@@ -77,70 +79,75 @@ def at(level: int, message: str) -> logging.LogRecord:
     return logging.LogRecord("batchserve", level, __file__, 1, message, (), None)
 
 
-@pytest.mark.asyncio
-async def test_a_passes_lines_go_in_one_write_at_its_end() -> None:
+def test_lines_are_gathered_and_written_in_one_write_by_the_writer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("app.logs.WRITE_EVERY_S", 600.0)  # only a warning or a flush writes
     stream = Writes()
     handler = handler_on(stream)
     for i in range(3):
         handler.handle(at(logging.INFO, f"request {i}"))
-    assert stream.writes == []  # the pass has not ended
-    await asyncio.sleep(0)
+    assert stream.writes == []
+    handler.flush()
     assert stream.writes == ["INFO request 0\nINFO request 1\nINFO request 2\n"]
-    handler.handle(at(logging.DEBUG, "next pass"))
-    await asyncio.sleep(0)
-    assert stream.writes[1:] == ["DEBUG next pass\n"]
+    handler.handle(at(logging.DEBUG, "later"))
+    handler.flush()
+    assert stream.writes[1:] == ["DEBUG later\n"]
 
 
-@pytest.mark.asyncio
-async def test_a_warning_is_written_at_once_after_the_lines_before_it() -> None:
+def test_a_warning_is_written_at_once_after_the_lines_before_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("app.logs.WRITE_EVERY_S", 600.0)  # the warning wakes the writer
     stream = Writes()
     handler = handler_on(stream)
     handler.handle(at(logging.INFO, "first"))
     handler.handle(at(logging.WARNING, "second"))
-    assert stream.writes == ["INFO first\nWARNING second\n"]
-    await asyncio.sleep(0)  # the pass's end finds nothing left
+    wait_until_sync(lambda: stream.writes, "the warning written")
     assert stream.writes == ["INFO first\nWARNING second\n"]
 
 
-@pytest.mark.asyncio
-async def test_a_thread_without_a_loop_writes_at_once_after_what_waits() -> None:
+def test_lines_from_any_thread_keep_their_order_and_flush_writes_them() -> None:
     stream = Writes()
     handler = handler_on(stream)
-    handler.handle(at(logging.INFO, "loop"))
+    handler.handle(at(logging.INFO, "main"))
     thread = threading.Thread(target=handler.handle, args=(at(logging.INFO, "thread"),))
     thread.start()
     thread.join()
-    assert "".join(stream.writes) == "INFO loop\nINFO thread\n"
-
-
-def test_lines_are_written_at_flush_and_when_their_loop_has_gone() -> None:
-    stream = Writes()
-    handler = handler_on(stream)
-
-    def stopped_after(message: str) -> None:
-        """A loop that logs ``message`` and stops before its pass's end runs."""
-        loop = asyncio.new_event_loop()
-
-        def log() -> None:
-            handler.handle(at(logging.INFO, message))
-            loop.stop()  # what this callback schedules does not run
-
-        loop.call_soon(log)
-        loop.run_forever()
-        loop.close()
-
-    stopped_after("on a loop closed before its pass ended")
-    assert stream.writes == []
-
-    async def log(message: str) -> None:
-        handler.handle(at(logging.INFO, message))
-
-    asyncio.run(log("on the next loop"))  # what the gone loop held goes first
-    assert "".join(stream.writes) == ("INFO on a loop closed before its pass ended\n"
-                                      "INFO on the next loop\n")
-    stopped_after("at exit")
     handler.flush()  # logging.shutdown's, at exit
-    assert stream.writes[-1] == "INFO at exit\n"
+    assert "".join(stream.writes) == "INFO main\nINFO thread\n"
+
+
+class Stalled(Writes):
+    """A stream that takes nothing until ``go`` is set: a log pipe nobody reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+
+    def write(self, text: str) -> int:
+        assert self.go.wait(60), "never let go"
+        return super().write(text)
+
+
+def test_a_stream_that_takes_nothing_holds_no_thread_that_logs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its writes wait; logging does not: past BUFFER_LINES lines are dropped and counted,
+    then said once the stream takes lines again. A flush waits FLUSH_WAIT_S at most."""
+    monkeypatch.setattr("app.logs.BUFFER_LINES", 7)
+    monkeypatch.setattr("app.logs.FLUSH_WAIT_S", 0.1)
+    stream = Stalled()
+    handler = handler_on(stream)
+    handler.handle(at(logging.WARNING, "taken by the writer, which then waits"))
+    wait_until_sync(lambda: handler._writing, "the writer waiting on the stream")
+    started = time.monotonic()
+    for i in range(50):
+        handler.handle(at(logging.INFO, f"line {i:02d}"))
+    handler.flush()
+    assert time.monotonic() - started < 30.0 and stream.writes == []  # nothing waited on it
+    stream.go.set()
+    wait_until_sync(lambda: len(stream.writes) == 2, "the stream takes lines again")
+    kept = "".join(f"INFO line {i:02d}\n" for i in range(7))
+    assert stream.writes[1] == (kept + "43 log lines dropped after the line above: the log's "
+                                "reader did not keep up\n")
 
 
 LEVELS = {"debug", "info", "warning", "error", "critical", "exception", "log"}
