@@ -190,9 +190,9 @@ class WriterHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 def configure_logging(level: str, fmt: str) -> None:
-    """Send every logger (ours and uvicorn's) to stderr as text or JSON lines, written by a
-    thread of their own (``WriterHandler``), and the warnings a client can set off once a
-    request (``FLOODABLE``) at most once a ``REPEAT_WINDOW_S``, with a count."""
+    """Send every logger (ours, uvicorn's, Python's warnings) to stderr as text or JSON lines,
+    written by a thread of their own (``WriterHandler``), and the warnings a client can set off
+    once a request (``FLOODABLE``) at most once a ``REPEAT_WINDOW_S``, with a count."""
     handler = WriterHandler(sys.stderr)
     handler.addFilter(RequestIdFilter())
     if fmt == "json":
@@ -209,6 +209,9 @@ def configure_logging(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # Python's warnings (a model's, torch's) as log lines too: one JSON object a line stays so,
+    # and none is written to stderr by the thread that warns.
+    logging.captureWarnings(True)
     uvicorn_log = logging.getLogger("uvicorn.error")
     uvicorn_log.filters[:] = [f for f in uvicorn_log.filters if not isinstance(f, Repeats)]
     uvicorn_log.addFilter(Repeats(FLOODABLE, REPEAT_WINDOW_S))

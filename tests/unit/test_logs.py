@@ -10,6 +10,8 @@ import json
 import logging
 import threading
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,13 @@ from app.logs import (
     configure_logging,
 )
 from tests.conftest import wait_until_sync
+
+
+@pytest.fixture(autouse=True)
+def _warnings_shown_as_before() -> Iterator[None]:
+    yield
+    logging.captureWarnings(False)  # configure_logging's, for the tests after
+
 
 FORGED = "x\nCRITICAL batchserve [None]: forged\x00\r\t\x1b[31m"
 
@@ -222,3 +231,28 @@ def test_uvicorns_floodable_warnings_are_held_back_however_often_logging_is_set_
     handler.flush()
     assert [line.rsplit(": ", 1)[1] for line in stream.getvalue().splitlines()] == \
         list(FLOODABLE)
+
+
+def test_pythons_warnings_are_log_lines_one_json_object_each(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warning a model or torch raises while serving goes through the handler, as any line:
+    in the JSON log one object, not a raw line that breaks it."""
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "setLevel", lambda level: None)
+    for switch in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
+        monkeypatch.setattr(logging, switch, getattr(logging, switch))
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    logging.captureWarnings(False)
+    try:
+        configure_logging("warning", "json")
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn("a model's warning\nover two lines", UserWarning, stacklevel=1)
+        root.handlers[0].flush()
+    finally:
+        logging.captureWarnings(False)
+    [line] = stream.getvalue().splitlines()
+    entry = json.loads(line)
+    assert entry["logger"] == "py.warnings" and "a model's warning" in entry["message"]
