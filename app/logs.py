@@ -157,23 +157,22 @@ class WriterHandler(logging.StreamHandler):  # type: ignore[type-arg]
             self._write_waiting()
 
     def _write_waiting(self) -> None:
-        parts = []
-        take = self._lines.popleft
-        while True:
-            try:
-                parts.append(take())
-            except IndexError:
-                break
-        dropped, self._dropped = self._dropped, 0
-        if dropped:
-            parts.append(f"{dropped} log lines dropped after the line above: the log's reader "
-                         f"did not keep up{self.terminator}")
-        if not parts:
-            return
-        self._writing = True
+        self._writing = True  # before a line is taken: ``flush`` never sees them gone unwritten
         try:
-            self.stream.write("".join(parts))
-            self.stream.flush()
+            parts = []
+            take = self._lines.popleft
+            while True:
+                try:
+                    parts.append(take())
+                except IndexError:
+                    break
+            dropped, self._dropped = self._dropped, 0
+            if dropped:
+                parts.append(f"{dropped} log lines dropped after the line above: the log's "
+                             f"reader did not keep up{self.terminator}")
+            if parts:
+                self.stream.write("".join(parts))
+                self.stream.flush()
         except Exception:  # noqa: BLE001 - as emit reports its own
             self.handleError(logging.makeLogRecord({"msg": "log lines"}))
         finally:

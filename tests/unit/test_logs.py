@@ -131,8 +131,10 @@ class Stalled(Writes):
     def __init__(self) -> None:
         super().__init__()
         self.go = threading.Event()
+        self.entered = threading.Event()
 
     def write(self, text: str) -> int:
+        self.entered.set()
         assert self.go.wait(60), "never let go"
         return super().write(text)
 
@@ -146,7 +148,7 @@ def test_a_stream_that_takes_nothing_holds_no_thread_that_logs(
     stream = Stalled()
     handler = handler_on(stream)
     handler.handle(at(logging.WARNING, "taken by the writer, which then waits"))
-    wait_until_sync(lambda: handler._writing, "the writer waiting on the stream")
+    wait_until_sync(stream.entered.is_set, "the writer waiting on the stream")
     started = time.monotonic()
     for i in range(50):
         handler.handle(at(logging.INFO, f"line {i:02d}"))
