@@ -159,8 +159,11 @@ def _from_json(data: Any, datatype: str, shape: list[int], name: str) -> np.ndar
 def from_binary(raw: bytes, datatype: str, shape: list[int], name: str) -> np.ndarray:
     count = math.prod(shape)
     if datatype == "BYTES":
-        values, offset = [], 0
-        while offset < len(raw):
+        # At most ``count`` elements are read: a body of many empty elements (4 bytes each)
+        # would otherwise cost a pass of this loop per 4 bytes before the count is compared.
+        values: list[bytes] = []
+        offset = 0
+        while offset < len(raw) and len(values) < count:
             if offset + 4 > len(raw):
                 raise InvalidInput(f"input '{name}': truncated BYTES element")
             (length,) = struct.unpack_from("<I", raw, offset)
@@ -169,6 +172,8 @@ def from_binary(raw: bytes, datatype: str, shape: list[int], name: str) -> np.nd
                 raise InvalidInput(f"input '{name}': truncated BYTES element")
             values.append(raw[offset: offset + length])
             offset += length
+        if offset != len(raw):
+            raise InvalidInput(f"input '{name}': more than {count} elements for shape {shape}")
         if len(values) != count:
             raise InvalidInput(f"input '{name}': {len(values)} elements do not fill shape {shape}")
         return np.asarray(values, dtype=object).reshape(shape)
