@@ -24,7 +24,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from app.api.error_responses import format_for_path
 from app.api.inference import CUT_OFF
 from app.facade import Refusals
-from app.framing import Body, FramingError, body_of
+from app.framing import Body, FramingError, body_of, unknown_coding
 from app.head_held import HeadHeld
 
 log = logging.getLogger("batchserve")
@@ -186,7 +186,15 @@ class OneWriteProtocol(HttpToolsProtocol):
         if (self._head_bytes > MAX_HEAD_BYTES
                 and _head_size(self.url, self.headers) > MAX_HEAD_BYTES):
             self._refuse_head()
-            raise HeadTooLarge  # stops the parser: nothing of this request reaches the app
+            raise Refused  # stops the parser: nothing of this request reaches the app
+        coding = unknown_coding(self.headers)
+        if coding is not None:  # RFC 9112, 6.1: a coding the server does not know is a 501
+            self._counted(501, "transfer_coding")
+            self._refuse(501, "Not Implemented", "unsupported_encoding",
+                         f"Transfer-Encoding {coding.decode('latin-1')!r} is not one this server "
+                         "takes: chunked only (gzip and deflate go in Content-Encoding)",
+                         self.url.decode("latin-1"))
+            raise Refused
         self._in_head, self._head_bytes = False, 0
         upgrade = self.parser.should_upgrade()
         if upgrade and self._should_upgrade():  # a WebSocket, where uvicorn serves them: no
@@ -272,8 +280,9 @@ class OneWriteProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-class HeadTooLarge(Exception):
-    """A request's head is over ``MAX_HEAD_BYTES`` (raised inside the parser's callback)."""
+class Refused(Exception):
+    """A request's head is refused: over ``MAX_HEAD_BYTES``, or a transfer coding not served
+    (raised inside the parser's callback)."""
 
 
 def _head_size(url: bytes, headers: list[tuple[bytes, bytes]]) -> int:

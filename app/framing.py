@@ -93,3 +93,16 @@ def body_of(headers: Sequence[tuple[bytes, bytes]]) -> Body | None:
             if length is None:
                 raise FramingError(f"Content-Length is not a length: {value[:20]!r}")
     return Body(length) if length else None
+
+
+def unknown_coding(headers: Sequence[tuple[bytes, bytes]]) -> bytes | None:
+    """A transfer coding other than chunked that a request's ``Transfer-Encoding`` names
+    (lower-case header names); None where there is none. llhttp takes any codings before a
+    final ``chunked`` and hands the body on still in them, to be read as if it were plain."""
+    for name, value in headers:
+        if name == b"transfer-encoding":
+            for coding in value.split(b","):
+                coding = coding.strip().lower()
+                if coding != b"chunked":
+                    return coding
+    return None

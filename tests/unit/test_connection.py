@@ -282,6 +282,34 @@ async def test_a_head_past_the_bound_in_one_read_gets_431_and_reaches_no_app(bod
     assert reached == []
 
 
+@pytest.mark.parametrize(("coding", "named"), [(b"gzip, chunked", "gzip"),
+                                                (b"X-Custom ,Chunked", "x-custom")])
+async def test_a_transfer_coding_other_than_chunked_gets_501_and_reaches_no_app(
+        coding: bytes, named: str) -> None:
+    """llhttp takes codings before a final chunked and hands the body on still in them: the
+    app would read gzip bytes as if they were the body."""
+    reached: list[Any] = []
+    counted: list[tuple[int, str]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(scope)
+        await answer(scope, receive, send)
+
+    request = (b"POST /v2/models/m/infer HTTP/1.1\r\ntransfer-encoding: %s\r\n\r\n"
+               b"2\r\n{}\r\n0\r\n\r\n")
+    counting = protocol_for(5.0, lambda status, kind, _: counted.append((status, kind)))
+    _, transport = connect(counting, app, request % coding)
+    await asyncio.sleep(0)
+    (written,) = transport.writes
+    assert written.startswith(b"HTTP/1.1 501 Not Implemented\r\n")
+    assert written.endswith(f"Transfer-Encoding '{named}' is not one this server takes: chunked "
+                            "only (gzip and deflate go in Content-Encoding)\"}".encode())
+    assert transport.events[-1] == "close" and reached == []
+    assert counted == [(501, "transfer_coding")]
+    transport = await exchange(OneWriteProtocol, answer, request % b"chunked")
+    assert transport.writes[0].startswith(b"HTTP/1.1 200 OK")
+
+
 async def test_bodies_and_many_requests_on_a_connection_are_not_counted_as_headers() -> None:
     body = b"[" + b"1," * MAX_HEAD_BYTES + b"1]"  # past the bound, as a body
     request = b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (

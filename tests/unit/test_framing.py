@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.framing import MAX_LINE, Body, FramingError, body_of, decimal
+from app.framing import MAX_LINE, Body, FramingError, body_of, decimal, unknown_coding
 
 CHUNKED = b"4\r\nWiki\r\n7;ext=1\r\npedia i\r\nB\r\nn \r\nchunks.\r\n0\r\nTrailer: x\r\n\r\n"
 
@@ -64,3 +64,15 @@ def test_the_headers_say_which_body() -> None:
 ])
 def test_a_stated_number_is_ascii_digits_int64_holds(text: bytes | str, value: int | None) -> None:
     assert decimal(text) == value
+
+
+@pytest.mark.parametrize(("headers", "coding"), [
+    ([(b"transfer-encoding", b"chunked")], None),
+    ([(b"transfer-encoding", b" Chunked ")], None),
+    ([(b"content-length", b"2")], None),
+    ([(b"transfer-encoding", b"gzip, chunked")], b"gzip"),
+    ([(b"transfer-encoding", b"chunked"), (b"transfer-encoding", b"X-Mine")], b"x-mine"),
+])
+def test_a_transfer_coding_other_than_chunked_is_named(
+        headers: list[tuple[bytes, bytes]], coding: bytes | None) -> None:
+    assert unknown_coding(headers) == coding
