@@ -191,8 +191,8 @@ class Settings(BaseSettings, BatchSettings):
     )
     read_timeout_s: float | None = Field(
         None, gt=0, le=DAY_S, allow_inf_nan=False,
-        description="longest a request's headers and body may take to arrive, then 408 and "
-        "the connection is closed (default: request_timeout_s)",
+        description="longest a request may take to arrive (then 408, closed) and its client "
+        "may take none of its answer (then reset); default: request_timeout_s",
     )
     keep_alive_s: int = Field(
         5, ge=1, le=int(DAY_S), description="how long a connection may idle between requests "

@@ -2,8 +2,9 @@
 (``HeadHeld``, app/head_held.py), and bounds a slow, large or pipelining client cannot pass.
 
 A request must arrive within ``read_timeout_s`` (408), its line and headers, and a chunked
-body's trailers, within ``MAX_HEAD_BYTES`` (431), and a connection's reads pause past
-``PIPELINE_LIMIT`` waiting requests. What the protocol answers itself, before any route saw
+body's trailers, within ``MAX_HEAD_BYTES`` (431), a connection's reads pause past
+``PIPELINE_LIMIT`` waiting requests, and one whose client takes none of its answer for
+``read_timeout_s`` is reset (app/flow.py). What the protocol answers itself, before any route saw
 the request (those, a 503 past ``max_connections``, a 400 for bytes that are not HTTP), is
 counted by ``count_refusal``.
 ``batchserve serve`` passes ``protocol_for``'s class to uvicorn as its ``http``
@@ -14,40 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sized
 from typing import Any
 
 import httptools
-from uvicorn.protocols.http.flow_control import FlowControl, service_unavailable
+from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from app.api.error_responses import format_for_path
 from app.api.inference import CUT_OFF
 from app.facade import Refusals
+from app.flow import ConnectionFlow, reset
 from app.framing import Body, FramingError, body_of, unknown_coding
 from app.head_held import HeadHeld
+from app.logs import STALLED
 
 log = logging.getLogger("batchserve")
-
-
-# The most pipelined requests a connection may have waiting before its reads pause.
-PIPELINE_LIMIT = 32
-
-
-class PipelineFlow(FlowControl):
-    """uvicorn's flow control, whose reads stay paused while the connection has
-    ``PIPELINE_LIMIT`` pipelined requests waiting. uvicorn pauses reading for a pipelined
-    request, but every request it starts or answers resumes it: a client that pipelines
-    without reading its answers made the server hold every request it sent (635 MB for one
-    client's 28 MB of requests)."""
-
-    def __init__(self, transport: Any, pipeline: Sized) -> None:
-        super().__init__(transport)
-        self._pipeline = pipeline
-
-    def resume_reading(self) -> None:
-        if len(self._pipeline) < PIPELINE_LIMIT:
-            super().resume_reading()
 
 
 # The most bytes a request line and its headers may take (uvicorn's httptools protocol sets no
@@ -60,9 +42,10 @@ class OneWriteProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with ``HeadHeld`` for every request, a bound on how
     long a request may take to arrive, and one on the size of its head: a client that stalls in
     its headers or body is answered 408, one whose headers pass ``MAX_HEAD_BYTES`` 431, and its
-    connection closed, and one that pipelines has its reads paused past ``PIPELINE_LIMIT``
-    waiting requests, so slow or hostile clients cannot hold the server's connections or memory
-    (``protocol_for`` sets the time bound). A request that asks to upgrade (h2c) is answered in
+    connection closed, one that pipelines has its reads paused past ``PIPELINE_LIMIT``
+    waiting requests, and one that stops taking its answer is reset, so slow or hostile
+    clients cannot hold the server's connections or memory (``protocol_for`` sets the time
+    bound). A request that asks to upgrade (h2c) is answered in
     HTTP/1.1 with its body, as RFC 9110 lets a server do."""
 
     read_timeout_s: float | None = None
@@ -85,7 +68,7 @@ class OneWriteProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
-        self.flow = PipelineFlow(transport, self.pipeline)
+        self.flow = ConnectionFlow(transport, self.pipeline, self.read_timeout_s, self._stalled)
         self._reading = (self.loop.time(), {})
         self._arm_read_timer()  # a connection that never sends a request is cut off too
 
@@ -225,6 +208,11 @@ class OneWriteProtocol(HttpToolsProtocol):
         # would hold this protocol and its last request for keep_alive_s.
         self._unset_keepalive_if_required()
         super().connection_lost(exc)
+
+    def _stalled(self) -> None:
+        """The client took none of its answer for ``read_timeout_s`` (app/flow.py)."""
+        self.logger.warning(STALLED)
+        reset(self.transport)
 
     def _cancel_read_timer(self) -> None:
         if self._read_timer is not None:

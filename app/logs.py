@@ -26,10 +26,13 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+# A connection reset because its client took none of its answer (app/flow.py).
+STALLED = "A client took none of its answer within read_timeout_s; connection reset."
 # uvicorn's warnings that a client sets off at will, one a request: a connection past
-# max_connections (answered 503), a request httptools cannot parse (400). A flood of either
-# wrote a line a request: 10,000 lines a second, and a quarter of the CPU each refusal cost.
-FLOODABLE = ("Exceeded concurrency limit.", "Invalid HTTP request received.")
+# max_connections (answered 503), a request httptools cannot parse (400); and STALLED. A flood
+# of either wrote a line a request: 10,000 lines a second, and a quarter of the CPU each
+# refusal cost.
+FLOODABLE = ("Exceeded concurrency limit.", "Invalid HTTP request received.", STALLED)
 REPEAT_WINDOW_S = 10.0
 
 

@@ -314,6 +314,21 @@ def gated_wide() -> torch.nn.Module:
     return GatedWide()
 
 
+class Widen(torch.nn.Module):
+    """Each row's one number as 8,192 (times 0 to 1): about 90 KB of JSON a row answered, for a
+    few bytes asked; 256 rows answer more than a loopback socket's buffers hold."""
+
+    input_shape = (1,)
+    example_inputs = [[1.0]]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.linspace(0, 1, 8192)
+
+
+def widen() -> torch.nn.Module:
+    return Widen()
+
+
 class SlowBuild:
     """A model factory that waits for ``gate`` (up to ``WAIT_S``; ``timed_out`` set if it never
     opened) before it returns its module: a model whose code takes long to build (weights

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.logs import STALLED
 from app.process import OWN_FILES
 from tests.conftest import WAIT_S, children, sample, serve, wait_ready, wait_until_sync
 
@@ -82,6 +83,41 @@ def test_an_idle_connection_is_kept_keep_alive_s_then_closed() -> None:
         second = read_all(sock)  # returns once the server closes the idle connection
         sock.close()
         assert second.startswith(b"HTTP/1.1 200 OK\r\n") and second.endswith(b"]]}"), second
+
+
+def tcp_state(sock: socket.socket) -> int:
+    """The connection's state as the kernel sees it (struct tcp_info's first byte)."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+
+
+TCP_CLOSE = 7  # Linux's TCP_CLOSE: reset by the peer
+
+
+@pytest.mark.parametrize("frontends", ["1", "2"])
+def test_a_client_that_takes_none_of_its_answer_is_reset(frontends: str, tmp_path: Path
+                                                         ) -> None:
+    """A few bytes asked, 23 MB answered, none of it read: the connection is reset once
+    ``read_timeout_s`` passes without the client taking any, where it was held (and the
+    answer's bytes with it) for as long as the client stayed connected."""
+    log = tmp_path / "stderr"
+    with log.open("wb") as out, serve(
+            "--model", "tests.fakes:widen", "--devices", "cpu", "--read-timeout-s", "0.5",
+            "--frontends", frontends, stderr=out.fileno()) as (_, url):
+        wait_ready(url)
+        host, port = url.removeprefix("http://").split(":")
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        body = b'{"instances": [%s]}' % b", ".join([b"[1.0]"] * 256)
+        sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        wait_until_sync(lambda: tcp_state(sock) == TCP_CLOSE, "the server to reset it")
+        with pytest.raises(ConnectionResetError):
+            read_all(sock)
+        sock.close()
+        assert httpx.post(url + "/predict", json={"instances": [[1.0]]},
+                          timeout=10).status_code == 200
+    assert STALLED in log.read_text()
 
 
 def status_on_a_new_connection(url: str) -> int:

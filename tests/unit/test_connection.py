@@ -12,7 +12,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from app.api.inference import CUT_OFF
-from app.connection import MAX_HEAD_BYTES, PIPELINE_LIMIT, OneWriteProtocol, protocol_for
+from app.connection import MAX_HEAD_BYTES, OneWriteProtocol, protocol_for
+from app.flow import PIPELINE_LIMIT
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.asyncio
