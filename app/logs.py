@@ -28,6 +28,10 @@ class RequestIdFilter(logging.Filter):
 
 # A connection reset because its client took none of its answer (app/flow.py).
 STALLED = "A client took none of its answer within read_timeout_s; connection reset."
+# grpcio logs an error with a traceback when a call's answer cannot be sent because the call
+# ended under it (its client gone) before grpcio saw the end: GrpcUnsent makes it this line.
+GRPC_UNSENT_PREFIX = "ExecuteBatchError raised in core by servicer method"
+GRPC_UNSENT = "A gRPC call's answer could not be sent; the call ended before it went."
 # uvicorn's warnings that a client sets off at will, one a request: a connection past
 # max_connections (answered 503), a request httptools cannot parse (400); and STALLED. A flood
 # of either wrote a line a request: 10,000 lines a second, and a quarter of the CPU each
@@ -59,6 +63,23 @@ class Repeats(logging.Filter):
         held, self._held[message] = self._held[message], 0
         if held:
             record.msg = f"{message} ({held} more since the last such line, not logged)"
+        return True
+
+
+class GrpcUnsent(logging.Filter):
+    """grpcio's error for an answer it could not send (``GRPC_UNSENT_PREFIX``, a traceback of
+    grpcio's own code each time) as ``GRPC_UNSENT``, a warning without the traceback, for
+    ``Repeats`` to hold back: a client can set it off at will, once a connection it drops
+    while answers are on their way."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.msg
+        if isinstance(message, str) and message.startswith(GRPC_UNSENT_PREFIX):
+            if not logging.getLogger(record.name).isEnabledFor(logging.WARNING):
+                return False
+            record.msg, record.args = GRPC_UNSENT, None
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
         return True
 
 
@@ -194,7 +215,8 @@ class WriterHandler(logging.StreamHandler):  # type: ignore[type-arg]
 def configure_logging(level: str, fmt: str) -> None:
     """Send every logger (ours, uvicorn's, Python's warnings) to stderr as text or JSON lines,
     written by a thread of their own (``WriterHandler``), and the warnings a client can set off
-    once a request (``FLOODABLE``) at most once a ``REPEAT_WINDOW_S``, with a count."""
+    once a request (``FLOODABLE``, grpcio's ``GrpcUnsent``) at most once a
+    ``REPEAT_WINDOW_S``, with a count."""
     handler = WriterHandler(sys.stderr)
     handler.addFilter(RequestIdFilter())
     if fmt == "json":
@@ -217,3 +239,5 @@ def configure_logging(level: str, fmt: str) -> None:
     uvicorn_log = logging.getLogger("uvicorn.error")
     uvicorn_log.filters[:] = [f for f in uvicorn_log.filters if not isinstance(f, Repeats)]
     uvicorn_log.addFilter(Repeats(FLOODABLE, REPEAT_WINDOW_S))
+    grpc_log = logging.getLogger("grpc._cython.cygrpc")
+    grpc_log.filters[:] = [GrpcUnsent(), Repeats((GRPC_UNSENT,), REPEAT_WINDOW_S)]

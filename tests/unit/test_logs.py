@@ -18,6 +18,7 @@ import pytest
 
 from app.logs import (
     FLOODABLE,
+    GRPC_UNSENT,
     JsonFormatter,
     Repeats,
     TextFormatter,
@@ -233,6 +234,39 @@ def test_uvicorns_floodable_warnings_are_held_back_however_often_logging_is_set_
     handler.flush()
     assert [line.rsplit(": ", 1)[1] for line in stream.getvalue().splitlines()] == \
         list(FLOODABLE)
+
+
+def test_grpcios_unsent_answers_are_a_warning_line_held_back_without_traceback(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    grpc_log = logging.getLogger("grpc._cython.cygrpc")
+    monkeypatch.setattr(grpc_log, "filters", [])
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "setLevel", lambda level: None)
+    for switch in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
+        monkeypatch.setattr(logging, switch, getattr(logging, switch))
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    configure_logging("warning", "text")
+    monkeypatch.setattr(grpc_log, "handlers", [root.handlers[0]])
+    monkeypatch.setattr(grpc_log, "propagate", False)
+    monkeypatch.setattr(grpc_log, "isEnabledFor", lambda level: level >= logging.WARNING)
+    for _ in range(5):
+        try:
+            raise RuntimeError("Failed execute_batch")
+        except RuntimeError:  # as grpcio logs it: _LOGGER.exception(message % method)
+            grpc_log.exception("ExecuteBatchError raised in core by servicer method "
+                               "[/inference.GRPCInferenceService/ModelInfer]")
+    grpc_log.error("Unexpected [KeyError] raised by servicer method [/x]")
+    root.handlers[0].flush()
+    lines = stream.getvalue().splitlines()
+    assert [line.split(" ", 2)[2] for line in lines] == [
+        f"WARNING grpc._cython.cygrpc [None]: {GRPC_UNSENT}",
+        "ERROR grpc._cython.cygrpc [None]: Unexpected [KeyError] raised by servicer method [/x]"]
+    monkeypatch.setattr(grpc_log, "isEnabledFor", lambda level: level >= logging.ERROR)
+    grpc_log.error("ExecuteBatchError raised in core by servicer method [/y]")
+    root.handlers[0].flush()
+    assert len(stream.getvalue().splitlines()) == 2  # at level error, no warning
 
 
 def test_pythons_warnings_are_log_lines_one_json_object_each(
