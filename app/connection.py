@@ -2,11 +2,11 @@
 (``HeadHeld``, app/head_held.py), and bounds a slow, large or pipelining client cannot pass.
 
 A request must arrive within ``read_timeout_s`` (408), its line and headers, and a chunked
-body's trailers, within ``MAX_HEAD_BYTES`` (431), a connection's reads pause past
-``PIPELINE_LIMIT`` waiting requests, and one whose client takes none of its answer for
-``read_timeout_s`` is reset (app/flow.py). What the protocol answers itself, before any route saw
-the request (those, a 503 past ``max_connections``, a 400 for bytes that are not HTTP), is
-counted by ``count_refusal``.
+body's trailers, within ``MAX_HEAD_BYTES`` (431), in no transfer coding but chunked (501); a
+connection's reads pause past ``PIPELINE_LIMIT`` waiting requests, and one whose client takes
+none of its answer for ``read_timeout_s`` (5 s at least) is reset (app/flow.py). What the
+protocol answers itself, before any route saw the request (those, a 503 past
+``max_connections``, a 400 for bytes that are not HTTP), is counted by ``count_refusal``.
 ``batchserve serve`` passes ``protocol_for``'s class to uvicorn as its ``http``
 implementation; ``uvicorn --factory app.main:create_app`` runs with uvicorn's own.
 """
@@ -24,7 +24,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from app.api.error_responses import format_for_path
 from app.api.inference import CUT_OFF
 from app.facade import Refusals
-from app.flow import ConnectionFlow, reset
+from app.flow import MIN_STALL_S, ConnectionFlow, reset
 from app.framing import Body, FramingError, body_of, unknown_coding
 from app.head_held import HeadHeld
 from app.logs import STALLED
@@ -68,7 +68,8 @@ class OneWriteProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
-        self.flow = ConnectionFlow(transport, self.pipeline, self.read_timeout_s, self._stalled)
+        stall_s = None if self.read_timeout_s is None else max(self.read_timeout_s, MIN_STALL_S)
+        self.flow = ConnectionFlow(transport, self.pipeline, stall_s, self._stalled)
         self._reading = (self.loop.time(), {})
         self._arm_read_timer()  # a connection that never sends a request is cut off too
 
@@ -210,7 +211,7 @@ class OneWriteProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def _stalled(self) -> None:
-        """The client took none of its answer for ``read_timeout_s`` (app/flow.py)."""
+        """The client took none of its answer for ``read_timeout_s`` or 5 s (app/flow.py)."""
         self.logger.warning(STALLED)
         reset(self.transport)
 

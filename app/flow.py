@@ -26,6 +26,12 @@ from uvicorn.protocols.http.flow_control import FlowControl
 # The most pipelined requests a connection may have waiting before its reads pause.
 PIPELINE_LIMIT = 32
 
+# The shortest a client may take none of its answer before its connection is reset, whatever
+# read_timeout_s (which follows request_timeout_s, perhaps a few milliseconds): a client far
+# away, or on a link that lost a few segments in a row (TCP's retransmission timer doubles from
+# 0.2 s), can see no byte acknowledged for seconds while it is reading.
+MIN_STALL_S = 5.0
+
 # SO_LINGER on, for 0 s: a close resets the connection, dropping what the kernel still holds
 # for it, rather than sending it on to a client that takes nothing.
 RESET_ON_CLOSE = struct.pack("ii", 1, 0)
@@ -40,6 +46,8 @@ class ConnectionFlow(FlowControl):
 
     def __init__(self, transport: Any, pipeline: Sized, stall_s: float | None,
                  on_stall: Callable[[], None]) -> None:
+        """``stall_s``: the bound (the protocol's is ``read_timeout_s``, ``MIN_STALL_S`` at
+        least); None: none."""
         super().__init__(transport)
         self._pipeline = pipeline
         self._stall_s = stall_s

@@ -27,7 +27,8 @@ class RequestIdFilter(logging.Filter):
 
 
 # A connection reset because its client took none of its answer (app/flow.py).
-STALLED = "A client took none of its answer within read_timeout_s; connection reset."
+STALLED = ("A client took none of its answer within read_timeout_s (5 s at least); "
+           "connection reset.")
 # grpcio logs an error with a traceback when a call's answer cannot be sent because the call
 # ended under it (its client gone) before grpcio saw the end: GrpcUnsent makes it this line.
 GRPC_UNSENT_PREFIX = "ExecuteBatchError raised in core by servicer method"

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.flow import MIN_STALL_S
 from app.logs import STALLED
 from app.process import OWN_FILES
 from tests.conftest import WAIT_S, children, sample, serve, wait_ready, wait_until_sync
@@ -97,8 +98,8 @@ TCP_CLOSE = 7  # Linux's TCP_CLOSE: reset by the peer
 def test_a_client_that_takes_none_of_its_answer_is_reset(frontends: str, tmp_path: Path
                                                          ) -> None:
     """A few bytes asked, 23 MB answered, none of it read: the connection is reset once
-    ``read_timeout_s`` passes without the client taking any, where it was held (and the
-    answer's bytes with it) for as long as the client stayed connected."""
+    ``read_timeout_s`` (5 s at least) passes without the client taking any, where it was held
+    (and the answer's bytes with it) for as long as the client stayed connected."""
     log = tmp_path / "stderr"
     with log.open("wb") as out, serve(
             "--model", "tests.fakes:widen", "--devices", "cpu", "--read-timeout-s", "0.5",
@@ -109,9 +110,11 @@ def test_a_client_that_takes_none_of_its_answer_is_reset(frontends: str, tmp_pat
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect((host, int(port)))
         body = b'{"instances": [%s]}' % b", ".join([b"[1.0]"] * 256)
+        sent = time.monotonic()
         sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         wait_until_sync(lambda: tcp_state(sock) == TCP_CLOSE, "the server to reset it")
+        assert time.monotonic() - sent >= MIN_STALL_S  # not the 0.5 s a request may take
         with pytest.raises(ConnectionResetError):
             read_all(sock)
         sock.close()
