@@ -208,18 +208,25 @@ def test_a_flood_of_one_warning_is_one_line_a_window_with_its_count(
     assert passed("Exceeded concurrency limit.") == "Exceeded concurrency limit."
 
 
+def isolated(monkeypatch: pytest.MonkeyPatch) -> tuple[logging.Logger, io.StringIO]:
+    """The root logger and logging's switches as they are, put back after the test (the
+    tests' own level stays), and stderr a buffer: for a test of ``configure_logging``."""
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "setLevel", lambda level: None)
+    for switch in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
+        monkeypatch.setattr(logging, switch, getattr(logging, switch))
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    return root, stream
+
+
 def test_uvicorns_floodable_warnings_are_held_back_however_often_logging_is_set_up(
         monkeypatch: pytest.MonkeyPatch) -> None:
     uvicorn_log = logging.getLogger("uvicorn.error")
     monkeypatch.setattr(uvicorn_log, "filters", [])
     monkeypatch.setattr(uvicorn_log, "isEnabledFor", lambda level: True)  # whatever a test set
-    root = logging.getLogger()
-    monkeypatch.setattr(root, "handlers", [])
-    monkeypatch.setattr(root, "setLevel", lambda level: None)  # the tests' own level stays
-    for switch in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
-        monkeypatch.setattr(logging, switch, getattr(logging, switch))
-    stream = io.StringIO()
-    monkeypatch.setattr("sys.stderr", stream)
+    root, stream = isolated(monkeypatch)
     configure_logging("warning", "text")
     configure_logging("warning", "text")
     assert [type(f) for f in uvicorn_log.filters] == [Repeats]
@@ -240,13 +247,7 @@ def test_grpcios_unsent_answers_are_a_warning_line_held_back_without_traceback(
         monkeypatch: pytest.MonkeyPatch) -> None:
     grpc_log = logging.getLogger("grpc._cython.cygrpc")
     monkeypatch.setattr(grpc_log, "filters", [])
-    root = logging.getLogger()
-    monkeypatch.setattr(root, "handlers", [])
-    monkeypatch.setattr(root, "setLevel", lambda level: None)
-    for switch in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
-        monkeypatch.setattr(logging, switch, getattr(logging, switch))
-    stream = io.StringIO()
-    monkeypatch.setattr("sys.stderr", stream)
+    root, stream = isolated(monkeypatch)
     configure_logging("warning", "text")
     monkeypatch.setattr(grpc_log, "handlers", [root.handlers[0]])
     monkeypatch.setattr(grpc_log, "propagate", False)
@@ -273,13 +274,7 @@ def test_pythons_warnings_are_log_lines_one_json_object_each(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A warning a model or torch raises while serving goes through the handler, as any line:
     in the JSON log one object, not a raw line that breaks it."""
-    root = logging.getLogger()
-    monkeypatch.setattr(root, "handlers", [])
-    monkeypatch.setattr(root, "setLevel", lambda level: None)
-    for switch in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
-        monkeypatch.setattr(logging, switch, getattr(logging, switch))
-    stream = io.StringIO()
-    monkeypatch.setattr("sys.stderr", stream)
+    root, stream = isolated(monkeypatch)
     logging.captureWarnings(False)
     try:
         configure_logging("warning", "json")
