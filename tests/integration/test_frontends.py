@@ -416,9 +416,17 @@ def test_front_ends_whose_handler_never_builds_start_and_say_it_loads(tmp_path: 
     gate = tmp_path / "gate"
     with serve("--model", "tests.fakes:GateFileInFrontEnds", "--devices", "cpu",
                "--frontends", "2", env={"GATE_FILE": str(gate)}, reuse_port=True) as (_, url):
-        wait_until_sync(lambda: fresh_get(url, "/health_check").status_code == 503
-                        and metric(url, "batchserve_frontends_connected") == 2,
-                        "both front ends answering")
+        def answering() -> bool:
+            """A front end takes its first connections once its start is over: 5 s of waiting
+            for the handler after its process starts, more than fresh_get's 10 s on a busy
+            machine."""
+            try:
+                return (fresh_get(url, "/health_check").status_code == 503
+                        and metric(url, "batchserve_frontends_connected") == 2)
+            except httpx.TimeoutException:
+                return False
+
+        wait_until_sync(answering, "both front ends answering")
         for _ in range(6):
             r = post(url, [1])
             assert r.status_code == 503 and r.json()["error"]["type"] == "loading", r.text
