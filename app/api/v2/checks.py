@@ -81,16 +81,19 @@ def check_served(params: Any, tensor: str) -> None:
 
 
 def check_outputs(names: list[str], model: str, known: list[TensorSpec] | None) -> None:
-    """Every output a request names is one the model has (where its outputs are known), once."""
-    for i, name in enumerate(names):
-        if name in names[:i]:
+    """Every output a request names is one the model has (where its outputs are known), once.
+    Sets, not lists: a list's search for each name made 30,000 names cost 11 s."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
             raise InvalidInput(f"output '{name}' is asked for twice")
+        seen.add(name)
     if known is None:
         return
-    known_names = [spec.name for spec in known]
+    known_names = {spec.name for spec in known}
     for name in names:
         if name not in known_names:
-            raise InvalidInput(unknown_output(name, model, known_names))
+            raise InvalidInput(unknown_output(name, model, list(known_names)))
 
 
 def unknown_output(name: str, model: str, known: list[str]) -> str:
