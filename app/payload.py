@@ -111,14 +111,24 @@ def whole_number_of(value: Any, what: str) -> int | None:
 MAX_INT64 = 2**63 - 1  # the protocol's integers (sizes, parameters) are int64
 
 
+# The most characters of a value a message shows: an error answer stays small, whatever the
+# request sent in the field it names (megabytes of it, at most max_body_bytes).
+SHOWN_CHARS = 80
+
+
 def json_text(value: Any) -> str:
     """``value`` as JSON writes it, for messages (``true``, ``"5"``, ``1e+30``: past 64 bits a
-    JSON number is read as a float), not as Python does (``True``, ``'5'``)."""
+    JSON number is read as a float), not as Python does (``True``, ``'5'``); past
+    ``SHOWN_CHARS``, its beginning and its length."""
     if isinstance(value, (bool, str)) or value is None:
-        return orjson.dumps(value).decode()
-    if isinstance(value, (list, dict)):
-        return json.dumps(value, ensure_ascii=False)  # orjson stops at 64-bit integers
-    return repr(value)
+        text = orjson.dumps(value).decode()
+    elif isinstance(value, (list, dict)):
+        text = json.dumps(value, ensure_ascii=False)  # orjson stops at 64-bit integers
+    else:
+        text = repr(value)
+    if len(text) <= SHOWN_CHARS:
+        return text
+    return f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
 
 
 def first_boolean(instances: list[Any]) -> int | None:

@@ -132,7 +132,10 @@ def test_an_output_asked_for_twice_is_refused() -> None:
             parse_request(json.dumps(payload).encode(), None, 16, "m", INPUT, known)
 
 
-@pytest.mark.parametrize(("request_id", "shows"), [(5, "5"), (["a"], '["a"]'), (True, "true")])
+@pytest.mark.parametrize(("request_id", "shows"), [
+    (5, "5"), (["a"], '["a"]'), (True, "true"),
+    ([0] * 1000, "[" + "0, " * 26 + "0... (3000 characters)"),
+])
 def test_an_id_that_is_not_a_string_is_refused(request_id: object, shows: str) -> None:
     head = json.dumps({"id": request_id, "inputs": [
         {"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}).encode()
