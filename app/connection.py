@@ -49,6 +49,7 @@ class OneWriteProtocol(HttpToolsProtocol):
     HTTP/1.1 with its body, as RFC 9110 lets a server do."""
 
     read_timeout_s: float | None = None
+    stall_s: float | None = None  # read_timeout_s, MIN_STALL_S at least (app/flow.py)
     count_refusal: Refusals | None = None
     _read_timer: asyncio.TimerHandle | None = None
     # What is being read and since when (the loop's time): the connection till its first
@@ -68,8 +69,7 @@ class OneWriteProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
-        stall_s = None if self.read_timeout_s is None else max(self.read_timeout_s, MIN_STALL_S)
-        self.flow = ConnectionFlow(transport, self.pipeline, stall_s, self._stalled)
+        self.flow = ConnectionFlow(transport, self.pipeline, self.stall_s, self._stalled)
         self._reading = (self.loop.time(), {})
         self._arm_read_timer()  # a connection that never sends a request is cut off too
 
@@ -285,5 +285,6 @@ def protocol_for(read_timeout_s: float, count_refusal: Refusals | None = None
     """``OneWriteProtocol`` cutting off requests that take longer than ``read_timeout_s`` to
     arrive, and counting what it answers itself with ``count_refusal``."""
     return type("OneWriteProtocol", (OneWriteProtocol,), {
-        "read_timeout_s": read_timeout_s, "count_refusal": staticmethod(count_refusal)
+        "read_timeout_s": read_timeout_s, "stall_s": max(read_timeout_s, MIN_STALL_S),
+        "count_refusal": staticmethod(count_refusal)
         if count_refusal is not None else None})

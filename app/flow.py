@@ -62,7 +62,7 @@ class ConnectionFlow(FlowControl):
     def pause_writing(self) -> None:
         super().pause_writing()
         if self._stall_s is not None and self._timer is None:
-            self._watch(self._stall_s)
+            self._watch()
 
     def resume_writing(self) -> None:
         super().resume_writing()  # also on connection_lost: the timer goes with it
@@ -70,15 +70,16 @@ class ConnectionFlow(FlowControl):
             self._timer.cancel()
             self._timer = None
 
-    def _watch(self, stall_s: float) -> None:
+    def _watch(self) -> None:
+        assert self._stall_s is not None
         self._unsent = unsent(self._transport)
-        self._timer = asyncio.get_running_loop().call_later(stall_s, self._check, stall_s)
+        self._timer = asyncio.get_running_loop().call_later(self._stall_s, self._check)
 
-    def _check(self, stall_s: float) -> None:
+    def _check(self) -> None:
         """Writes are still paused: go on watching if the client took some, else stall."""
         self._timer = None
         if unsent(self._transport) < self._unsent:
-            self._watch(stall_s)
+            self._watch()
         else:
             self._on_stall()
 
