@@ -35,7 +35,7 @@ GRPC_UNSENT_PREFIX = "ExecuteBatchError raised in core by servicer method"
 GRPC_UNSENT = "A gRPC call's answer could not be sent; the call ended before it went."
 # uvicorn's warnings that a client sets off at will, one a request: a connection past
 # max_connections (answered 503), a request httptools cannot parse (400); and STALLED. A flood
-# of either wrote a line a request: 10,000 lines a second, and a quarter of the CPU each
+# of any wrote a line a request: 10,000 lines a second, and a quarter of the CPU each
 # refusal cost.
 FLOODABLE = ("Exceeded concurrency limit.", "Invalid HTTP request received.", STALLED)
 REPEAT_WINDOW_S = 10.0
