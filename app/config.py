@@ -103,7 +103,7 @@ class BatchSettings(BaseModel):
     def _derive_defaults(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
         if not isinstance(data, dict):
             return handler(data)
-        settings = handler(derive_defaults(data))
+        settings = handler(derive_defaults(data, cls.model_fields))
         settings._explicit = frozenset(data)
         return settings
 
@@ -189,10 +189,10 @@ class Settings(BaseSettings, BatchSettings):
         None, ge=1, description="torch intra-op threads per process (default: torch's choice, at "
         "most the usable cores: a CPU quota counts)"
     )
-    read_timeout_s: float | None = Field(
-        None, gt=0, le=DAY_S, allow_inf_nan=False,
+    read_timeout_s: float = Field(
+        DEFAULT_REQUEST_TIMEOUT_S, gt=0, le=DAY_S, allow_inf_nan=False,
         description="longest a request may take to arrive (then 408, closed) and its client "
-        "may take none of its answer (then reset); default: request_timeout_s",
+        "may take none of its answer (then reset; default request_timeout_s, 5 s at least)",
     )
     keep_alive_s: int = Field(
         5, ge=1, le=int(DAY_S), description="how long a connection may idle between requests "

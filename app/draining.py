@@ -146,7 +146,7 @@ def server_config(settings: Settings, app: Any) -> uvicorn.Config:
         log_level=settings.log_level,
         lifespan="on",
         # Each answer in one write; slow clients cut off (app/connection.py).
-        http=protocol_for(settings.read_timeout_s or settings.request_timeout_s,
+        http=protocol_for(settings.read_timeout_s,
                           refusals(app.state.service.unknown, "http")),
         # No WebSocket is served: an Upgrade to one is declined as h2c's is, answered in
         # HTTP/1.1 (app/connection.py), and the websockets library is never imported.

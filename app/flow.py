@@ -23,14 +23,14 @@ from typing import Any
 
 from uvicorn.protocols.http.flow_control import FlowControl
 
+from app.values import SLOW_LINK_S
+
 # The most pipelined requests a connection may have waiting before its reads pause.
 PIPELINE_LIMIT = 32
 
 # The shortest a client may take none of its answer before its connection is reset, whatever
-# read_timeout_s (which follows request_timeout_s, perhaps a few milliseconds): a client far
-# away, or on a link that lost a few segments in a row (TCP's retransmission timer doubles from
-# 0.2 s), can see no byte acknowledged for seconds while it is reading.
-MIN_STALL_S = 5.0
+# read_timeout_s the user set.
+MIN_STALL_S = SLOW_LINK_S
 
 # SO_LINGER on, for 0 s: a close resets the connection, dropping what the kernel still holds
 # for it, rather than sending it on to a client that takes nothing.

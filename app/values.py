@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -16,6 +16,11 @@ DEFAULT_REQUEST_TIMEOUT_S = 30.0
 DEFAULT_MAX_INSTANCES = 256
 DEFAULT_GRPC_PORT = 8001  # Triton's
 DAY_S = 86400.0  # the longest a timeout or lease may be: longer ones overflow timers and Redis
+# The shortest default read_timeout_s, and the shortest a client may take none of its answer
+# (app/flow.py), whatever request_timeout_s (perhaps a few milliseconds): a client far away, or
+# on a link that lost a few segments in a row (TCP's retransmission timer doubles from 0.2 s),
+# can take seconds to send a request or to acknowledge a byte of its answer.
+SLOW_LINK_S = 5.0
 
 
 def listed_names(value: Any) -> Any:
@@ -57,14 +62,15 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def derive_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
-    """``given`` (the values set explicitly) plus defaults adjusted so that they never contradict
-    a value the user set: ``queue_capacity=4`` alone lowers the default ``max_instances`` to 4,
-    ``max_instances`` or ``max_batch_size`` above 1024 raise the default ``queue_capacity`` to
-    hold that many (a batch never holds more than the queue), ``port=8001`` moves the default
-    ``grpc_port`` to 8002, ``request_timeout_s=0.004`` alone lowers the default
-    ``max_wait_ms`` to 2, and the other way round. Two explicit values that contradict each
-    other are left for the checks."""
+def derive_defaults(given: Mapping[str, Any], fields: Container[str]) -> dict[str, Any]:
+    """``given`` (the values set explicitly) plus defaults of ``fields`` adjusted so that they
+    never contradict a value the user set: ``queue_capacity=4`` alone lowers the default
+    ``max_instances`` to 4, ``max_instances`` or ``max_batch_size`` above 1024 raise the default
+    ``queue_capacity`` to hold that many (a batch never holds more than the queue),
+    ``port=8001`` moves the default ``grpc_port`` to 8002, ``request_timeout_s=0.004`` alone
+    lowers the default ``max_wait_ms`` to 2, and the other way round; ``read_timeout_s``
+    follows ``request_timeout_s``, ``SLOW_LINK_S`` at least. Two explicit values that
+    contradict each other are left for the checks."""
     out = dict(given)
     capacity, instances = _number(given.get("queue_capacity")), _number(given.get("max_instances"))
     if "max_instances" not in given and capacity is not None:
@@ -79,7 +85,10 @@ def derive_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
         out["max_wait_ms"] = min(DEFAULT_MAX_WAIT_MS, timeout_s * 1000.0 / 2)
     if "request_timeout_s" not in given and wait_ms is not None:
         out["request_timeout_s"] = min(DAY_S, max(DEFAULT_REQUEST_TIMEOUT_S, 2 * wait_ms / 1000.0))
-    return out
+    timeout_s = _number(out.get("request_timeout_s", DEFAULT_REQUEST_TIMEOUT_S))
+    if "read_timeout_s" not in given and timeout_s is not None:
+        out["read_timeout_s"] = min(DAY_S, max(SLOW_LINK_S, timeout_s))
+    return {name: value for name, value in out.items() if name in given or name in fields}
 
 
 def describe_errors(exc: ValueError) -> str:

@@ -8,7 +8,7 @@ import pytest
 
 from app import supervisor
 from app.cli import HTTP_SETTINGS, JOB_SETTINGS, build_parser, main
-from app.config import Settings
+from app.config import ModelSettings, Settings
 from app.errors import ConfigError
 from app.sources import load_settings, unknown_variables
 from app.supervisor import frontend_count
@@ -70,7 +70,10 @@ def test_contradictions_are_refused_naming_both() -> None:
         ({"max_batch_size": 4096, "max_instances": 5000}, {"queue_capacity": 5000}),
         ({"max_batch_size": 4096, "queue_capacity": 16}, {"queue_capacity": 16}),
         ({"request_timeout_s": 0.004}, {"max_wait_ms": 2.0}),
-        ({"max_wait_ms": 40_000}, {"request_timeout_s": 80.0}),
+        ({"max_wait_ms": 40_000}, {"request_timeout_s": 80.0, "read_timeout_s": 80.0}),
+        ({}, {"read_timeout_s": 30.0}),
+        ({"request_timeout_s": 0.05}, {"read_timeout_s": 5.0}),  # a network's few seconds
+        ({"request_timeout_s": 1, "read_timeout_s": 0.5}, {"read_timeout_s": 0.5}),
         ({"queue_capacity": 4, "max_instances": 2}, {"max_instances": 2}),
         ({"port": 8001}, {"grpc_port": 8002}),
         ({"port": 9000}, {"grpc_port": 8001}),
@@ -82,6 +85,13 @@ def test_defaults_give_way_to_what_the_user_set(given: dict, derived: dict) -> N
     s = load_settings(None, given)
     assert {k: getattr(s, k) for k in derived} == derived
     assert s.explicit == set(given)
+
+
+def test_a_model_gets_no_server_setting_derived_from_its_own() -> None:
+    """A model's settings derive their own defaults, and none of the server's (read_timeout_s
+    follows request_timeout_s on the server only)."""
+    model = ModelSettings(request_timeout_s=0.004)
+    assert model.max_wait_ms == 2.0 and "read_timeout_s" not in model.model_dump()
 
 
 @pytest.mark.parametrize(
