@@ -24,10 +24,11 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from app.api.error_responses import format_for_path
 from app.api.inference import CUT_OFF
 from app.facade import Refusals
-from app.flow import MIN_STALL_S, ConnectionFlow, reset
+from app.flow import ConnectionFlow, reset
 from app.framing import Body, FramingError, body_of, unknown_coding
 from app.head_held import HeadHeld
 from app.logs import STALLED
+from app.values import SLOW_LINK_S
 
 log = logging.getLogger("batchserve")
 
@@ -49,7 +50,7 @@ class OneWriteProtocol(HttpToolsProtocol):
     HTTP/1.1 with its body, as RFC 9110 lets a server do."""
 
     read_timeout_s: float | None = None
-    stall_s: float | None = None  # read_timeout_s, MIN_STALL_S at least (app/flow.py)
+    stall_s: float | None = None  # read_timeout_s, SLOW_LINK_S at least (app/flow.py)
     count_refusal: Refusals | None = None
     _read_timer: asyncio.TimerHandle | None = None
     # What is being read and since when (the loop's time): the connection till its first
@@ -285,6 +286,6 @@ def protocol_for(read_timeout_s: float, count_refusal: Refusals | None = None
     """``OneWriteProtocol`` cutting off requests that take longer than ``read_timeout_s`` to
     arrive, and counting what it answers itself with ``count_refusal``."""
     return type("OneWriteProtocol", (OneWriteProtocol,), {
-        "read_timeout_s": read_timeout_s, "stall_s": max(read_timeout_s, MIN_STALL_S),
+        "read_timeout_s": read_timeout_s, "stall_s": max(read_timeout_s, SLOW_LINK_S),
         "count_refusal": staticmethod(count_refusal)
         if count_refusal is not None else None})

@@ -23,14 +23,8 @@ from typing import Any
 
 from uvicorn.protocols.http.flow_control import FlowControl
 
-from app.values import SLOW_LINK_S
-
 # The most pipelined requests a connection may have waiting before its reads pause.
 PIPELINE_LIMIT = 32
-
-# The shortest a client may take none of its answer before its connection is reset, whatever
-# read_timeout_s the user set.
-MIN_STALL_S = SLOW_LINK_S
 
 # SO_LINGER on, for 0 s: a close resets the connection, dropping what the kernel still holds
 # for it, rather than sending it on to a client that takes nothing.
@@ -46,7 +40,7 @@ class ConnectionFlow(FlowControl):
 
     def __init__(self, transport: Any, pipeline: Sized, stall_s: float | None,
                  on_stall: Callable[[], None]) -> None:
-        """``stall_s``: the bound (the protocol's is ``read_timeout_s``, ``MIN_STALL_S`` at
+        """``stall_s``: the bound (the protocol's is ``read_timeout_s``, ``SLOW_LINK_S`` at
         least); None: none."""
         super().__init__(transport)
         self._pipeline = pipeline

@@ -90,10 +90,11 @@ def check_outputs(names: list[str], model: str, known: list[TensorSpec] | None) 
         seen.add(name)
     if known is None:
         return
-    known_names = {spec.name for spec in known}
+    known_names = [spec.name for spec in known]  # in the model's order, for the message
+    lookup = set(known_names)
     for name in names:
-        if name not in known_names:
-            raise InvalidInput(unknown_output(name, model, list(known_names)))
+        if name not in lookup:
+            raise InvalidInput(unknown_output(name, model, known_names))
 
 
 def unknown_output(name: str, model: str, known: list[str]) -> str:
