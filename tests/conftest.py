@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import itertools
 import os
 import signal
 import socket
@@ -129,8 +130,29 @@ def free_socket(reuse_port: bool = False) -> socket.socket:
     return sock
 
 
+# Ports free_port hands out, for each pytest-xdist worker its own block below the kernel's
+# ephemeral range; the count of those handed out in this process.
+PORT_BLOCK = 200
+_ports_given = itertools.count()
+
+
 def free_port() -> int:
-    """A loopback port no socket holds now, for a listener that binds by number (gRPC)."""
+    """A loopback port no socket holds now, for a listener that binds by number (gRPC). Not one
+    from bind(0): released for the server to bind, it was open to every other process's bind(0)
+    and connect() until the server had imported torch (the other test worker's server took
+    one). So from below the ephemeral range (the kernel picks those ports from it, never below
+    it), in a block of this worker's own; bind(0)'s where no such block fits."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    first = low - PORT_BLOCK * (worker + 1)
+    for _ in range(PORT_BLOCK if first >= 1024 else 0):
+        port = first + next(_ports_given) % PORT_BLOCK
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))  # as the server binds it first: not shared
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
