@@ -137,7 +137,8 @@ _ports_given = itertools.count()
 
 
 def free_port() -> int:
-    """A loopback port no socket holds now, for a listener that binds by number (gRPC). Not one
+    """A loopback port no socket holds now, for a listener that binds by number (gRPC,
+    redis-server, a job worker's metrics), or one where nothing listens. Not one
     from bind(0): released for the server to bind, it was open to every other process's bind(0)
     and connect() until the server had imported torch (the other test worker's server took
     one). So from below the ephemeral range (the kernel picks those ports from it, never below

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,7 +24,7 @@ import torch
 from app.jobs.client import submit
 from app.jobs.messages import RESULT_KEY, RESULTS_STREAM
 from app.models.builtin import linear_module
-from tests.conftest import ROOT, WAIT_S, free_socket, sample, wait_until_sync
+from tests.conftest import ROOT, WAIT_S, free_port, sample, wait_until_sync
 from tests.otlp import attributes, receiving
 
 pytestmark = [
@@ -38,9 +37,7 @@ STREAM, GROUP = "batchserve:jobs", "batchserve"
 @contextmanager
 def redis_server(folder: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A redis-server on a free loopback port, up: its URL and its process."""
-    with socket.socket() as probe:  # a free loopback port for redis-server to bind
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
          "--appendonly", "no", "--dir", str(folder)],
@@ -105,9 +102,7 @@ def results_of(r: redis.Redis, ids: list[str]) -> dict[str, Any]:
 
 def test_jobs_in_results_out_with_metrics_and_liveness(redis_url: str) -> None:
     jobs = [[[i, i + 1, i + 2, i + 3]] * (1 + i % 3) for i in range(20)]
-    sock = free_socket()  # a free port for the worker's metrics server
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()  # for the worker's metrics server
     r = redis.Redis.from_url(redis_url)
     with worker(redis_url, "--model", "linear", "--worker-metrics-port", str(port)):
         results = submit(redis_url, jobs, timeout_s=WAIT_S)
@@ -275,9 +270,7 @@ def test_a_stuck_device_thread_stops_the_worker_with_exit_1(redis_url: str,
     did not answer are another worker's after their lease."""
     r = redis.Redis.from_url(redis_url)
     gate = tmp_path / "gate"
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     args = ("--model", "tests.fakes:gate_file_module", "--device-timeout-s", "1",
             "--request-timeout-s", "4", "--job-lease-s", "1", "--worker-metrics-port", str(port))
     add = lambda job_id: r.xadd(STREAM, {"job": orjson.dumps(  # noqa: E731
@@ -341,21 +334,13 @@ def run_app(*args: str, timeout: float = WAIT_S) -> subprocess.CompletedProcess[
                           text=True, timeout=timeout)
 
 
-def a_closed_port() -> int:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port: int = sock.getsockname()[1]
-    sock.close()  # nothing listens there now
-    return port
-
-
 def test_submit_and_worker_fail_in_one_line(redis_url: str, tmp_path: Path) -> None:
     """A missing file, a line that is not JSON, a Redis that is down, results that do not come
     in time: one line on stderr and a non-zero exit, never a traceback."""
     good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
     good.write_text("[1, 2, 3, 4]\n")
     bad.write_text("[1, 2, 3, 4]\nnot json\n")
-    down = f"redis://127.0.0.1:{a_closed_port()}/0"
+    down = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     cases = [
         (["submit", str(tmp_path / "missing.jsonl")], 2, "cannot read"),
         (["submit", str(bad)], 2, "bad.jsonl line 2 is not JSON"),
