@@ -71,9 +71,9 @@ async def wait_until(predicate: Callable[[], Any], what: str) -> None:
         await asyncio.sleep(POLL_S)
 
 
-def wait_until_sync(predicate: Callable[[], Any], what: str) -> None:
+def wait_until_sync(predicate: Callable[[], Any], what: str, within_s: float = WAIT_S) -> None:
     """The same from a thread with no event loop of its own."""
-    deadline = time.monotonic() + WAIT_S
+    deadline = time.monotonic() + within_s
     while not predicate() and not _timed_out(deadline, what):
         time.sleep(POLL_S)
 
@@ -272,6 +272,8 @@ def wait_ready(url: str) -> None:
         except httpx.TransportError:
             return False
 
-    wait_until_sync(ready, "server ready")
+    # The default model warms up in 18 s alone on a 2-core box, past a minute beside the
+    # other test worker and more load.
+    wait_until_sync(ready, "server ready", 2 * WAIT_S)
 
 
