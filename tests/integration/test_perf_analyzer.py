@@ -79,12 +79,20 @@ def run_perf_analyzer(url: str, data: Path, fmt: str, concurrency: int,
     """``--request-count 120`` requests to ``url`` (host:port) in ``protocol``."""
     formats = ["--input-tensor-format", fmt, "--output-tensor-format", fmt] \
         if protocol == "http" else []
-    return subprocess.run(
-        [str(PERF_ANALYZER), "-m", "pair_module", "-u", url, "-i", protocol,
-         "--input-data", str(data), *formats, "--concurrency-range", str(concurrency),
-         "--request-count", "120"],
-        capture_output=True, text=True, timeout=WAIT_S * 2,
-    )
+    try:
+        return subprocess.run(
+            [str(PERF_ANALYZER), "-m", "pair_module", "-u", url, "-i", protocol,
+             "--input-data", str(data), *formats, "--concurrency-range", str(concurrency),
+             "--request-count", "120"],
+            capture_output=True, text=True, timeout=WAIT_S * 2,
+        )
+    except subprocess.TimeoutExpired as exc:  # what it printed says where it waited
+        pytest.fail(f"perf_analyzer ran past {exc.timeout} s; it printed:\n"
+                    f"{_text(exc.stdout)[-3000:]}\n{_text(exc.stderr)[-3000:]}")
+
+
+def _text(out: str | bytes | None) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
 
 
 @pytest.mark.parametrize(("protocol", "fmt"), [("http", "binary"), ("http", "json"),
