@@ -74,16 +74,26 @@ def perf_analyzer(server: LiveServer, data: Path, fmt: str, concurrency: int,
     return run_perf_analyzer(url, data, fmt, concurrency, protocol)
 
 
+# Windows of 40 answers, three of them (its stability window) at the least, each taken as
+# stable. Not ``--request-count``: with it perf_analyzer's workers stop at that count, but the
+# records it counts them by are emptied once they have started (InferenceProfiler::
+# ProfileHelper), so answers that come back before that are lost to it and it waits forever
+# for them (seen here about once in 60 runs, every answer sent and valid).
+WINDOWS = ["--measurement-mode", "count_windows", "--measurement-request-count", "40",
+           "--stability-percentage", "100000"]
+MEASURED = 3 * 40  # the fewest answers a run counts
+
+
 def run_perf_analyzer(url: str, data: Path, fmt: str, concurrency: int,
                       protocol: str) -> subprocess.CompletedProcess[str]:
-    """``--request-count 120`` requests to ``url`` (host:port) in ``protocol``."""
+    """A run against ``url`` (host:port) in ``protocol`` of ``MEASURED`` answers or more."""
     formats = ["--input-tensor-format", fmt, "--output-tensor-format", fmt] \
         if protocol == "http" else []
     try:
         return subprocess.run(
             [str(PERF_ANALYZER), "-m", "pair_module", "-u", url, "-i", protocol,
              "--input-data", str(data), *formats, "--concurrency-range", str(concurrency),
-             "--request-count", "120"],
+             *WINDOWS],
             capture_output=True, text=True, timeout=WAIT_S * 2,
         )
     except subprocess.TimeoutExpired as exc:  # what it printed says where it waited
@@ -106,7 +116,7 @@ def test_perf_analyzer_drives_the_server(server: LiveServer, tmp_path: Path, pro
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert f"Request concurrency: {concurrency}" in proc.stdout and "p99 latency" in proc.stdout
     assert sample(registry, "batchserve_requests_total", status="200", protocol=protocol) \
-        - before >= 120
+        - before >= MEASURED
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -121,8 +131,8 @@ def test_wrong_answers_fail_its_validation(server: LiveServer, tmp_path: Path,
 
 def test_perf_analyzer_drives_two_front_ends(tmp_path: Path) -> None:
     """Against ``--frontends 2`` (either front end may take each of its connections): every
-    answer valid over HTTP (binary and JSON) and gRPC, and each request counted once in the
-    one ``/metrics``."""
+    answer valid over HTTP (binary and JSON) and gRPC, and each counted in the one
+    ``/metrics`` (that it is counted once is test_frontends.py's, with a known number sent)."""
     grpc_port = free_port()
     data = input_data(tmp_path / "data.json")
     with split_server("--model", "tests.fakes:pair_module", "--max-instances", "8",
@@ -134,6 +144,6 @@ def test_perf_analyzer_drives_two_front_ends(tmp_path: Path) -> None:
             proc = run_perf_analyzer(target, data, fmt, 8, protocol)
             assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         for protocol in ("http", "grpc"):
-            sent = 120 * sum(p == protocol for p, _ in runs)
+            measured = MEASURED * sum(p == protocol for p, _ in runs)
             assert metric(url, "batchserve_requests_total", protocol=protocol,
-                          status="200") == sent
+                          status="200") >= measured
