@@ -90,11 +90,10 @@ def check_outputs(names: list[str], model: str, known: list[TensorSpec] | None) 
         seen.add(name)
     if known is None:
         return
-    known_names = [spec.name for spec in known]  # in the model's order, for the message
-    lookup = set(known_names)
+    known_names = {spec.name for spec in known}
     for name in names:
-        if name not in lookup:
-            raise InvalidInput(unknown_output(name, model, known_names))
+        if name not in known_names:  # named in the model's order
+            raise InvalidInput(unknown_output(name, model, [spec.name for spec in known]))
 
 
 def unknown_output(name: str, model: str, known: list[str]) -> str:
