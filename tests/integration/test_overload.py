@@ -58,13 +58,13 @@ async def post(url: str, body: Any, headers: dict[str, str] | None = None,
     lines = ["POST /predict HTTP/1.1", f"Host: {where.netloc}", "Connection: close",
              "Content-Type: application/json", f"Content-Length: {len(data)}",
              *(f"{name}: {value}" for name, value in (headers or {}).items())]
-    reader, writer = await asyncio.open_connection(where.hostname, where.port)
-    try:
-        writer.write("\r\n".join(lines).encode() + b"\r\n\r\n" + data)
-        async with asyncio.timeout(timeout):
+    async with asyncio.timeout(timeout):  # the connect too, as httpx's timeout
+        reader, writer = await asyncio.open_connection(where.hostname, where.port)
+        try:
+            writer.write("\r\n".join(lines).encode() + b"\r\n\r\n" + data)
             raw = await reader.read()  # to the end: the server closes after its answer
-    finally:
-        writer.close()
+        finally:
+            writer.close()
     head, _, content = raw.partition(b"\r\n\r\n")
     status, *fields = head.decode("latin-1").split("\r\n")
     pairs = (field.split(":", 1) for field in fields)
