@@ -86,16 +86,15 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def serve(args: argparse.Namespace) -> int:
+    settings = _settings(args)  # a wrong setting is said before torch is imported (seconds)
     from app.server import serve as run_server
 
-    return run_server(_settings(args), args.fd)
+    return run_server(settings, args.fd)
 
 
 def check_model(args: argparse.Namespace) -> int:
     """Load the model as the server would, run one batch of its examples, print what it is."""
     import asyncio
-
-    from app.check import check_model as check
 
     # The model is the argument, or ``--model`` as ``serve`` takes it; not two different ones.
     if args.model is not None and args.model_flag not in (None, args.model):
@@ -112,6 +111,8 @@ def check_model(args: argparse.Namespace) -> int:
     else:
         args.model = name
     settings = _settings(args)
+    from app.check import check_model as check  # after the settings, as serve's server
+
     for line in asyncio.run(check(settings)):
         print(line)
     return 0

@@ -46,5 +46,20 @@ def test_light_imports_do_not_load_torch(statement: str) -> None:
     assert out.split() == ["False", "False"]
 
 
+@pytest.mark.parametrize("command", [
+    ["serve", "--frontends", "x"],
+    ["serve", "--config", "missing.toml"],
+    ["check-model", "linear", "--max-batch-size", "0"],
+])
+def test_a_wrong_setting_is_said_before_torch_loads(command: list[str]) -> None:
+    """The one line comes in a moment, not after the seconds torch's import takes."""
+    code = (f"import sys; from app.cli import main; code = main({command!r}); "
+            "print(code, 'torch' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True)
+    assert run.stdout.split() == ["2", "False"], run.stderr
+    assert run.stderr.startswith("batchserve: ") and len(run.stderr.splitlines()) == 1
+
+
 def test_typed_marker_ships() -> None:
     assert (ROOT / "app" / "py.typed").is_file()
