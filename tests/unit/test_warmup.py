@@ -16,7 +16,7 @@ import app.warmup
 from app.models.builtin import linear_handler
 from app.models.signature import TensorSpec
 from app.transfer import DeviceExecutor
-from app.warmup import graphed, warm_replica
+from app.warmup import LONG_RUN_S, graphed, measure, warm_replica
 from tests.fakes import EchoHandler, OOMHandler
 
 pytestmark = pytest.mark.asyncio
@@ -38,6 +38,29 @@ async def test_a_text_models_cost_is_by_padded_tokens() -> None:
     works = [work for work, _ in warm.cost.curve()]
     assert works == sorted({n * length for n in (1, 2, 4) for length in (16, 128)})
     assert warm.padded and warm.work_per_item > 1
+
+
+async def test_a_point_is_timed_three_times_unless_one_run_is_long() -> None:
+    """Short points keep the median of three runs; a long one (most of a CPU's warm-up for a
+    text model) is timed once."""
+    class Clock:
+        def __init__(self) -> None:
+            self.runs: dict[int, list[float]] = {}
+
+        def launch(self, _: Any, __: Any, batch: list[Any]) -> Any:
+            n = len(batch)
+            taken = self.runs.setdefault(n, [])
+            # Short sizes: a slow first run (the median ignores it); long ones: LONG_RUN_S on.
+            seconds = (LONG_RUN_S * n / 4 if n >= 4 else [0.05, 0.01, 0.01][len(taken)])
+            taken.append(seconds)
+            return type("Launch", (), {"wait": lambda _: (None, seconds)})()
+
+    clock = Clock()
+    cost, limit = measure(linear_handler(), None, clock, [[0.0] * 4], 8,  # type: ignore[arg-type]
+                          padded=False)
+    assert {n: len(runs) for n, runs in clock.runs.items()} == {1: 3, 2: 3, 4: 1, 8: 1}
+    assert cost.curve() == [(1, 0.01), (2, 0.01), (4, LONG_RUN_S), (8, 2 * LONG_RUN_S)]
+    assert limit == 8
 
 
 @pytest.mark.parametrize(("limit", "fits", "found"), [
