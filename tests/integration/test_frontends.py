@@ -709,29 +709,40 @@ def front_ends_with(marker: str) -> list[int]:
 def test_a_held_device_process_is_unhealthy_within_seconds_through_the_front_ends() -> None:
     """The device process's event loop held (here: stopped): a health check through a front
     end, over HTTP or gRPC, is answered unhealthy after HEALTH_TIMEOUT_S, not held until its
-    client gives up; the same once the process goes on is ready."""
+    client gives up; the same once the process goes on is ready. The checks are asked at once,
+    each from a client of its own."""
     import grpc
     import tritonclient.grpc as triton
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from app.api.relay import HEALTH_TIMEOUT_S, HELD
 
+    def http(path: str) -> None:
+        with httpx.Client(timeout=HEALTH_TIMEOUT_S + 30) as client:
+            answer = client.get(url + path)
+        assert answer.status_code == 503, path
+        assert answer.json() == {"status": "unhealthy", "reason": HELD}
+
+    def v2(ask: str) -> None:
+        assert not getattr(triton.InferenceServerClient(f"127.0.0.1:{port}"), ask)(), ask
+
+    def grpc_health() -> None:
+        health = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+        status = health.Check(health_pb2.HealthCheckRequest(service=""),
+                              timeout=HEALTH_TIMEOUT_S + 30).status
+        assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+
     port = free_port()
     with split_server("--model", "linear", "--devices", "cpu", "--frontends", "2",
-                      "--grpc-port", str(port)) as (proc, url):
+                      "--grpc-port", str(port)) as (proc, url), ThreadPoolExecutor(6) as pool:
         os.kill(proc.pid, signal.SIGSTOP)
         try:
-            for path in ("/health_check", "/v2/health/live", "/v2/health/ready"):
-                with httpx.Client(timeout=HEALTH_TIMEOUT_S + 30) as client:
-                    answer = client.get(url + path)
-                assert answer.status_code == 503, path
-                assert answer.json() == {"status": "unhealthy", "reason": HELD}
-            client = triton.InferenceServerClient(f"127.0.0.1:{port}")
-            assert not client.is_server_live() and not client.is_server_ready()
-            health = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
-            status = health.Check(health_pb2.HealthCheckRequest(service=""),
-                                  timeout=HEALTH_TIMEOUT_S + 30).status
-            assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+            checks = [pool.submit(http, path)
+                      for path in ("/health_check", "/v2/health/live", "/v2/health/ready")]
+            checks += [pool.submit(v2, ask) for ask in ("is_server_live", "is_server_ready")]
+            checks.append(pool.submit(grpc_health))
+            for check in checks:
+                check.result()
         finally:
             os.kill(proc.pid, signal.SIGCONT)
         assert fresh_get(url, "/health_check").json()["status"] == "ready"
