@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TextIO
 
 import orjson
@@ -91,36 +92,65 @@ _ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)} | {
 
 
 def escape_controls(text: str) -> str:
-    return text.translate(_ESCAPES)
+    return text if text.isprintable() else text.translate(_ESCAPES)
+
+
+class Stamps:
+    """A time as ``fmt`` then its milliseconds, the second's text made once a second (at
+    info a server logs a line a request: strftime each time was a tenth of a line's cost)."""
+
+    def __init__(self, fmt: str, convert: Callable[[float], time.struct_time]) -> None:
+        self._fmt, self._convert = fmt, convert
+        self._last: tuple[int, str] = (-1, "")  # a second and its text, swapped whole
+
+    def __call__(self, created: float) -> str:
+        second = int(created)
+        known, text = self._last
+        if known != second:
+            text = time.strftime(self._fmt, self._convert(second))
+            self._last = (second, text)
+        return f"{text}{int((created - second) * 1000):03d}"
 
 
 class TextFormatter(logging.Formatter):
-    """The text log: each record's message on one line, control characters escaped (a
-    traceback, added after the message, keeps its lines)."""
+    """The text log: ``time level logger [request id]: message``, the message on one line,
+    control characters escaped (a traceback, added after the message, keeps its lines)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._time = Stamps("%Y-%m-%d %H:%M:%S,", time.localtime)
+
+    def line(self, created: float, level: str, name: str, rid: str | None, message: str) -> str:
+        return f"{self._time(created)} {level} {name} [{rid}]: {escape_controls(message)}"
+
+    def usesTime(self) -> bool:  # noqa: N802 - logging's name; ``line`` writes the time
+        return False
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
-        record.message = escape_controls(record.message)
-        return super().formatMessage(record)
+        return self.line(record.created, record.levelname, record.name,
+                         getattr(record, "request_id", None), record.message)
 
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, request fields when present."""
 
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, object] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        for name in _FIELDS:
-            value = getattr(record, name, None)
-            if value is not None:
-                entry[name] = value
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
+    def __init__(self) -> None:
+        super().__init__()
+        self._time = Stamps("%Y-%m-%dT%H:%M:%S.", time.gmtime)
+
+    def line(self, created: float, level: str, name: str, message: str,
+             fields: dict[str, object], exception: str | None = None) -> str:
+        entry: dict[str, object] = {"time": f"{self._time(created)}Z", "level": level.lower(),
+                                    "logger": name, "message": message}
+        entry.update((k, v) for k, v in fields.items() if v is not None)
+        if exception is not None:
+            entry["exception"] = exception
         return orjson.dumps(entry).decode()
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self.line(record.created, record.levelname, record.name, record.getMessage(),
+                         {name: getattr(record, name, None) for name in _FIELDS},
+                         self.formatException(record.exc_info) if record.exc_info else None)
 
 
 WRITE_EVERY_S = 0.05  # how often the writer writes what waits (a warning: at once)
@@ -154,19 +184,22 @@ class WriterHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            line = self.format(record) + self.terminator
-            if len(self._lines) >= BUFFER_LINES:
-                self._dropped += 1
-                return
-            self._lines.append(line)
-            if record.levelno >= logging.WARNING:
-                self._now.set()
-            if self._thread is None:
-                self._start()
+            self.queue(self.format(record), record.levelno)
         except RecursionError:  # as logging's own handlers do
             raise
         except Exception:  # noqa: BLE001 - a log line that cannot be made is reported
             self.handleError(record)
+
+    def queue(self, line: str, level: int) -> None:
+        """A line made (by ``emit``, or ``log_access``) for the writer."""
+        if len(self._lines) >= BUFFER_LINES:
+            self._dropped += 1
+            return
+        self._lines.append(line + self.terminator)
+        if level >= logging.WARNING:
+            self._now.set()
+        if self._thread is None:
+            self._start()
 
     def _start(self) -> None:
         with self._starting:
@@ -220,12 +253,7 @@ def configure_logging(level: str, fmt: str) -> None:
     ``REPEAT_WINDOW_S``, with a count."""
     handler = WriterHandler(sys.stderr)
     handler.addFilter(RequestIdFilter())
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(TextFormatter(
-            "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
-        ))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     # Neither format shows the caller's file and line, thread or process: logging then skips
     # finding them for each record (logging's documented switches), a quarter to a third of
     # what an access log line costs (about 5 us of 16-25, a line a request at info).
@@ -242,3 +270,4 @@ def configure_logging(level: str, fmt: str) -> None:
     uvicorn_log.addFilter(Repeats(FLOODABLE, REPEAT_WINDOW_S))
     grpc_log = logging.getLogger("grpc._cython.cygrpc")
     grpc_log.filters[:] = [GrpcUnsent(), Repeats((GRPC_UNSENT,), REPEAT_WINDOW_S)]
+

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import io
 import itertools
+import logging
 import os
 import signal
 import socket
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import uvicorn
 from asgi_lifespan import LifespanManager
 from prometheus_client import CollectorRegistry
@@ -280,3 +283,16 @@ def wait_ready(url: str) -> None:
     wait_until_sync(ready, "server ready", 2 * WAIT_S)
 
 
+
+
+def isolated_logging(monkeypatch: pytest.MonkeyPatch) -> tuple[logging.Logger, io.StringIO]:
+    """The root logger and logging's switches as they are, put back after the test (the
+    tests' own level stays), and stderr a buffer: for a test of ``configure_logging``."""
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "setLevel", lambda level: None)
+    for switch in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
+        monkeypatch.setattr(logging, switch, getattr(logging, switch))
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    return root, stream

@@ -21,13 +21,12 @@ import grpc
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from app.api.access import RequestIds
+from app.api.access import RequestIds, log_access
 from app.errors import InvalidInput, ServeError
 from app.facade import Refusals
 from app.grpc import inference_pb2 as pb
 from app.logs import request_id
 
-log = logging.getLogger("batchserve.access")
 errors_log = logging.getLogger("batchserve")
 
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]  # as inference.proto declares it
@@ -95,9 +94,7 @@ class Calls:
                 if code is grpc.StatusCode.OK:
                     context.set_trailing_metadata(trailers)
                 elapsed_ms = (time.perf_counter() - started) * 1000
-                log.info('%s "gRPC %s" %s %.1fms', context.peer(), name, code.name, elapsed_ms,
-                         extra={"method": "gRPC", "path": name, "status": code.name,
-                                "duration_ms": round(elapsed_ms, 3), "client": context.peer()})
+                log_access(logging.INFO, context.peer(), "gRPC", name, code.name, elapsed_ms)
                 request_id.reset(token)
             raise AssertionError("unreachable: abort raises")
 

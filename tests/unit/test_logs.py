@@ -25,7 +25,7 @@ from app.logs import (
     WriterHandler,
     configure_logging,
 )
-from tests.conftest import wait_until_sync
+from tests.conftest import isolated_logging, wait_until_sync
 
 
 @pytest.fixture(autouse=True)
@@ -42,10 +42,24 @@ def record(message: str, *args: object) -> logging.LogRecord:
 
 
 def test_text_lines_escape_control_characters_from_requests() -> None:
-    line = TextFormatter("%(levelname)s %(name)s: %(message)s").format(
+    line = TextFormatter().format(
         record('%s "%s %s" %d', "127.0.0.1", "POST", f"/models/{FORGED}/predict", 404))
     assert "\n" not in line and "\x00" not in line and "\x1b" not in line
     assert "\\nCRITICAL batchserve [None]: forged\\x00\\r\\t\\x1b[31m" in line
+
+
+def test_each_line_has_its_own_time_to_the_millisecond() -> None:
+    """The second's text is made once a second: lines within one second and across seconds
+    read as logging's own time stamps would (local time in text, UTC in JSON)."""
+    text, json_lines = TextFormatter(), JsonFormatter()
+    for created in (1_700_000_000.0, 1_700_000_000.999, 1_700_000_001.5, 1_700_000_001.0625,
+                    1_699_999_999.25):
+        rec = record("x")
+        rec.created, rec.msecs = created, int((created - int(created)) * 1000)
+        ms = f"{rec.msecs:03d}"
+        assert text.format(rec).startswith(f"{logging.Formatter().formatTime(rec)} ")
+        assert json.loads(json_lines.format(rec))["time"] == time.strftime(
+            "%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{ms}Z"
 
 
 def test_a_traceback_keeps_its_lines() -> None:
@@ -56,9 +70,10 @@ def test_a_traceback_keeps_its_lines() -> None:
 
         rec = record("failed on %s", FORGED)
         rec.exc_info = sys.exc_info()
-    text = TextFormatter("%(message)s").format(rec)
+    text = TextFormatter().format(rec)
     first, *rest = text.splitlines()
-    assert first.startswith("failed on x\\nCRITICAL") and rest[0].startswith("Traceback")
+    assert first.endswith(": failed on x\\nCRITICAL batchserve [None]: forged\\x00\\r\\t\\x1b[31m")
+    assert rest[0].startswith("Traceback")
 
 
 def test_json_lines_carry_control_characters_escaped() -> None:
@@ -208,25 +223,12 @@ def test_a_flood_of_one_warning_is_one_line_a_window_with_its_count(
     assert passed("Exceeded concurrency limit.") == "Exceeded concurrency limit."
 
 
-def isolated(monkeypatch: pytest.MonkeyPatch) -> tuple[logging.Logger, io.StringIO]:
-    """The root logger and logging's switches as they are, put back after the test (the
-    tests' own level stays), and stderr a buffer: for a test of ``configure_logging``."""
-    root = logging.getLogger()
-    monkeypatch.setattr(root, "handlers", [])
-    monkeypatch.setattr(root, "setLevel", lambda level: None)
-    for switch in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
-        monkeypatch.setattr(logging, switch, getattr(logging, switch))
-    stream = io.StringIO()
-    monkeypatch.setattr("sys.stderr", stream)
-    return root, stream
-
-
 def test_uvicorns_floodable_warnings_are_held_back_however_often_logging_is_set_up(
         monkeypatch: pytest.MonkeyPatch) -> None:
     uvicorn_log = logging.getLogger("uvicorn.error")
     monkeypatch.setattr(uvicorn_log, "filters", [])
     monkeypatch.setattr(uvicorn_log, "isEnabledFor", lambda level: True)  # whatever a test set
-    root, stream = isolated(monkeypatch)
+    root, stream = isolated_logging(monkeypatch)
     configure_logging("warning", "text")
     configure_logging("warning", "text")
     assert [type(f) for f in uvicorn_log.filters] == [Repeats]
@@ -247,7 +249,7 @@ def test_grpcios_unsent_answers_are_a_warning_line_held_back_without_traceback(
         monkeypatch: pytest.MonkeyPatch) -> None:
     grpc_log = logging.getLogger("grpc._cython.cygrpc")
     monkeypatch.setattr(grpc_log, "filters", [])
-    root, stream = isolated(monkeypatch)
+    root, stream = isolated_logging(monkeypatch)
     configure_logging("warning", "text")
     monkeypatch.setattr(grpc_log, "handlers", [root.handlers[0]])
     monkeypatch.setattr(grpc_log, "propagate", False)
@@ -274,7 +276,7 @@ def test_pythons_warnings_are_log_lines_one_json_object_each(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A warning a model or torch raises while serving goes through the handler, as any line:
     in the JSON log one object, not a raw line that breaks it."""
-    root, stream = isolated(monkeypatch)
+    root, stream = isolated_logging(monkeypatch)
     logging.captureWarnings(False)
     try:
         configure_logging("warning", "json")
