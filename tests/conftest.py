@@ -35,8 +35,8 @@ from app.main import create_app
 from app.models.base import ModelHandler
 
 # Upper bound for waiting on a condition; never a timing assertion. A minilm server is ready
-# 22 s after its start on an idle 2-core box, and past 60 s beside two test workers and two
-# busy processes there.
+# 18-23 s after its start on an idle 2-core box, and took past 60 s beside two test workers and
+# two busy processes there.
 WAIT_S = 120.0
 # For servers the tests start as processes: no downloads, and no gRPC on its default (fixed)
 # port unless a test asks for it on a free one.
