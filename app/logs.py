@@ -86,9 +86,10 @@ class GrpcUnsent(logging.Filter):
 
 
 # Control characters as escapes: a line of the text log is one record, whatever a request's path,
-# model name or body put in its message (a decoded %0a would otherwise start a forged line).
-_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)} | {
-    ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+# model name or body put in its message (a decoded %0a would otherwise start a forged line; %C2%85
+# and %E2%80%A8, NEL and the line separator, end a line for readers that split on Unicode's).
+_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {
+    ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t", 0x2028: "\\u2028", 0x2029: "\\u2029"}
 
 
 def escape_controls(text: str) -> str:

@@ -46,6 +46,11 @@ def test_text_lines_escape_control_characters_from_requests() -> None:
         record('%s "%s %s" %d', "127.0.0.1", "POST", f"/models/{FORGED}/predict", 404))
     assert "\n" not in line and "\x00" not in line and "\x1b" not in line
     assert "\\nCRITICAL batchserve [None]: forged\\x00\\r\\t\\x1b[31m" in line
+    # What ends a line for a reader that splits on Unicode's line breaks (str.splitlines).
+    for breaking in ("\x85", "\u2028", "\u2029", "\x1c", "\x9b"):
+        line = TextFormatter().format(record("GET /models/a%sCRITICAL forged", breaking))
+        assert len(line.splitlines()) == 1 and line.endswith("a\\" + ascii(breaking)[2:-1]
+                                                            + "CRITICAL forged"), line
 
 
 def test_each_line_has_its_own_time_to_the_millisecond() -> None:
