@@ -15,7 +15,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.logs import JsonFormatter, TextFormatter, WriterHandler, request_id
+from app.logs import JsonFormatter, RequestIdFilter, TextFormatter, WriterHandler, request_id
 
 REQUEST_ID_HEADER = b"x-request-id"
 # Load balancers and kubelets probe these every few seconds: an answer like the last one is
@@ -113,7 +113,7 @@ def log_access(level: int, client: str | None, method: str, path: str, status: i
 
 def _sole_writer(level: int) -> WriterHandler | None:
     """The one handler an access record at ``level`` would reach, if it is a ``WriterHandler``
-    (configure_logging's)."""
+    whose one filter adds the request id (configure_logging's)."""
     logger = log
     while logger.parent is not None:  # up to the root
         if logger.handlers or logger.filters or not logger.propagate:
@@ -122,4 +122,5 @@ def _sole_writer(level: int) -> WriterHandler | None:
     handlers = logger.handlers
     if len(handlers) != 1 or not isinstance(writer := handlers[0], WriterHandler):
         return None
-    return writer if level >= writer.level else None
+    plain = all(isinstance(f, RequestIdFilter) for f in writer.filters)
+    return writer if plain and level >= writer.level else None

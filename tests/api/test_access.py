@@ -91,3 +91,18 @@ async def test_an_access_line_goes_through_logging_where_another_handler_listens
     assert rec.getMessage() == '::1 "GET /health_check" 200 0.5ms'
     assert (rec.method, rec.path, rec.status, rec.client) == (  # type: ignore[attr-defined]
         "GET", "/health_check", 200, "::1")
+
+
+async def test_a_filter_added_to_the_servers_handler_still_sees_each_line(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="batchserve.access")
+    root, _ = isolated_logging(monkeypatch)
+    configure_logging("info", "text")
+    handler = root.handlers[0]
+    assert isinstance(handler, WriterHandler)
+    monkeypatch.setattr(handler, "_start", lambda: None)
+    handler.addFilter(lambda rec: "/health_check" not in rec.getMessage())
+    access.log_access(logging.INFO, "::1", "GET", "/health_check", 200, 0.5)
+    access.log_access(logging.INFO, "::1", "GET", "/metrics", 200, 0.5)
+    assert [line.split(": ", 1)[1] for line in handler._lines] == [
+        '::1 "GET /metrics" 200 0.5ms\n']
