@@ -271,4 +271,3 @@ def configure_logging(level: str, fmt: str) -> None:
     uvicorn_log.addFilter(Repeats(FLOODABLE, REPEAT_WINDOW_S))
     grpc_log = logging.getLogger("grpc._cython.cygrpc")
     grpc_log.filters[:] = [GrpcUnsent(), Repeats((GRPC_UNSENT,), REPEAT_WINDOW_S)]
-

@@ -171,9 +171,12 @@ def measure(handler: ModelHandler, replica: Replica, executor: DeviceExecutor,
 
     def seconds(n: int, length: int | None) -> list[tuple[float, float]]:
         """The point's samples: three runs, or one run of LONG_RUN_S or more."""
-        runs: list[float] = []
-        while len(runs) < 3 and not (runs and runs[0] >= LONG_RUN_S):
-            runs.append(executor.launch(handler, replica, batch(n, length)).wait()[1])
+        def run() -> float:
+            return executor.launch(handler, replica, batch(n, length)).wait()[1]
+
+        runs = [run()]
+        if runs[0] < LONG_RUN_S:
+            runs += [run(), run()]
         return [(n * (length or 1), s) for s in runs]
 
     samples: list[tuple[float, float]] = []
