@@ -245,14 +245,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _ended(code: int) -> int:
-    """A command's exit ``code``; where a device thread is still in a call (stuck: the stop did
-    not wait for it), the process ends here with it, its logs flushed. The interpreter's
-    finalization beside a thread inside torch can abort the process ("terminate called without
-    an active exception", SIGABRT: one worker exit in six to eight here), and the orchestrator
-    would see that instead of the code."""
+    """A command's exit ``code``; where model code still runs on a thread (a device thread, or
+    a load, build or decode the stop did not wait out: stuck, or a warm-up under way at
+    SIGTERM), the process ends here with it, its logs flushed. The interpreter's finalization beside a thread
+    inside torch aborts the process when that thread comes back from torch ("terminate called
+    without an active exception", SIGABRT: a worker's exit in six to eight, a SIGTERM during a
+    model's warm-up in most), and the orchestrator would see that instead of the code."""
     devices = sys.modules.get("app.devices")  # not imported (no torch): no device thread
-    if devices is not None and any(t.name.startswith(devices.THREAD_PREFIX) and t.is_alive()
-                                   for t in threading.enumerate()):
+    tasks = sys.modules.get("app.tasks")
+    if (devices is not None and any(t.name.startswith(devices.THREAD_PREFIX) and t.is_alive()
+                                    for t in threading.enumerate())
+            or tasks is not None and tasks.calls_under_way()):
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -267,7 +270,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
     except BatchServeError as exc:
         print(f"batchserve: {exc.message}", file=sys.stderr)
-        return 2
+        code = 2
+    except KeyboardInterrupt:  # Ctrl-C (check-model, submit): no traceback, a shell's code
+        code = 128 + signal.SIGINT
     return _ended(code)
 
 

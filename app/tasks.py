@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 STOP_S = 2.0  # how long a stop waits for a pool's threads to end (one stuck in a call: no more)
+# The DaemonPool threads in a call now, of every pool (``calls_under_way``).
+_CALLING: set[threading.Thread] = set()
 
 
 class Background:
@@ -121,14 +123,26 @@ class DaemonPool(Executor):
         return await asyncio.to_thread(join)
 
     def _serve(self) -> None:
+        me = threading.current_thread()
         while (item := self._calls.get()) is not None:
             future, call = item
             if future.set_running_or_notify_cancel():
+                _CALLING.add(me)
                 try:
                     future.set_result(call())
                 except BaseException as exc:  # noqa: BLE001 - the caller's to see
                     future.set_exception(exc)
+                finally:
+                    _CALLING.discard(me)
             del item, future, call  # nothing of a call is held while the thread waits
+
+
+def calls_under_way() -> bool:
+    """Whether a thread of any ``DaemonPool`` is in a call now (a load, a build, a decode: model
+    code, which may be inside torch). A process that exits meanwhile should end without the
+    interpreter's finalization: a thread that comes back from torch then aborts the process
+    ("terminate called without an active exception"; app/cli.py)."""
+    return bool(_CALLING)
 
 
 async def on_own_thread(name: str, fn: Callable[..., T], *args: Any) -> T:

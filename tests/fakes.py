@@ -377,6 +377,22 @@ class GateFileLoad(EchoHandler):
         return super().load(device)
 
 
+class TorchUntilGateFile(EchoHandler):
+    """For subprocess servers: its replica's load computes with torch (whose calls let the GIL
+    go) until the gate file exists: a warm-up inside torch when the server is stopped. It
+    makes the gate's path with ``.entered`` appended once it begins."""
+
+    def load(self, device: torch.device) -> Replica:
+        gate = Path(os.environ["GATE_FILE"])
+        Path(f"{gate}.entered").touch()
+        deadline = time.monotonic() + 600
+        a = torch.ones(128, 128)
+        while not gate.exists() and time.monotonic() < deadline:
+            for _ in range(100):
+                a = torch.mm(a, a).clamp_(-1, 1)
+        return super().load(device)
+
+
 class GateFileDecode(EchoHandler):
     """For subprocess servers: decodes in the decode pool, where a request with a negative
     instance waits for the gate file (a decode stuck on its input)."""

@@ -380,6 +380,21 @@ def test_check_model_prints_schema_timing_and_outputs() -> None:
     assert picked is not None and [picked[1], top] in [[r[0], int(r[2])] for r in rows]
 
 
+def test_ctrl_c_during_check_model_exits_130_without_a_traceback(tmp_path: Path) -> None:
+    """Ctrl-C while check-model's load computes with torch: exit 130, as a shell reports, and
+    nothing printed (it printed a traceback, then aborted: the load's thread came back from
+    torch into a finalizing interpreter)."""
+    gate = tmp_path / "gate"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "check-model", "tests.fakes:TorchUntilGateFile",
+         "--devices", "cpu"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, **QUIET_ENV, "GATE_FILE": str(gate)})
+    wait_until_sync(Path(f"{gate}.entered").exists, "the load begun")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=WAIT_S)
+    assert (proc.returncode, out, err) == (130, "", "")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_sticky_cuda_error_fails_liveness_and_the_device_is_not_used_again() -> None:
     """A device-side assert in one batch: that batch's request gets 500, then the device is

@@ -501,12 +501,14 @@ def test_sigterm_answers_everything_accepted_then_exits_0(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("frontends", [1, 2])
-@pytest.mark.parametrize("model", ["tests.fakes:gate_file_build", "tests.fakes:GateFileLoad"])
+@pytest.mark.parametrize("model", ["tests.fakes:gate_file_build", "tests.fakes:GateFileLoad",
+                                   "tests.fakes:TorchUntilGateFile"])
 def test_sigterm_during_a_load_that_never_ends_answers_it_and_exits_0(
         tmp_path: Path, model: str, frontends: int) -> None:
-    """A load whose model code (its factory, or its replica's load) never returns: SIGTERM
-    answers the load 503 draining at once and the server exits 0 (it waited on the load's
-    thread for good)."""
+    """A load whose model code (its factory, or its replica's load, asleep or computing with
+    torch) never returns: SIGTERM answers the load 503 draining at once and the server exits 0
+    (it waited on the load's thread for good, and the exit aborted where that thread was
+    inside torch)."""
     with lin_and_slow(tmp_path, model, frontends) as (proc, url), ThreadPoolExecutor(1) as pool:
         load = pool.submit(httpx.post, url + "/v2/repository/models/slow/load", timeout=WAIT_S)
 
