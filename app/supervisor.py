@@ -9,7 +9,9 @@ process's event loop.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import os
 import pickle
 import signal
 import socket
@@ -114,7 +116,9 @@ class Frontends:
 
     def _spawn(self, index: int) -> None:
         ours, theirs = socket.socketpair()
-        listen_fd = self.listeners[index].fileno()
+        # A listening socket passed as descriptor 0 to 2 (``--fd 0``, inetd's way) goes to the
+        # front end as another number: its descriptor 0 is the pipe of its settings.
+        listen_fd = fcntl.fcntl(self.listeners[index].fileno(), fcntl.F_DUPFD_CLOEXEC, 3)
         try:
             process = subprocess.Popen(
                 [sys.executable, "-m", FRONTEND_MODULE,
@@ -125,6 +129,7 @@ class Frontends:
             raise
         finally:
             theirs.close()
+            os.close(listen_fd)
         assert process.stdin is not None
         process.stdin.write(pickle.dumps(self.settings))
         process.stdin.close()

@@ -27,6 +27,7 @@ from tests.conftest import (
     WAIT_S,
     children,
     free_port,
+    free_socket,
     metric,
     serve,
     split_server,
@@ -476,6 +477,38 @@ def test_each_process_refreezes_its_heap_after_a_load_and_an_unload(tmp_path: Pa
             assert client.post(url + "/v2/repository/models/other/unload").status_code == 200
         wait_until_sync(lambda: lines(r"after model other version 1's unload: \d+ objects "
                                       "frozen") == 1, "the unload's freeze")
+
+
+@pytest.mark.parametrize("how", ["descriptors 0 to 2 closed", "listening on descriptor 0"])
+def test_a_server_started_without_standard_descriptors_serves_from_every_front_end(
+        how: str) -> None:
+    """Started with descriptors 0, 1 and 2 closed (``<&- >&- 2>&-``), or with its listening
+    socket as descriptor 0 (``--fd 0``, inetd's way): both front ends serve and SIGTERM exits
+    0. A front end's settings come on its descriptor 0: where its listening socket had that
+    number (the socket passed in, or the first one the device process made), the front end
+    could not start and was started again, forever."""
+    sock = free_socket(reuse_port=True)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    command = [sys.executable, "-m", "app", "serve", "--model", "linear", "--devices", "cpu",
+               "--frontends", "2"]
+    if how == "listening on descriptor 0":
+        proc = subprocess.Popen([*command, "--fd", "0"], cwd=ROOT, stdin=sock,
+                                env={**os.environ, **QUIET_ENV})
+    else:
+        proc = subprocess.Popen(["sh", "-c", 'exec "$@" <&- >&- 2>&-', "sh", *command, "--fd",
+                                 str(sock.fileno())], cwd=ROOT, pass_fds=[sock.fileno()],
+                                env={**os.environ, **QUIET_ENV})
+    sock.close()
+    try:
+        wait_ready(url)
+        wait_until_sync(lambda: metric(url, "batchserve_frontends_connected") == 2,
+                        "two front ends linked")
+        assert {post(url, [[1, 2, 3, 4]]).status_code for _ in range(8)} == {200}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT_S) == 0
+    finally:
+        proc.kill()
+        proc.wait(WAIT_S)
 
 
 def test_sigterm_answers_everything_accepted_then_exits_0(tmp_path: Path) -> None:
