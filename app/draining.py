@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import socket
 import time
 import types
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import uvicorn
@@ -22,6 +24,12 @@ from app.process import freeze_startup_objects
 log = logging.getLogger("batchserve")
 
 GRPC_GRACE_S = 1.0  # for calls still running once the drain is over (health, metadata)
+# What the device process sends its front ends (app/supervisor.py): drain, then end the drain.
+# Not SIGTERM: a front end also gets the signals sent to every process of the server (Ctrl-C
+# in a terminal, systemd's default KillMode), and the device process's SIGTERM after its own
+# would end its drain as a second signal does, closing its port to new connections.
+DRAIN = signal.SIGUSR1
+END_DRAIN = signal.SIGUSR2
 
 
 class Drainable(Protocol):
@@ -59,9 +67,10 @@ class DrainingServer(uvicorn.Server):
 
     def __init__(self, config: uvicorn.Config, service: Drainable,
                  drain_limit_s: float, grpc: GrpcListener | None = None,
-                 role: str = "") -> None:
+                 role: str = "", asked: bool = False) -> None:
         super().__init__(config)
         self.service = service
+        self.asked = asked  # a front end: it takes DRAIN and END_DRAIN too
         # "front end": its lines say so, and its drain's course is logged at debug only (the
         # device process says the server's).
         self.role = f"{role}: " if role else ""
@@ -91,6 +100,26 @@ class DrainingServer(uvicorn.Server):
         if self.grpc is not None:
             await self.grpc.stop(GRPC_GRACE_S)
         await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's SIGTERM and SIGINT, and, ``asked``, the device process's DRAIN (the first
+        signal's drain, unless one began) and END_DRAIN (a second signal's end of it)."""
+        asks = {DRAIN: self.drain_asked, END_DRAIN: self.end_asked} if self.asked else {}
+        before = {sig: signal.signal(sig, handler) for sig, handler in asks.items()}
+        try:
+            with super().capture_signals():
+                yield
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
+
+    def drain_asked(self, sig: int = DRAIN, frame: types.FrameType | None = None) -> None:
+        if self.drain_started is None:
+            self.handle_exit(signal.SIGTERM, frame)
+
+    def end_asked(self, sig: int = END_DRAIN, frame: types.FrameType | None = None) -> None:
+        self.should_exit = True
 
     def handle_exit(self, sig: int, frame: types.FrameType | None) -> None:
         if self.drain_started is not None or not self.started:

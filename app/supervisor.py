@@ -13,7 +13,6 @@ import fcntl
 import logging
 import os
 import pickle
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import time
 
 from app.bridge import Bridge, Heartbeat
 from app.config import Settings
+from app.draining import DRAIN, END_DRAIN
 from app.errors import os_reason
 from app.links import connect
 from app.process import usable_cores
@@ -91,11 +91,14 @@ class Frontends:
         return any(p.poll() is None for p in self.processes.values())
 
     def stop(self) -> None:
-        """SIGTERM to every front end: each stops taking requests and answers what it holds."""
+        """Every front end asked to drain (``DRAIN``): each refuses new requests and answers
+        what it holds; asked again (a second signal, the drain's time over), to end its drain
+        (``END_DRAIN``), as a second signal ends a process's own."""
+        ask = END_DRAIN if self.stopping else DRAIN
         self.stopping = True
         for process in self.processes.values():
             if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
+                process.send_signal(ask)
         # None is started again: each listening socket is its front end's alone now, and leaves
         # the SO_REUSEPORT group when that front end stops taking connections. Kept open here,
         # a stopped front end's socket went on taking its share of new connections, which no

@@ -1,8 +1,9 @@
 """One front-end process: ``python -m app.frontend.entry`` (started by app/supervisor.py).
 
 Its settings come pickled on standard input; the listening socket and its link to the device
-process are inherited file descriptors. It serves until SIGTERM (then drains what it holds), or
-until the device process goes away (then it answers 503 and exits 1). It never imports torch:
+process are inherited file descriptors. It serves until SIGTERM, or its device process's
+``DRAIN`` (app/draining.py), then drains what it holds; or until the device process goes away
+(then it answers 503 and exits 1). It never imports torch:
 it decodes with handlers the device process sends (app/snapshot.py) and computes nothing.
 """
 
@@ -35,7 +36,7 @@ def main() -> int:
 
 
 def run(settings: Settings, listener: socket.socket, link: socket.socket) -> int:
-    """One front end until SIGTERM or its device process is gone; the process's exit code."""
+    """One front end until it is stopped or its device process is gone; the exit code."""
     configure_logging(settings.log_level, settings.log_format)
     tune_for_serving()
     service = RemoteService(settings)
@@ -43,7 +44,7 @@ def run(settings: Settings, listener: socket.socket, link: socket.socket) -> int
     grpc = GrpcListener(settings, service, service.link.ask, service.link.sync) \
         if settings.grpc_port else None
     server = DrainingServer(server_config(settings, app), service, drain_limit_s(settings), grpc,
-                            role=f"front end {os.getpid()}")
+                            role=f"front end {os.getpid()}", asked=True)
     server.run(sockets=[listener])
     return 0 if server.started and not server.fatal else 1
 

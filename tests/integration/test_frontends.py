@@ -511,7 +511,12 @@ def test_a_server_started_without_standard_descriptors_serves_from_every_front_e
         proc.wait(WAIT_S)
 
 
-def test_sigterm_answers_everything_accepted_then_exits_0(tmp_path: Path) -> None:
+@pytest.mark.parametrize("group", [False, True])
+def test_sigterm_answers_everything_accepted_then_exits_0(tmp_path: Path, group: bool) -> None:
+    """SIGTERM to the device process, or to every process of the server at once (``group``:
+    Ctrl-C in a terminal, systemd's default KillMode): new requests are refused 503 while the
+    accepted ones are answered. A front end that had its own signal and then the device
+    process's took the second for the end of its drain, and closed its port."""
     gate = tmp_path / "gate"
     with split_server(*GATED, "--max-batch-size", "2", env={"GATE_FILE": str(gate)}
                       ) as (proc, url), ThreadPoolExecutor(6) as pool:
@@ -519,9 +524,15 @@ def test_sigterm_answers_everything_accepted_then_exits_0(tmp_path: Path) -> Non
         wait_until_sync(lambda: metric(url, "batchserve_in_flight_requests") == 6,
                         "6 requests in flight")
         fronts = children(proc.pid)
-        proc.send_signal(signal.SIGTERM)
+        if group:
+            os.killpg(proc.pid, signal.SIGTERM)  # serve() starts it in a session of its own
+        else:
+            proc.send_signal(signal.SIGTERM)
         wait_until_sync(lambda: fresh_get(url, "/health_check").json()["status"] == "draining",
                         "draining")
+        # Twenty new connections in turn, by when each front end has had every signal sent.
+        statuses = [fresh_get(url, "/health_check").json()["status"] for _ in range(20)]
+        assert statuses == ["draining"] * 20
         late = post(url, [[9, 9]])
         assert late.status_code == 503 and late.json()["error"]["type"] == "draining"
         gate.touch()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from dataclasses import dataclass
 
 import pytest
@@ -97,3 +98,44 @@ async def test_a_second_signal_ends_the_drain(caplog: pytest.LogCaptureFixture) 
         assert await server.on_tick(2)
     assert said(caplog)[-1] == (
         "INFO", "drain ended by a second signal; shutting down with 1 in flight")
+
+
+async def test_a_front_ends_drain_asked_after_its_own_signal_goes_on_till_asked_to_end() -> None:
+    """A signal to every process of the server reaches a front end itself and through its device
+    process's DRAIN: the drain goes on (its port open, new requests refused 503); END_DRAIN, the
+    device process's second signal or its drain's end, ends it."""
+    service = Service(False, "ready", in_flight=1)
+    server = DrainingServer(uvicorn.Config(app=None), service, 35.0, role="front end 7",
+                            asked=True)
+    server._frozen = server.started = True
+    server.handle_exit(15, None)
+    server.drain_asked()
+    assert not await server.on_tick(1) and service.status == "draining"
+    server.end_asked()
+    assert await server.on_tick(2)
+
+
+async def test_a_front_end_asked_to_drain_drains_as_on_a_signal() -> None:
+    service = Service(False, "ready", in_flight=1)
+    server = DrainingServer(uvicorn.Config(app=None), service, 35.0, asked=True)
+    server._frozen = server.started = True
+    server.drain_asked()
+    assert server.drain_started is not None and service.status == "draining"
+    assert not await server.on_tick(1)
+    service.in_flight = 0
+    assert await server.on_tick(2)
+
+
+async def test_only_a_front_end_takes_the_device_process_asks() -> None:
+    for asked in (False, True):
+        server = DrainingServer(uvicorn.Config(app=None), Service(False, "ready"), 35.0,
+                                asked=asked)
+        with server.capture_signals():
+            taken = {draining.DRAIN: signal.getsignal(draining.DRAIN),
+                     draining.END_DRAIN: signal.getsignal(draining.END_DRAIN)}
+            assert signal.getsignal(signal.SIGTERM) == server.handle_exit
+        expected = ({draining.DRAIN: server.drain_asked, draining.END_DRAIN: server.end_asked}
+                    if asked else {draining.DRAIN: signal.SIG_DFL,
+                                   draining.END_DRAIN: signal.SIG_DFL})
+        assert taken == expected
+        assert signal.getsignal(draining.DRAIN) == signal.SIG_DFL
