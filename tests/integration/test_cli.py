@@ -380,18 +380,28 @@ def test_check_model_prints_schema_timing_and_outputs() -> None:
     assert picked is not None and [picked[1], top] in [[r[0], int(r[2])] for r in rows]
 
 
+# Runs the rest of its command line with SIGINT at its default: a test run started in the
+# background of a script (CI's) inherits it ignored, and Ctrl-C would then do nothing.
+SIGINT_DEFAULT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                  "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+
+
 def test_ctrl_c_during_check_model_exits_130_without_a_traceback(tmp_path: Path) -> None:
     """Ctrl-C while check-model's load computes with torch: exit 130, as a shell reports, and
     nothing printed (it printed a traceback, then aborted: the load's thread came back from
     torch into a finalizing interpreter)."""
     gate = tmp_path / "gate"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "check-model", "tests.fakes:TorchUntilGateFile",
-         "--devices", "cpu"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env={**os.environ, **QUIET_ENV, "GATE_FILE": str(gate)})
-    wait_until_sync(Path(f"{gate}.entered").exists, "the load begun")
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=WAIT_S)
+    with subprocess.Popen(
+            [sys.executable, "-c", SIGINT_DEFAULT, "-m", "app", "check-model",
+             "tests.fakes:TorchUntilGateFile", "--devices", "cpu"], cwd=ROOT,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, **QUIET_ENV, "GATE_FILE": str(gate)}) as proc:
+        try:
+            wait_until_sync(Path(f"{gate}.entered").exists, "the load begun")
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=WAIT_S)
+        finally:
+            proc.kill()
     assert (proc.returncode, out, err) == (130, "", "")
 
 
