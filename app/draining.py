@@ -79,6 +79,7 @@ class DrainingServer(uvicorn.Server):
         self.drain_limit_s = drain_limit_s
         self.grpc = grpc  # started after HTTP, stopped once nothing is left in flight
         self.drain_started: float | None = None
+        self._signals = 0  # SIGTERM and SIGINT received
         self.fatal = False
         self.created = time.monotonic()
         self._frozen = False
@@ -103,8 +104,8 @@ class DrainingServer(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        """uvicorn's SIGTERM and SIGINT, and, ``asked``, the device process's DRAIN (the first
-        signal's drain, unless one began) and END_DRAIN (a second signal's end of it)."""
+        """uvicorn's SIGTERM and SIGINT, and, ``asked``, the device process's DRAIN and
+        END_DRAIN."""
         asks = {DRAIN: self.drain_asked, END_DRAIN: self.end_asked} if self.asked else {}
         before = {sig: signal.signal(sig, handler) for sig, handler in asks.items()}
         try:
@@ -114,21 +115,28 @@ class DrainingServer(uvicorn.Server):
             for sig, handler in before.items():
                 signal.signal(sig, handler)
 
-    def drain_asked(self, sig: int = DRAIN, frame: types.FrameType | None = None) -> None:
-        if self.drain_started is None:
-            self.handle_exit(signal.SIGTERM, frame)
-
-    def end_asked(self, sig: int = END_DRAIN, frame: types.FrameType | None = None) -> None:
-        self.should_exit = True
-
     def handle_exit(self, sig: int, frame: types.FrameType | None) -> None:
-        if self.drain_started is not None or not self.started:
+        """The first signal begins the drain (unless DRAIN has); the second ends it (a third
+        SIGINT: uvicorn's forced exit). A front end counts only the signals sent to it, not
+        its device process's asks, which come with them when every process is signalled, and
+        may come first (Python runs a lower-numbered signal's handler first)."""
+        self._signals += 1
+        if self._signals > 1 or not self.started:
             if self.should_exit and sig == signal.SIGINT:
                 self.force_exit = True
             self.should_exit = True
             return
-        self.service.begin_drain()
-        self.drain_started = time.monotonic()
+        self.drain_asked()
+
+    def drain_asked(self, sig: int = DRAIN, frame: types.FrameType | None = None) -> None:
+        if not self.started:
+            self.should_exit = True
+        elif self.drain_started is None:
+            self.service.begin_drain()
+            self.drain_started = time.monotonic()
+
+    def end_asked(self, sig: int = END_DRAIN, frame: types.FrameType | None = None) -> None:
+        self.should_exit = True
 
     async def on_tick(self, counter: int) -> bool:
         service = self.service

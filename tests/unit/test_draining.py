@@ -115,6 +115,19 @@ async def test_a_front_ends_drain_asked_after_its_own_signal_goes_on_till_asked_
     assert await server.on_tick(2)
 
 
+async def test_a_front_ends_own_signal_after_its_drain_was_asked_does_not_end_it() -> None:
+    """The same signals in the other order (Python runs SIGUSR1's handler before SIGTERM's
+    when both wait): the drain goes on till a second signal of its own, or END_DRAIN."""
+    service = Service(False, "ready", in_flight=1)
+    server = DrainingServer(uvicorn.Config(app=None), service, 35.0, asked=True)
+    server._frozen = server.started = True
+    server.drain_asked()
+    server.handle_exit(15, None)
+    assert not await server.on_tick(1) and service.status == "draining"
+    server.handle_exit(15, None)
+    assert await server.on_tick(2)
+
+
 async def test_a_front_end_asked_to_drain_drains_as_on_a_signal() -> None:
     service = Service(False, "ready", in_flight=1)
     server = DrainingServer(uvicorn.Config(app=None), service, 35.0, asked=True)
