@@ -141,7 +141,7 @@ def calls_under_way() -> bool:
     """Whether a thread of any ``DaemonPool`` is in a call now (a load, a build, a decode: model
     code, which may be inside torch). A process that exits meanwhile should end without the
     interpreter's finalization: a thread that comes back from torch then aborts the process
-    ("terminate called without an active exception"; app/cli.py)."""
+    ("terminate called without an active exception"; app/lifetime.py)."""
     return bool(_CALLING)
 
 

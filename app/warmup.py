@@ -169,7 +169,7 @@ def measure(handler: ModelHandler, replica: Replica, executor: DeviceExecutor,
             return [items[i % len(items)] for i in range(n)]
         return [np.resize(first, length) for _ in range(n)]
 
-    def seconds(n: int, length: int | None) -> list[tuple[float, float]]:
+    def timed(n: int, length: int | None) -> list[tuple[float, float]]:
         """The point's samples: three runs, or one run of LONG_RUN_S or more."""
         def run() -> float:
             return executor.launch(handler, replica, batch(n, length)).wait()[1]
@@ -185,7 +185,7 @@ def measure(handler: ModelHandler, replica: Replica, executor: DeviceExecutor,
         while sizes:
             n = sizes.pop(0)
             try:
-                samples += seconds(n, length)
+                samples += timed(n, length)
                 ran = n
             except torch.OutOfMemoryError:
                 if n == 1:

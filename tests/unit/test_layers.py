@@ -16,7 +16,8 @@ LAYERS = [
     # shared, imported from anywhere
     ["app.errors", "app.values", "app.config", "app.sources", "app.state", "app.payload",
      "app.logs", "app.process", "app.schemas", "app.wire", "app.links", "app.version",
-     "app.arrays", "app.arriving", "app.framing", "app.versions", "app.tasks", "app.asks"],
+     "app.arrays", "app.arriving", "app.framing", "app.versions", "app.tasks", "app.asks",
+     "app.lifetime"],
     ["app.models", "app.devices", "app.pending", "app.report", "app.bell", "app.scheduler",
      "app.tracing"],
     ["app.metrics"],
