@@ -13,6 +13,7 @@ from app.version import __version__
 
 _EXPORTS = {
     "ModelHandler": "app.models.base",
+    "decode_abandoned": "app.models.base",
     "Settings": "app.config",
     "load_settings": "app.sources",
     "create_app": "app.main",
@@ -72,6 +73,7 @@ if TYPE_CHECKING:
     from app.jobs.client import submit_async as submit_async
     from app.main import create_app as create_app
     from app.models.base import ModelHandler as ModelHandler
+    from app.models.base import decode_abandoned as decode_abandoned
     from app.sources import load_settings as load_settings
 
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from app.arrays import Results
 from app.config import BatchSettings
 from app.errors import DeadlineExceeded, InvalidInput
-from app.models.base import ModelHandler
+from app.models.base import ModelHandler, abandonable
 from app.models.signature import INPUT_NAME, OUTPUT_NAME, TensorSpec
 from app.pending import Answer
 from app.process import usable_cores
@@ -123,18 +123,23 @@ class ModelFacade(ABC):
 
     async def decode(self, instances: list[Any], deadline: float | None = None) -> list[Any]:
         """Validate and pre-process; heavy or large decodes run in the bounded decode pool,
-        waited for until ``deadline`` at most (then DeadlineExceeded; the decode runs on, its
-        outcome dropped)."""
+        waited for until ``deadline`` at most (then DeadlineExceeded). A decode left behind (its
+        deadline passed, its client gone) is told so (``decode_abandoned``) and runs on till
+        it stops or ends, its outcome dropped: one that never asks holds its pool thread as
+        long as it takes."""
         if self.decodes_inline(instances):
             return self.handler.decode(instances)
         assert self._loop is not None
-        decoding = self._loop.run_in_executor(self._pool, self.handler.decode, instances)
-        if deadline is None:
-            return await decoding
+        call, abandoned = abandonable(self.handler.decode, instances)
+        decoding = self._loop.run_in_executor(self._pool, call)
         try:
+            if deadline is None:
+                return await decoding
             return await asyncio.wait_for(decoding, deadline - time.monotonic())
         except TimeoutError:
             raise DeadlineExceeded("the request's deadline passed while it was decoded") from None
+        finally:
+            abandoned.set()  # once answered, a decode still under way works for no one
 
     @abstractmethod
     def check_admissible(self, n: int, level: int | None = None,

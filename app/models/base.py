@@ -2,7 +2,8 @@
 
 Thread contract:
 - ``decode`` runs off the device threads (event loop or the decode pool) and may be called
-  concurrently; it validates and pre-processes raw JSON instances.
+  concurrently; it validates and pre-processes raw JSON instances. In the pool, a long one may
+  ask ``decode_abandoned()`` between its parts and stop once its request is answered.
 - ``load`` runs once on each device thread and returns that device's own replica (a callable).
 - ``collate``, the replica and ``split`` run on the device thread that owns the replica.
 
@@ -11,11 +12,14 @@ Nothing here imports torch: front ends (app/frontend/) decode with handlers and 
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import logging
 import pickle
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     import torch
@@ -25,6 +29,29 @@ log = logging.getLogger("batchserve.models")
 # A batch or a model output: a tensor, or a tuple/list/dict of tensors.
 Tensors = Any
 Replica = Callable[[Tensors], Tensors]
+T = TypeVar("T")
+# Set, in a decode's own context, once its request no longer waits for it (``abandonable``).
+_ABANDONED: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "decode_abandoned", default=None)
+
+
+def decode_abandoned() -> bool:
+    """Whether the request that a decode running in the decode pool works for has been answered
+    without it (its deadline passed, or its client left). A decode that may take long (a large
+    input) can ask between its parts and stop by raising: its outcome is dropped. Always False
+    outside the pool (a decode on the event loop holds its request's answer back)."""
+    abandoned = _ABANDONED.get()
+    return abandoned is not None and abandoned.is_set()
+
+
+def abandonable(fn: Callable[..., T], *args: Any) -> tuple[Callable[[], T], threading.Event]:
+    """``fn(*args)`` as a call to run on another thread, in a copy of the caller's context (its
+    log lines keep the request id), and the event that makes ``decode_abandoned()`` inside it
+    say True once set."""
+    abandoned = threading.Event()
+    context = contextvars.copy_context()
+    context.run(_ABANDONED.set, abandoned)
+    return functools.partial(context.run, fn, *args), abandoned
 
 
 class ModelHandler(ABC):
@@ -68,7 +95,8 @@ class ModelHandler(ABC):
     def decode(self, instances: list[Any]) -> list[Any]:
         """Validate and pre-process raw instances; one decoded item each, same order.
 
-        Raises app.errors.InvalidInput naming the first bad instance. Any thread.
+        Raises app.errors.InvalidInput naming the first bad instance. Any thread. In the decode
+        pool, one whose request has been answered meanwhile may stop (``decode_abandoned``).
         """
 
     def decodes_inline(self, instances: list[Any]) -> bool:

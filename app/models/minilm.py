@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.errors import InvalidInput
-from app.models.base import ModelHandler, Replica, Tensors
+from app.errors import DeadlineExceeded, InvalidInput
+from app.models.base import ModelHandler, Replica, Tensors, decode_abandoned
 
 if TYPE_CHECKING:
     import torch
@@ -93,11 +93,17 @@ class MiniLMHandler(ModelHandler):
         """A text whose first HEAD_CHARS characters are not enough: four times as many, and
         so on (the whole text, once that is shorter). Tokenizing all of a long text costs its
         whole length (16 MB of words: 19 s of a decode thread here, a hostile client's way to
-        hold the decode pool) for nothing past the tokens the model reads."""
+        hold the decode pool) for nothing past the tokens the model reads. A text of few tokens
+        (one endless word, white space) still costs about 1 us a character, up to a second a
+        text: each part is tokenized with ``encode_batch``, which lets the GIL go (``encode``
+        held it, and the event loop with it, that long), and none once the request has been
+        answered without it."""
         size = HEAD_CHARS * 4
-        while size < len(text):
-            encoding = self._tokenizer.encode(text[:size])
-            if _first_tokens(encoding):
+        while True:
+            if decode_abandoned():
+                raise DeadlineExceeded("the request was answered while it was decoded")
+            encoding = self._tokenizer.encode_batch([text[:size]])[0]
+            if size >= len(text) or _first_tokens(encoding):
                 return encoding
             if size >= MAX_HEAD_CHARS:
                 raise InvalidInput(
@@ -105,7 +111,6 @@ class MiniLMHandler(ModelHandler):
                     f"{MAX_HEAD_CHARS} make fewer than the {MAX_SEQ_LENGTH} tokens the model "
                     f"reads (white space, control characters): send at most {MAX_HEAD_CHARS}")
             size *= 4
-        return self._tokenizer.encode(text)
 
     def length(self, item: Any) -> int | None:
         return len(item)  # tokens: a batch is padded to its longest item

@@ -16,6 +16,7 @@ import torch
 
 from app.api import predict
 from app.facade import INLINE_DECODE_MAX_ITEMS
+from app.models.base import decode_abandoned
 from app.models.builtin import mlp_module
 from app.models.tensor import TensorHandler
 from tests.conftest import (
@@ -260,18 +261,21 @@ async def test_deadline_gives_504() -> None:
 
 class PoolDecodeGate(GatedHandler):
     """A request of more than ``INLINE_DECODE_MAX_ITEMS`` instances is decoded in the pool, where
-    this decode waits for ``release``."""
+    this decode waits for ``release``, then records whether its request was answered without
+    it (``abandoned``)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.in_pool = threading.Event()
         self.release = threading.Event()
+        self.abandoned: list[bool] = []
 
     def decode(self, instances: list[Any]) -> list[Any]:
         if len(instances) > INLINE_DECODE_MAX_ITEMS:
             self.in_pool.set()
             if not self.release.wait(timeout=60):
                 raise RuntimeError("never released")
+            self.abandoned.append(decode_abandoned())
         return super().decode(instances)
 
 
@@ -291,6 +295,7 @@ async def test_admission_is_checked_again_after_a_decode_in_the_pool() -> None:
         await wait_until(lambda: queued(client) == 1, "one queued")
         handler.release.set()
         assert_error(await large, 503, "busy", "queue is full")
+        assert handler.abandoned == [False]  # its request still waited for it
         handler.gate.set()
         assert [(await t).status_code for t in (first, small)] == [200, 200]
         assert queued(client) == 0
@@ -298,7 +303,8 @@ async def test_admission_is_checked_again_after_a_decode_in_the_pool() -> None:
 
 async def test_a_decode_in_the_pool_past_the_deadline_is_answered_504_at_the_deadline() -> None:
     """The wait for a decode is bounded by the request's deadline: a decode that never returns
-    (stuck on its input) leaves no request unanswered; the request path serves on."""
+    (stuck on its input) leaves no request unanswered; the request path serves on. The decode
+    is told its request has been answered (``decode_abandoned``), so a long one may stop."""
     big = INLINE_DECODE_MAX_ITEMS + 1
     handler = PoolDecodeGate()
     settings = make_settings(queue_capacity=big, max_instances=big)
@@ -311,13 +317,16 @@ async def test_a_decode_in_the_pool_past_the_deadline_is_answered_504_at_the_dea
         r = await client.post("/predict", json={"instances": [3]})
         assert r.json()["predictions"] == [6]
         handler.release.set()
+        await wait_until(lambda: handler.abandoned, "the decode's end")
+        assert handler.abandoned == [True]
         registry = client.app.state.service.metrics.registry  # type: ignore[attr-defined]
         assert sample(registry, "batchserve_rejected_total", reason="timeout") == 1
 
 
 async def test_a_client_that_leaves_while_its_request_decodes_in_the_pool_is_let_go() -> None:
     """A client gone while its decode runs in the pool is answered 499 (counted disconnected)
-    without waiting for the decode, which runs on, its outcome dropped: nothing is queued."""
+    without waiting for the decode, which runs on, told so (``decode_abandoned``), its outcome
+    dropped: nothing is queued."""
     big = INLINE_DECODE_MAX_ITEMS + 1
     handler = PoolDecodeGate()
     gone = asyncio.Event()
@@ -346,6 +355,8 @@ async def test_a_client_that_leaves_while_its_request_decodes_in_the_pool_is_let
         registry = app.state.service.metrics.registry
         assert sample(registry, "batchserve_rejected_total", reason="disconnected") == 1
         handler.release.set()
+        await wait_until(lambda: handler.abandoned, "the decode's end")
+        assert handler.abandoned == [True]
         handler.gate.set()
         r = await client.post("/predict", json={"instances": [3]})
         assert r.json()["predictions"] == [6]

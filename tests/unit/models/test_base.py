@@ -27,3 +27,18 @@ def test_a_handler_that_cannot_be_sent_is_built_by_each_front_end(
     assert "cannot be sent to front ends (TypeError" in caplog.text
     sent = sendable(linear_handler())
     assert sent is not None and isinstance(pickle.loads(sent), TensorHandler)
+
+
+def test_a_decode_is_told_only_once_its_request_is_answered() -> None:
+    """``decode_abandoned`` is False outside a call made ``abandonable`` and inside one till
+    its event is set; the call runs in a copy of the caller's context (a log's request id)."""
+    import contextvars
+
+    from app.models.base import abandonable, decode_abandoned
+
+    seen = contextvars.ContextVar("seen", default="")
+    seen.set("request 7")
+    call, abandoned = abandonable(lambda: (decode_abandoned(), seen.get()))
+    assert not decode_abandoned() and call() == (False, "request 7")
+    abandoned.set()
+    assert call() == (True, "request 7") and not decode_abandoned()

@@ -92,14 +92,17 @@ def test_only_one_short_sentence_is_tokenized_on_the_event_loop() -> None:
 
 
 class RecordingTokenizer:
-    """A tokenizer that records the longest text it was given."""
+    """A tokenizer that records the longest text it was given, and the longest given to
+    ``encode``, which holds the GIL."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.longest = 0
+        self.longest_held = 0
 
     def encode(self, text: str) -> Any:
         self.longest = max(self.longest, len(text))
+        self.longest_held = max(self.longest_held, len(text))
         return self.tokenizer.encode(text)
 
     def encode_batch(self, texts: list[str]) -> Any:
@@ -141,6 +144,42 @@ def test_a_text_cut_anywhere_gives_the_ids_of_all_of_it(monkeypatch: pytest.Monk
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 600)))
         assert handler.decode([text])[0].tolist() == handler._tokenizer.encode(text).ids, text
     assert sum(cut) >= 10  # texts whose ids came from a first part
+
+
+def test_a_long_text_of_few_tokens_is_tokenized_with_the_gil_let_go() -> None:
+    """One endless word or a run of white space is tokenized whole up to MAX_HEAD_CHARS
+    characters (about a second): by ``encode_batch``, which lets the GIL go, never by
+    ``encode`` (which held it, and the event loop with it, for all of that second)."""
+    from app.models.minilm import INLINE_TEXT_CHARS, MiniLMHandler
+
+    handler = MiniLMHandler()
+    whole = handler._tokenizer
+    texts = ["7" * 100_000, " " * 50_000 + "last words", "ok"]
+    handler._tokenizer = recording = RecordingTokenizer(whole)  # type: ignore[assignment]
+    items = handler.decode(texts)
+    assert recording.longest == 100_000 and recording.longest_held <= INLINE_TEXT_CHARS
+    assert [i.tolist() for i in items] == [whole.encode(t).ids for t in texts]
+    assert items[1].tolist() == whole.encode("last words").ids
+
+
+def test_a_decode_whose_request_was_answered_stops_before_the_next_part() -> None:
+    """Told its request no longer waits (``decode_abandoned``), a decode in the pool does not
+    go on to tokenize a long text of few tokens whole; not told, it does."""
+    from app.errors import DeadlineExceeded
+    from app.models.base import abandonable
+    from app.models.minilm import HEAD_CHARS, MiniLMHandler
+
+    handler = MiniLMHandler()
+    handler._tokenizer = recording = RecordingTokenizer(  # type: ignore[assignment]
+        handler._tokenizer)
+    texts = ["fine", "7" * 100_000]
+    call, abandoned = abandonable(handler.decode, texts)
+    abandoned.set()
+    with pytest.raises(DeadlineExceeded):
+        call()
+    assert recording.longest == HEAD_CHARS
+    call, _ = abandonable(handler.decode, texts)
+    assert len(call()) == 2 and recording.longest == 100_000
 
 
 def test_a_long_text_that_makes_no_tokens_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
