@@ -9,6 +9,25 @@ from __future__ import annotations
 
 import os
 
+# The most of an error message a client is sent, in bytes of UTF-8: a message may quote what the
+# client sent (a name, a shape), which may be megabytes, and gRPC sends it in a header, which a
+# client refuses past 16 KiB (8 KiB is its soft limit; percent-encoding may triple the bytes).
+MAX_MESSAGE_BYTES = 1024
+_KEPT_AT_END = 256  # of those, the message's end: where it says what is wrong with the value
+
+
+def bounded(message: str) -> str:
+    """``message`` as a client is sent it: at most MAX_MESSAGE_BYTES of UTF-8, the middle cut
+    where it is longer (a quoted value's), saying how much was cut."""
+    if len(message) <= MAX_MESSAGE_BYTES // 4:  # four bytes a character at most
+        return message
+    data = message.encode("utf-8", "replace")
+    if len(data) <= MAX_MESSAGE_BYTES:
+        return message
+    head = data[:MAX_MESSAGE_BYTES - _KEPT_AT_END].decode("utf-8", "ignore")
+    tail = data[-_KEPT_AT_END:].decode("utf-8", "ignore")
+    return f"{head} ... ({len(message) - len(head) - len(tail)} characters cut) ... {tail}"
+
 
 class BatchServeError(Exception):
     """Base of every error batchserve raises on purpose; ``message`` is one readable line."""

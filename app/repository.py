@@ -17,7 +17,7 @@ import torch
 
 from app.catalog import Catalog, ModelSource
 from app.devices import devices_among
-from app.errors import BatchServeError, InvalidInput, NotFound, Unavailable
+from app.errors import BatchServeError, InvalidInput, NotFound, Unavailable, bounded
 from app.metrics import Metrics
 from app.models.base import ModelHandler
 from app.models.registry import build_handler
@@ -271,7 +271,9 @@ class ModelRepository:
             self.runtime.metrics.forget_model(model.name, model.version)
 
     def _failed(self, name: str, reason: str) -> NoReturn:
-        """Record why ``name`` cannot be loaded and raise it as a 400."""
+        """Record why ``name`` cannot be loaded and raise it as a 400. The reason may quote a
+        load's config, a client's: bounded in the index, health and the log as in the answer."""
+        reason = bounded(reason)
         self.failed[name] = reason
         log.error("model %s failed to load: %s", name, reason)
         raise InvalidInput(f"failed to load '{name}': {reason}")

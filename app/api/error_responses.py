@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from app.api.body import CLIENT_CLOSED, ClientGone
-from app.errors import ServeError
+from app.errors import ServeError, bounded
 
 _HTTP_TYPES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
@@ -38,6 +38,7 @@ class ErrorFormat:
     def render(self, status: int, type_: str, message: str,
                headers: dict[str, str] | None = None) -> Response:
         status = self.status_of(status)
+        message = bounded(message)
         payload = {"error": {"type": type_, "message": message} if self.nested else message}
         return Response(orjson.dumps(payload), status_code=status,
                         media_type="application/json", headers=headers)

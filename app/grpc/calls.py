@@ -22,7 +22,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from app.api.access import RequestIds, log_access
-from app.errors import InvalidInput, ServeError
+from app.errors import InvalidInput, ServeError, bounded
 from app.facade import Refusals
 from app.grpc import inference_pb2 as pb
 from app.logs import request_id
@@ -105,11 +105,12 @@ calls = Calls()
 
 
 async def abort(context: Context, code: grpc.StatusCode, message: str) -> NoReturn:
-    """End the call with ``code``. A call that gRPC has ended meanwhile (its deadline passed, or
-    its client left, as the error came) can take no status: it ends as a cancelled call does,
-    quietly, where gRPC would log the failed send with a traceback."""
+    """End the call with ``code`` and ``message`` (``bounded``: gRPC sends it in a header). A
+    call that gRPC has ended meanwhile (its deadline passed, or its client left, as the error
+    came) can take no status: it ends as a cancelled call does, quietly, where gRPC would log
+    the failed send with a traceback."""
     try:
-        await context.abort(code, message)
+        await context.abort(code, bounded(message))
     except grpc.aio.InternalError as exc:
         raise asyncio.CancelledError from exc
     raise AssertionError("unreachable: abort raises")

@@ -193,6 +193,10 @@ def test_the_health_service_answers_per_model(server: LiveServer) -> None:
                 r.parameters["priority"].CopyFrom(pb.InferParameter(string_param="high"))),
      "parameter 'priority' must be a whole number"),
     (lambda r: None, "expected 1 input tensor"),
+    # A message quoting 100,000 characters is cut (gRPC clients refuse a status over 16 KiB).
+    (lambda r: r.inputs.add(name="I" * 100_000, datatype="FP32", shape=[1, 4]),
+     r"^unexpected inference input 'I{700,} \.\.\. \(\d+ characters cut\) \.\.\. I+' for model "
+     r"'linear'; it has 'INPUT0'$"),
 ])
 def test_client_mistakes_are_invalid_argument(server: LiveServer, build: object,
                                               message: str) -> None:

@@ -1,8 +1,9 @@
-"""app/errors.py: the one-line forms of errors for logs and stderr."""
+"""app/errors.py: the one-line forms of errors for logs and stderr, and messages bounded for
+clients."""
 
 from __future__ import annotations
 
-from app.errors import first_line
+from app.errors import MAX_MESSAGE_BYTES, bounded, first_line
 
 
 def test_first_line_is_the_messages_first_line_else_the_types_name() -> None:
@@ -10,3 +11,17 @@ def test_first_line_is_the_messages_first_line_else_the_types_name() -> None:
         == "CUDA error: an illegal memory access"
     assert first_line(ConnectionError("  \n")) == "ConnectionError"
     assert first_line(TimeoutError()) == "TimeoutError"
+
+
+def test_a_message_a_client_is_sent_is_cut_in_its_middle_at_a_kilobyte() -> None:
+    """A message that quotes megabytes a client sent keeps its first and last bytes, at whole
+    characters, MAX_MESSAGE_BYTES of UTF-8 in all, and says how much was cut; a usual one is
+    left as it is."""
+    usual = "unexpected shape for input 'INPUT0': expected shape [4], got [3] per row"
+    assert bounded(usual) == usual and bounded("é" * 512) == "é" * 512
+    cut = bounded("unknown model '" + "m" * 100_000 + "': no such model")
+    head, tail = cut.split(" ... (99007 characters cut) ... ")
+    assert head.startswith("unknown model 'mmm") and tail.endswith("mmm': no such model")
+    assert len(head.encode()) + len(tail.encode()) == MAX_MESSAGE_BYTES
+    emoji = bounded("🚀" * 1_000)  # four bytes each: the cuts fall between characters
+    assert emoji == "🚀" * 192 + " ... (744 characters cut) ... " + "🚀" * 64

@@ -818,3 +818,17 @@ async def test_two_models_on_one_gpu_and_unload_frees_its_memory(tmp_path: Path,
             assert torch.cuda.memory_allocated() - before < 2**20, (before, loaded,
                                                                      cuda_tensors())
         assert await call(service, "lin", [[1.0, 2, 3, 4]])  # the other model serves on
+
+async def test_a_load_whose_config_quotes_a_megabyte_records_a_kilobyte(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A load's config is a client's: a reason quoting a key of 100,000 characters is cut
+    (``bounded``) where it is kept, in the index, and in the log line."""
+    write_config(tmp_path, "broken", 'model = "tests.fakes:raising_factory"\n')
+    async with serving(tmp_path, model_control_mode="explicit") as service:
+        with caplog.at_level(logging.ERROR, logger="batchserve.models"), \
+                pytest.raises(InvalidInput, match="invalid settings: kkkk"):
+            await service.repository.load("broken", {"k" * 100_000: 1})
+        [entry] = service.repository.index()
+        assert entry["state"] == "UNAVAILABLE" and entry["reason"].startswith("invalid settings")
+        assert 1_000 < len(entry["reason"]) < 1_100
+        assert [len(r.getMessage()) < 1_200 for r in caplog.records] == [True]

@@ -37,6 +37,14 @@ def test_the_v2_protocol_answers_400_for_a_client_mistake_in_its_own_form() -> N
     assert "retry-after" not in response.headers
 
 
+@pytest.mark.parametrize("fmt", [BATCHSERVE, V2])
+def test_a_message_that_quotes_megabytes_is_answered_in_a_kilobyte(fmt: ErrorFormat) -> None:
+    """A message quoting what a client sent (a name of a megabyte) is cut (``bounded``)."""
+    response = error_response(InvalidInput(f"unexpected inference input '{'I' * 10**6}'"), fmt)
+    assert response.status_code == fmt.status_of(422) and len(response.body) < 1_200
+    assert b"unexpected inference input 'IIII" in response.body
+
+
 def test_starlettes_own_errors_get_a_type_and_their_headers() -> None:
     response = error_response(HTTPException(405, "Method Not Allowed", {"Allow": "POST"}))
     assert response.status_code == 405 and response.headers["allow"] == "POST"
