@@ -13,8 +13,10 @@ from app.framing import decimal
 
 # The Content-Encodings Triton takes (tritonclient's request_compression_algorithm sends them),
 # as zlib's window bits: gzip's header, or deflate's zlib one.
-ENCODINGS = {b"gzip": 16 + zlib.MAX_WBITS, b"x-gzip": 16 + zlib.MAX_WBITS,
-             b"deflate": zlib.MAX_WBITS}
+_GZIP = 16 + zlib.MAX_WBITS
+ENCODINGS = {b"gzip": _GZIP, b"x-gzip": _GZIP, b"deflate": zlib.MAX_WBITS}
+MAX_MEMBERS = 1000  # of a gzip body: each costs a new inflater (16 MB of empty ones: 800,000)
+_WINDOW = 64 * 1024  # of compressed bytes an inflater is given at a time
 
 
 CLIENT_CLOSED = 499  # nginx's convention; never reaches the (gone) client, only metrics
@@ -74,7 +76,9 @@ async def read_body(receive: Receive, limit: int, declared: bytes | None = None,
 def inflated(body: bytes, encoding: bytes | None, limit: int) -> bytes:
     """``body`` as it was before its ``Content-Encoding`` (gzip or deflate), at most ``limit``
     bytes once inflated: a small body cannot become a large one (PayloadTooLarge past it).
-    UnsupportedEncoding (415) for another encoding; InvalidInput for bytes that are not one."""
+    UnsupportedEncoding (415) for another encoding; InvalidInput for bytes that are not one.
+    A gzip body may be several members, one after another (RFC 1952: what ``cat a.gz b.gz``
+    writes): all of them, in order, MAX_MEMBERS at most."""
     name = (encoding or b"").strip().lower()
     if name in (b"", b"identity"):
         return body
@@ -82,13 +86,37 @@ def inflated(body: bytes, encoding: bytes | None, limit: int) -> bytes:
     if wbits is None:
         raise UnsupportedEncoding(f"Content-Encoding {name.decode('latin-1')!r} is not one this "
                                   "server takes: gzip, deflate or none")
+    parts: list[bytes] = []
+    view, start = memoryview(body), 0
+    for _ in range(MAX_MEMBERS):
+        start = _member(view, start, name, wbits, parts, limit)
+        if start == len(view):
+            return b"".join(parts)
+        if wbits != _GZIP:
+            raise InvalidInput(f"request body has {len(view) - start} bytes after its "
+                               f"{name.decode()} data")
+    raise InvalidInput(f"request body is more than {MAX_MEMBERS} gzip members")
+
+
+def _member(view: memoryview, start: int, name: bytes, wbits: int, parts: list[bytes],
+            limit: int) -> int:
+    """Inflate the member that begins at ``start`` onto ``parts`` (all of them within
+    ``limit``); where the next begins. Fed a window at a time, so that what follows a member
+    is copied (``unused_data``) a window at most, not the whole rest of the body."""
     inflater = zlib.decompressobj(wbits)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise InvalidInput(f"request body is not {name.decode()} data: {exc}") from None
-    if len(out) > limit:
-        raise PayloadTooLarge(f"request body inflates to more than the limit of {limit} bytes")
-    if not inflater.eof:
-        raise InvalidInput(f"request body ends before its {name.decode()} data does")
-    return out
+    size = sum(map(len, parts))  # a part a window or a member: a few hundred at most
+    pos = start
+    while not inflater.eof:
+        if pos == len(view):
+            raise InvalidInput(f"request body ends before its {name.decode()} data does")
+        window = view[pos:pos + _WINDOW]
+        pos += len(window)
+        try:
+            part = inflater.decompress(window, limit + 1 - size)
+        except zlib.error as exc:
+            raise InvalidInput(f"request body is not {name.decode()} data: {exc}") from None
+        parts.append(part)
+        size += len(part)
+        if size > limit:  # also where the output stopped at its bound, input left over
+            raise PayloadTooLarge(f"request body inflates to more than the limit of {limit} bytes")
+    return pos - len(inflater.unused_data)

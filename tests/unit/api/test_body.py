@@ -28,6 +28,16 @@ def test_a_body_comes_back_as_it_was_before_its_encoding(encoding: bytes | None,
     assert inflated(sent, encoding, len(BODY)) == BODY
 
 
+def test_a_gzip_body_of_several_members_is_all_of_them() -> None:
+    """RFC 1952: a gzip body is a series of members (``cat a.gz b.gz``); each is inflated, in
+    order, within the limit counted over all of them."""
+    halves = [gzip.compress(BODY[:10], mtime=0), gzip.compress(b"", mtime=0),
+              gzip.compress(BODY[10:], mtime=0)]
+    assert inflated(b"".join(halves), b"gzip", len(BODY)) == BODY
+    with pytest.raises(PayloadTooLarge):
+        inflated(b"".join(halves), b"gzip", len(BODY) - 1)
+
+
 def test_a_body_may_not_inflate_past_the_limit() -> None:
     """A few hundred bytes that inflate to megabytes are refused at the limit, not inflated."""
     bomb = gzip.compress(b" " * 10**7)
@@ -43,6 +53,9 @@ def test_a_body_may_not_inflate_past_the_limit() -> None:
     (b"gzip", BODY, InvalidInput, "request body is not gzip data"),
     (b"deflate", GZIPPED, InvalidInput, "request body is not deflate data"),
     (b"gzip", GZIPPED[:-6], InvalidInput, "ends before its gzip data does"),
+    (b"gzip", GZIPPED + b"junk", InvalidInput, "request body is not gzip data"),
+    (b"gzip", GZIPPED + GZIPPED[:-6], InvalidInput, "ends before its gzip data does"),
+    (b"deflate", zlib.compress(BODY) + b"junk", InvalidInput, "has 4 bytes after its deflate"),
 ])
 def test_bytes_that_are_not_their_encoding_are_named(
     encoding: bytes, sent: bytes, error: type[Exception], message: str
@@ -119,3 +132,14 @@ async def test_a_long_declared_body_is_refused_before_any_of_it_is_asked_for() -
     whole = b"x" * (LIKELY_WHOLE + 1)  # one that came whole all the same gives its room back
     assert await read_body(receiving((whole, False)), 10**9, b"%d" % len(whole), room) == whole
     assert room.held == LIKELY_WHOLE
+
+
+def test_a_gzip_body_of_many_members_is_refused_past_max_members() -> None:
+    """16 MB of empty members (800,000 inflaters) would hold the event loop: past MAX_MEMBERS a
+    body is refused, at once."""
+    from app.api.body import MAX_MEMBERS
+
+    empty = gzip.compress(b"", mtime=0)
+    assert inflated(empty * (MAX_MEMBERS - 1) + GZIPPED, b"gzip", len(BODY)) == BODY
+    with pytest.raises(InvalidInput, match=f"more than {MAX_MEMBERS} gzip members"):
+        inflated(empty * (16_000_000 // len(empty)), b"gzip", 16 << 20)
