@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import orjson
 import pytest
 
 from tests.conftest import app_client, make_settings
@@ -34,6 +36,20 @@ async def test_load_and_unload_answer_as_documented(action: str) -> None:
     assert answer.status_code == 200 and answer.content == b""
     assert "content" not in documented["200"]  # no body, as in Triton
     assert "application/json" in documented["400"]["content"]
+
+
+async def test_a_compressed_body_is_inflated_as_an_infer_requests_is() -> None:
+    """A load's body sent with ``Content-Encoding: gzip`` is read inflated (it was parsed as it
+    came: 'not valid JSON'); an encoding the server does not take is 415."""
+    config = orjson.dumps({"max_batch_size": 0}).decode()
+    body = orjson.dumps({"parameters": {"config": config}})
+    async with app_client(make_settings(**EXPLICIT)) as client:
+        zipped = await client.post("/v2/repository/models/linear/load", content=gzip.compress(
+            body, mtime=0), headers={"Content-Encoding": "gzip"})
+        other = await client.post("/v2/repository/models/linear/load", content=body,
+                                  headers={"Content-Encoding": "br"})
+    assert zipped.status_code == 400 and "max_batch_size" in zipped.json()["error"]
+    assert other.status_code == 415 and "'br'" in other.json()["error"]
 
 
 @pytest.mark.parametrize("name", ["x" * 5000, "a%00b", "%2E%2E", ".hidden"])
