@@ -122,6 +122,8 @@ def _requested_outputs(
         return None, {}
     if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
         raise InvalidInput("'outputs' must be a list of objects")
+    if not outputs:  # none named: all of them, as Triton answers it (and gRPC cannot tell)
+        return None, {}
     names, binary = [], {}
     for out in outputs:
         name = out.get("name")

@@ -124,6 +124,17 @@ def test_a_parameter_of_an_extension_not_served_is_refused(where: str, key: str,
         parse_request(json.dumps(payload).encode(), None, 16, "m", INPUT)
 
 
+def test_an_empty_outputs_list_asks_for_all_of_them() -> None:
+    """``"outputs": []`` names none: every output is answered, as Triton does and as gRPC must
+    (an empty repeated field is an absent one), not an answer without outputs."""
+    tensor = {"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}
+    request = parse_request(json.dumps({"inputs": [tensor], "outputs": []}).encode(), None,
+                            16, "m", INPUT)
+    assert request.outputs is None
+    body, _ = encode_response("m", "1", request, {"OUTPUT0": np.ones((1, 2), np.float32)})
+    assert [o["name"] for o in orjson.loads(body)["outputs"]] == ["OUTPUT0"]
+
+
 def test_an_output_asked_for_twice_is_refused() -> None:
     payload = {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32",
                            "data": [1, 2]}], "outputs": [{"name": "OUTPUT0"}] * 2}
