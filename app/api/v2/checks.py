@@ -71,9 +71,11 @@ def _dims(shape: tuple[int, ...]) -> str:
 
 
 def check_served(params: Any, tensor: str) -> None:
-    """A tensor's parameters (a JSON object, or gRPC's map) name no extension this server does
-    not serve (``UNSERVED``)."""
-    for key in params if isinstance(params, dict) or hasattr(params, "keys") else ():
+    """A tensor's parameters are a JSON object (or gRPC's map), as the request's must be, and
+    name no extension this server does not serve (``UNSERVED``)."""
+    if not (isinstance(params, dict) or hasattr(params, "keys")):
+        raise InvalidInput(f"{tensor}: 'parameters' must be an object")
+    for key in params:
         extension = UNSERVED.get(key)
         if extension is not None:
             raise InvalidInput(f"{tensor}: parameter '{key}' belongs to {extension}, which this "

@@ -124,6 +124,19 @@ def test_a_parameter_of_an_extension_not_served_is_refused(where: str, key: str,
         parse_request(json.dumps(payload).encode(), None, 16, "m", INPUT)
 
 
+@pytest.mark.parametrize("where", ["input", "output"])
+def test_a_tensors_parameters_that_are_not_an_object_are_refused(where: str) -> None:
+    """As the request's own: a list or a string is a 400, not ignored."""
+    tensor: dict = {"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}
+    payload: dict = {"inputs": [tensor]}
+    if where == "input":
+        tensor["parameters"] = [1]
+    else:
+        payload["outputs"] = [{"name": "OUTPUT0", "parameters": "binary"}]
+    with pytest.raises(InvalidInput, match=f"^{where} '.*0': 'parameters' must be an object$"):
+        parse_request(json.dumps(payload).encode(), None, 16, "m", INPUT)
+
+
 def test_an_empty_outputs_list_asks_for_all_of_them() -> None:
     """``"outputs": []`` names none: every output is answered, as Triton does and as gRPC must
     (an empty repeated field is an absent one), not an answer without outputs."""
