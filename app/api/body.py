@@ -73,6 +73,13 @@ async def read_body(receive: Receive, limit: int, declared: bytes | None = None,
             arriving.give_back(taken)
 
 
+async def read_inflated(receive: Receive, limit: int, declared: bytes | None,
+                        encoding: bytes | None, arriving: Arriving | None = None) -> bytes:
+    """A request's body read (``read_body``) and inflated from its ``encoding`` (``inflated``),
+    within ``limit`` both ways."""
+    return inflated(await read_body(receive, limit, declared, arriving), encoding, limit)
+
+
 def inflated(body: bytes, encoding: bytes | None, limit: int) -> bytes:
     """``body`` as it was before its ``Content-Encoding`` (gzip or deflate), at most ``limit``
     bytes once inflated: a small body cannot become a large one (PayloadTooLarge past it).
@@ -87,9 +94,9 @@ def inflated(body: bytes, encoding: bytes | None, limit: int) -> bytes:
         raise UnsupportedEncoding(f"Content-Encoding {name.decode('latin-1')!r} is not one this "
                                   "server takes: gzip, deflate or none")
     parts: list[bytes] = []
-    view, start = memoryview(body), 0
+    view, start, size = memoryview(body), 0, 0
     for _ in range(MAX_MEMBERS):
-        start = _member(view, start, name, wbits, parts, limit)
+        start, size = _member(view, start, size, name, wbits, parts, limit)
         if start == len(view):
             return b"".join(parts)
         if wbits != _GZIP:
@@ -98,13 +105,13 @@ def inflated(body: bytes, encoding: bytes | None, limit: int) -> bytes:
     raise InvalidInput(f"request body is more than {MAX_MEMBERS} gzip members")
 
 
-def _member(view: memoryview, start: int, name: bytes, wbits: int, parts: list[bytes],
-            limit: int) -> int:
-    """Inflate the member that begins at ``start`` onto ``parts`` (all of them within
-    ``limit``); where the next begins. Fed a window at a time, so that what follows a member
-    is copied (``unused_data``) a window at most, not the whole rest of the body."""
+def _member(view: memoryview, start: int, size: int, name: bytes, wbits: int,
+            parts: list[bytes], limit: int) -> tuple[int, int]:
+    """Inflate the member that begins at ``start`` onto ``parts`` (``size`` bytes so far, all
+    within ``limit``); where the next begins, and the size then. Fed a window at a time, so
+    that what follows a member is copied (``unused_data``) a window at most, not the whole
+    rest of the body."""
     inflater = zlib.decompressobj(wbits)
-    size = sum(map(len, parts))  # a part a window or a member: a few hundred at most
     pos = start
     while not inflater.eof:
         if pos == len(view):
@@ -119,4 +126,4 @@ def _member(view: memoryview, start: int, name: bytes, wbits: int, parts: list[b
         size += len(part)
         if size > limit:  # also where the output stopped at its bound, input left over
             raise PayloadTooLarge(f"request body inflates to more than the limit of {limit} bytes")
-    return pos - len(inflater.unused_data)
+    return pos - len(inflater.unused_data), size

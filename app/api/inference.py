@@ -20,7 +20,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from app.api.auth import check_auth
-from app.api.body import CLIENT_CLOSED, ClientGone, inflated, read_body
+from app.api.body import CLIENT_CLOSED, ClientGone, read_inflated
 from app.api.error_responses import format_of
 from app.arrays import Results
 from app.arriving import Arriving
@@ -227,9 +227,9 @@ async def run_inference(
             raise missing
         deadline = arrived + request_timeout_s(headers.get(b"x-request-timeout"),
                                                model.settings.request_timeout_s)
-        body = inflated(await read_body(receive, settings.max_body_bytes,
-                                        headers.get(b"content-length"), service.arriving),
-                        headers.get(b"content-encoding"), settings.max_body_bytes)
+        body = await read_inflated(receive, settings.max_body_bytes,
+                                   headers.get(b"content-length"),
+                                   headers.get(b"content-encoding"), service.arriving)
         instances, context, asked = parse(model, body, headers)
         priority = asked.priority
         if priority is None:

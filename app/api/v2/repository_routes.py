@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from app.api.auth import check_auth
-from app.api.body import inflated, read_body
+from app.api.body import read_inflated
 from app.api.deps import ServiceDep
 from app.api.error_responses import V2Route
 from app.errors import InvalidInput
@@ -43,11 +43,11 @@ async def _body(request: Request, service: InferenceService) -> dict[str, Any]:
     body past ``max_body_bytes`` is refused 413 as it arrives, not held whole; a
     client gone before its body came is ``ClientGone`` (nothing is done for it). A compressed
     one is inflated as an infer request's is."""
-    limit = service.settings.max_body_bytes
-    raw = inflated(await read_body(request.receive, limit,
-                                   request.headers.get("content-length", "").encode() or None,
-                                   service.arriving),
-                   request.headers.get("content-encoding", "").encode("latin-1"), limit)
+    headers = request.headers
+    raw = await read_inflated(request.receive, service.settings.max_body_bytes,
+                              headers.get("content-length", "").encode() or None,
+                              headers.get("content-encoding", "").encode("latin-1") or None,
+                              service.arriving)
     return json_object(raw) if raw.strip() else {}
 
 
