@@ -17,13 +17,14 @@ from app.api.v2.checks import check_input, check_outputs, check_served
 from app.api.v2.codec import (
     InferRequest,
     from_binary,
+    numbers,
     requested,
     rows_of,
     to_binary,
 )
 from app.errors import InvalidInput
 from app.grpc.inference_pb2 import InferParameter, ModelInferRequest, ModelInferResponse
-from app.models.signature import DATATYPES, TensorSpec, datatype_of
+from app.models.signature import TensorSpec, datatype_of
 from app.payload import whole_number_of
 
 # The typed ``contents`` field of each datatype (FP16 and BF16 have none: raw only).
@@ -88,13 +89,7 @@ def _typed(contents: Any, datatype: str, shape: list[int], name: str) -> np.ndar
                            f"{shape}")
     if datatype == "BYTES":
         return np.asarray(list(values), dtype=object).reshape(shape)
-    dtype = DATATYPES[datatype]
-    try:
-        with np.errstate(over="raise", invalid="raise"):
-            array = np.asarray(values, dtype=dtype)
-    except (FloatingPointError, OverflowError):  # an INT8 given 300 in int_contents, say
-        raise InvalidInput(f"input '{name}': a number is out of {datatype}'s range") from None
-    return array.reshape(shape)
+    return numbers(values, datatype, name).reshape(shape)
 
 
 def encode_infer(model_name: str, version: str, request: InferRequest,

@@ -146,16 +146,39 @@ def _from_json(data: Any, datatype: str, shape: list[int], name: str) -> np.ndar
         if flat is None or flat.size != count:
             raise InvalidInput(f"input '{name}': expected {count} strings for shape {shape}")
         return flat.reshape(shape)
-    try:
-        with np.errstate(over="raise", invalid="raise"):
-            array = np.asarray(data, dtype=DATATYPES[datatype])
-    except FloatingPointError:
-        raise InvalidInput(f"input '{name}': a number is out of {datatype}'s range") from None
-    except (ValueError, TypeError, OverflowError):
-        raise InvalidInput(f"input '{name}': data is not a list of {datatype} numbers") from None
+    array = numbers(data, datatype, name)
     if array.size != count:
         raise InvalidInput(f"input '{name}': {array.size} values do not fill shape {shape}")
     return array.reshape(shape)
+
+
+def numbers(values: Any, datatype: str, name: str) -> np.ndarray:
+    """``values`` (JSON's list, flat or nested, or a typed protobuf field) as an array of
+    ``datatype``, a non-BYTES one. An integer type takes whole numbers only and BOOL true and
+    false only, as Triton parses them, where numpy would cut 1.5 to 1 or read 2 as true; a
+    value out of the type's range is refused rather than wrapped around."""
+    dtype = DATATYPES[datatype]
+    try:
+        if dtype.kind in "biu" and not _of_kind(values, dtype.kind):
+            raise ValueError
+        with np.errstate(over="raise", invalid="raise"):
+            return np.asarray(values, dtype=dtype)
+    except (FloatingPointError, OverflowError):  # an INT8 given 300, an FP16 given 1e5
+        raise InvalidInput(f"input '{name}': a number is out of {datatype}'s range") from None
+    except (ValueError, TypeError):
+        raise InvalidInput(f"input '{name}': data is not a list of {datatype} "
+                           f"{'values' if dtype.kind == 'b' else 'numbers'}") from None
+
+
+def _of_kind(values: Any, kind: str) -> bool:
+    """Whether ``values`` are all booleans (kind ``b``) or all integers (``i``, ``u``). numpy's
+    inference says at once, but reads integers past int64 beside smaller ones as floats: those
+    are then looked at one by one."""
+    inferred = np.asarray(values).dtype.kind
+    if inferred == kind or inferred in "iu" and kind != "b" or not np.size(values):
+        return True
+    return kind != "b" and inferred == "f" and all(
+        type(v) is int for v in np.asarray(values, dtype=object).reshape(-1))
 
 
 def from_binary(raw: bytes, datatype: str, shape: list[int], name: str) -> np.ndarray:

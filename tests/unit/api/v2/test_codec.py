@@ -84,6 +84,38 @@ def test_binary_data_must_be_exactly_what_binary_data_size_says() -> None:
         infer(json_tensor, b"\0\0\0\0")
 
 
+@pytest.mark.parametrize(("datatype", "data", "message"), [
+    ("INT64", [1, 1.5], "data is not a list of INT64 numbers"),  # numpy would cut it to 1
+    ("INT64", [1.0, 2.0], "data is not a list of INT64 numbers"),  # as Triton: whole numbers
+    ("INT32", [True, False], "data is not a list of INT32 numbers"),
+    ("INT32", ["1", "2"], "data is not a list of INT32 numbers"),
+    ("BOOL", [1, 0], "data is not a list of BOOL values"),  # numpy would read 2 as true
+    ("INT8", [1, 300], "a number is out of INT8's range"),  # numpy would wrap it around
+    ("UINT64", [-1, 2**64 - 1], "a number is out of UINT64's range"),
+    ("UINT64", [1.5, 2**64 - 1], "data is not a list of UINT64 numbers"),
+])
+def test_json_data_of_an_exact_type_must_be_of_its_kind(datatype: str, data: list,
+                                                         message: str) -> None:
+    spec = TensorSpec("INPUT0", datatype, (2,))
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": datatype,
+                                   "data": data}]}).encode()
+    with pytest.raises(InvalidInput, match=f"^input 'INPUT0': {message}$"):
+        parse_request(body, None, 16, "m", spec)
+
+
+@pytest.mark.parametrize(("datatype", "data"), [
+    ("INT64", [[-(2**63), 2**63 - 1]]), ("UINT64", [1, 2**64 - 1]), ("UINT64", [[1], [2**64 - 1]]),
+    ("BOOL", [True, False]), ("INT8", [-128, 127]), ("FP32", [1, 2.5]),
+])
+def test_json_data_of_its_kind_is_read_exactly(datatype: str, data: list) -> None:
+    """Integers past int64 beside small ones, which numpy reads as floats, are still read whole."""
+    spec = TensorSpec("INPUT0", datatype, (2,))
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": datatype,
+                                   "data": data}]}).encode()
+    (row,) = parse_request(body, None, 16, "m", spec).rows
+    assert row.tolist() == np.ravel(np.asarray(data, dtype=object)).tolist()
+
+
 def test_a_binary_nan_is_named_by_its_row_in_the_protocols_words() -> None:
     data = np.array([[1, 2], [3, np.nan]], np.float32).tobytes()
     tensor = {"name": "INPUT0", "shape": [2, 2], "datatype": "FP32",
