@@ -24,9 +24,16 @@ def bounded(message: str) -> str:
     data = message.encode("utf-8", "replace")
     if len(data) <= MAX_MESSAGE_BYTES:
         return message
-    head = data[:MAX_MESSAGE_BYTES - _KEPT_AT_END].decode("utf-8", "ignore")
+    # the note is given the room it would take if the whole message were cut, so that head,
+    # note and tail together fit
+    room = MAX_MESSAGE_BYTES - _KEPT_AT_END - len(_note(len(message)))
+    head = data[:room].decode("utf-8", "ignore")
     tail = data[-_KEPT_AT_END:].decode("utf-8", "ignore")
-    return f"{head} ... ({len(message) - len(head) - len(tail)} characters cut) ... {tail}"
+    return head + _note(len(message) - len(head) - len(tail)) + tail
+
+
+def _note(cut: int) -> str:
+    return f" ... ({cut} characters cut) ... "
 
 
 class BatchServeError(Exception):

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from app.errors import ServeError
+from app.errors import ServeError, bounded
 from app.payload import instances_of, whole_number_of
 from app.tracing import CONTEXT_HEADERS
 
@@ -59,4 +59,7 @@ def parse_job(entry: str, fields: dict[bytes, bytes], max_instances: int) -> Job
 
 
 def error_result(job_id: str, type_: str, message: str) -> dict[str, Any]:
-    return {"id": job_id, "status": "error", "error": {"type": type_, "message": message}}
+    """A job's error result; its message cut as any message a client is sent (a model's
+    exception, an instance it quotes: kept ``result_ttl_s`` in Redis, printed by ``submit``)."""
+    return {"id": job_id, "status": "error",
+            "error": {"type": type_, "message": bounded(message)}}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from app.jobs.messages import parse_job
+from app.errors import MAX_MESSAGE_BYTES
+from app.jobs.messages import error_result, parse_job
 
 
 @pytest.mark.parametrize(
@@ -38,3 +39,12 @@ def test_a_jobs_priority_is_read_and_checked() -> None:
     assert job.priority == 1 and job.error is None
     bad = parse_job("1-0", {b"job": b'{"id": "a", "instances": [1], "priority": "x"}'}, 8)
     assert bad.error is not None and "'priority' must be a whole number" in bad.error.message
+
+
+def test_an_error_results_message_is_cut_as_a_clients() -> None:
+    message = "the model failed: " + "x" * 100_000 + " (the end)"
+    error = error_result("a", "model_error", message)["error"]
+    assert len(error["message"].encode()) <= MAX_MESSAGE_BYTES
+    assert error["message"].startswith("the model failed: ")
+    assert error["message"].endswith(" (the end)")
+    assert error_result("a", "invalid_input", "short")["error"]["message"] == "short"
