@@ -27,7 +27,7 @@ from app.facade import Refusals
 from app.flow import ConnectionFlow, reset
 from app.framing import Body, FramingError, body_of, unknown_coding
 from app.head_held import HeadHeld
-from app.logs import STALLED
+from app.logs import INVALID_HTTP, STALLED
 from app.values import SLOW_LINK_S
 
 log = logging.getLogger("batchserve")
@@ -121,12 +121,11 @@ class OneWriteProtocol(HttpToolsProtocol):
         self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError:
+        except httptools.HttpParserError as exc:
             if self.transport.is_closing():  # refused in a callback (on_headers_complete)
                 return
-            msg = "Invalid HTTP request received."
-            self.logger.warning(msg)
-            self.send_400_response(msg)
+            self.logger.warning(INVALID_HTTP)
+            self.send_400_response(str(exc))
         except httptools.HttpParserUpgrade as upgrade:
             if self._should_upgrade():
                 self.handle_websocket_upgrade()
@@ -141,8 +140,8 @@ class OneWriteProtocol(HttpToolsProtocol):
         try:
             pieces, rest = body.feed(data)
         except FramingError as exc:
-            self.logger.warning("Invalid HTTP request received: %s", str(exc))
-            self.send_400_response("Invalid HTTP request received.")
+            self.logger.warning(INVALID_HTTP)
+            self.send_400_response(str(exc))
             return
         for piece in pieces:
             self.on_body(piece)
@@ -250,9 +249,14 @@ class OneWriteProtocol(HttpToolsProtocol):
         super()._start_asgi_task(cycle, app)
 
     def send_400_response(self, msg: str) -> None:
-        """uvicorn's 400 for bytes that are no request, counted."""
+        """The 400 for bytes that are no HTTP/1.1 request, ``msg`` saying what the parser found
+        wrong (``Invalid header value char``), counted; in the error format of the path, where
+        one was read, as the other refusals here (uvicorn's is a line of plain text)."""
         self._counted(400, "invalid_http")
-        super().send_400_response(msg)
+        self._cancel_read_timer()
+        self._refuse(400, "Bad Request", "invalid_http",
+                     f"the request is not valid HTTP/1.1: {msg}",
+                     getattr(self, "url", b"").decode("latin-1"))
 
     def _counted(self, status: int, kind: str) -> None:
         """Count an answer the protocol gives itself, before any route (``count_refusal``)."""

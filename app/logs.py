@@ -38,7 +38,8 @@ GRPC_UNSENT = "A gRPC call's answer could not be sent; the call ended before it 
 # max_connections (answered 503), a request httptools cannot parse (400); and STALLED. A flood
 # of any wrote a line a request: 10,000 lines a second, and a quarter of the CPU each
 # refusal cost.
-FLOODABLE = ("Exceeded concurrency limit.", "Invalid HTTP request received.", STALLED)
+INVALID_HTTP = "Invalid HTTP request received."
+FLOODABLE = ("Exceeded concurrency limit.", INVALID_HTTP, STALLED)
 REPEAT_WINDOW_S = 10.0
 
 

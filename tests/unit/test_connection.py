@@ -402,7 +402,7 @@ async def test_reads_stay_paused_while_many_pipelined_requests_wait() -> None:
     assert not protocol.flow.read_paused  # resumed once the pipeline was short
 
 
-async def test_bytes_that_are_no_request_get_uvicorns_400_alone() -> None:
+async def test_bytes_that_are_no_request_get_one_400_alone() -> None:
     _, transport = connect(OneWriteProtocol, answer, b"\x16\x03\x01" * MAX_HEAD_BYTES)
     (written,) = transport.writes  # no 431 after it
     assert written.startswith(b"HTTP/1.1 400 ") and transport.events[-1] == "close"
@@ -444,10 +444,26 @@ async def test_a_declined_upgrade_keeps_its_body_and_the_connection(framing: byt
     assert second.endswith(b"\r\n\r\n{}") and "close" not in transport.events
 
 
-async def test_a_declined_upgrade_with_a_broken_chunk_gets_400() -> None:
-    _, transport = connect(OneWriteProtocol, echo,
-                           H2C + b"transfer-encoding: chunked\r\n\r\nzz\r\n")
-    assert transport.writes[-1].startswith(b"HTTP/1.1 400 ") and transport.events[-1] == "close"
+@pytest.mark.parametrize(("request_", "error"), [
+    (b"\x16\x03\x01\x00\xa5",  # a TLS hello: no path, the default format
+     b'{"error":{"type":"invalid_http","message":"the request is not valid HTTP/1.1: '
+     b'Invalid method encountered"}}'),
+    (b"POST /predict HTTP/1.1\r\nhost: a\x01b\r\n\r\n",
+     b'{"error":{"type":"invalid_http","message":"the request is not valid HTTP/1.1: '
+     b'Invalid header value char"}}'),
+    (b"POST /v2/models/m/infer HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
+     b'{"error":"the request is not valid HTTP/1.1: Duplicate Content-Length"}'),
+    (H2C + b"transfer-encoding: chunked\r\n\r\nzz\r\n",  # read past llhttp (app/framing.py)
+     b'{"error":{"type":"invalid_http","message":"the request is not valid HTTP/1.1: '),
+])
+async def test_a_request_that_is_not_http_gets_400_saying_why_in_its_paths_format(
+        request_: bytes, error: bytes) -> None:
+    """As the other answers the protocol gives itself: JSON in the route's format, where
+    uvicorn answered a line of plain text, 'Invalid HTTP request received.'."""
+    _, transport = connect(OneWriteProtocol, answer, request_)
+    (written,) = transport.writes
+    assert written.startswith(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json")
+    assert error in written and transport.events[-1] == "close"
 
 
 async def test_requests_on_a_kept_connection_leave_the_garbage_collector_nothing() -> None:
