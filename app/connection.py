@@ -18,6 +18,7 @@ import logging
 from typing import Any
 
 import httptools
+from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
@@ -243,9 +244,11 @@ class OneWriteProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-        """uvicorn starts a request here, with its 503 app past ``limit_concurrency``."""
+        """uvicorn starts a request here, with its 503 app past ``limit_concurrency``: that
+        request is counted and answered by ``over_connections`` instead."""
         if app is service_unavailable:
             self._counted(503, "connections")
+            app = over_connections
         super()._start_asgi_task(cycle, app)
 
     def send_400_response(self, msg: str) -> None:
@@ -272,6 +275,15 @@ class OneWriteProtocol(HttpToolsProtocol):
                              f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
                              .encode() + body)
         self.transport.close()
+
+
+async def over_connections(scope: Scope, receive: Receive, send: Send) -> None:
+    """The 503 past ``max_connections`` as the server's other overload is answered: ``busy``
+    in the path's error format, with ``Retry-After`` (uvicorn's is plain text without it), and
+    the connection closed, being one too many."""
+    await format_for_path(scope["path"]).render(
+        503, "busy", "the process holds as many connections and requests as max_connections "
+        "lets it", {"Retry-After": "1", "Connection": "close"})(scope, receive, send)
 
 
 class Refused(Exception):

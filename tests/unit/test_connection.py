@@ -558,6 +558,34 @@ async def test_what_the_protocol_answers_itself_is_counted_once_and_nothing_else
     assert counted[3:] == [(503, "connections")]
 
 
+@pytest.mark.parametrize(("path", "error"), [
+    (b"/predict", b'{"error":{"type":"busy","message":"the process holds as many connections '
+                  b'and requests as max_connections lets it"}}'),
+    (b"/v2/models/m/infer", b'{"error":"the process holds as many connections and requests '
+                            b'as max_connections lets it"}'),
+])
+async def test_a_request_past_max_connections_gets_busy_with_retry_after(path: bytes,
+                                                                         error: bytes) -> None:
+    """As a full queue's 503, in the path's error format, where uvicorn answered a plain-text
+    'Service Unavailable' a client could not tell from the gateway's, with no Retry-After."""
+    config = Config(answer, http=OneWriteProtocol, lifespan="off", log_config=None,
+                    limit_concurrency=1)
+    config.load()
+    state = ServerState()
+    for request in (b"", POST.replace(b"/predict", path)):  # the first holds the one place
+        protocol = OneWriteProtocol(config=config, server_state=state, app_state={})
+        transport = Transport()
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        protocol.data_received(request)
+    await wait_until(lambda: protocol.cycle.response_complete, "the 503")
+    (written,) = transport.writes
+    head, body = written.split(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+    assert b"\r\nretry-after: 1\r\n" in head and b"\r\nconnection: close" in head
+    assert b"\r\ncontent-type: application/json" in head and body == error
+    assert transport.events[-1] == "close"
+
+
 WEBSOCKET = (b"GET /health_check HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\n"
              b"upgrade: websocket\r\nsec-websocket-version: 13\r\n"
              b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
