@@ -473,3 +473,26 @@ class SteadyHandler(EchoHandler):
             raise RuntimeError("gate never opened")
         time.sleep(self.cost_s)
         return super().compute(batch)
+
+
+class IdsHandler(ModelHandler):
+    """A model whose one input is 4 INT64 ids a row (as token ids are): answers their sum, as
+    INT64. Its v2 input datatype is INT64, not the tensor models' FP32."""
+
+    name = "ids"
+    input_datatype = "INT64"
+    input_shape = (4,)
+    output_shape = ()
+
+    def decode(self, instances: list[Any]) -> list[Any]:
+        rows = [np.asarray(x) for x in instances]
+        for i, row in enumerate(rows):
+            if row.shape != (4,) or row.dtype.kind not in "iu":
+                raise InvalidInput(f"instances[{i}]: expected 4 whole numbers")
+        return [row.astype(np.int64) for row in rows]
+
+    def load(self, device: torch.device) -> Replica:
+        return lambda batch: batch.sum(dim=1)
+
+    def collate(self, items: list[Any]) -> Tensors:
+        return torch.from_numpy(np.stack(items))

@@ -41,7 +41,7 @@ from tests.conftest import (
     wait_until,
     wait_until_sync,
 )
-from tests.fakes import GatedHandler, export_scale
+from tests.fakes import GatedHandler, IdsHandler, export_scale
 
 pytestmark = pytest.mark.slow
 
@@ -571,3 +571,25 @@ async def test_the_grpc_deadline_bounds_the_request() -> None:
         await first
         await infer(echo_request(6))
     assert handler.seen == [1.0, 6.0]
+
+
+def test_an_int64_model_takes_raw_and_typed_contents() -> None:
+    """A handler's INT64 input over gRPC: raw bytes (tritonclient) and int64_contents."""
+    with live_server(make_settings(model="tests.fakes:IdsHandler"), IdsHandler(),
+                     grpc=True) as srv:
+        x = np.array([[1, 2, 3, 4], [2**60 + 1, 0, 0, 1]], dtype=np.int64)
+        inp = triton.InferInput("INPUT0", [2, 4], "INT64")
+        inp.set_data_from_numpy(x)
+        got = client_for(srv).infer("ids", [inp]).as_numpy("OUTPUT0")
+        assert got.dtype == np.int64 and got.tolist() == [10, 2**60 + 2]
+        request = pb.ModelInferRequest(model_name="ids")
+        request.inputs.add(name="INPUT0", datatype="INT64", shape=[2, 4],
+                           contents=pb.InferTensorContents(int64_contents=x.reshape(-1)))
+        answer = stub(srv).ModelInfer(request)
+        assert np.frombuffer(answer.raw_output_contents[0], "<i8").tolist() == [10, 2**60 + 2]
+        wrong = pb.ModelInferRequest(model_name="ids")
+        wrong.inputs.add(name="INPUT0", datatype="INT64", shape=[1, 4],
+                         contents=pb.InferTensorContents(int_contents=[1, 2, 3, 4]))
+        with pytest.raises(grpc.RpcError) as failed:
+            stub(srv).ModelInfer(wrong)
+        assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]

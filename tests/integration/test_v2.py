@@ -12,6 +12,7 @@ from tritonclient.utils import InferenceServerException
 
 from app.models.builtin import linear_module
 from tests.conftest import live_server, make_settings, sample
+from tests.fakes import IdsHandler
 
 pytestmark = pytest.mark.slow
 
@@ -246,3 +247,23 @@ def test_text_model_with_bytes(binary: bool) -> None:
         r = httpx.post(srv.url + "/predict", json={"instances": ["Hello, world.", "Übung"]})
     assert got.shape == (2, 384)
     np.testing.assert_allclose(got, np.array(r.json()["predictions"], dtype=np.float32), atol=1e-6)
+
+
+def test_an_int64_model_takes_whole_numbers_as_json_or_binary() -> None:
+    """A handler's INT64 input (token ids): its config says TYPE_INT64, JSON and binary data
+    are read exactly (a value past 2^53, which a float would round), and JSON's 1.5 is
+    refused, not cut to 1."""
+    with live_server(make_settings(model="tests.fakes:IdsHandler"), IdsHandler()) as srv:
+        client = client_for(srv.url)
+        assert client.get_model_config("ids")["input"][0]["data_type"] == "TYPE_INT64"
+        x = np.array([[1, 2, 3, 4], [2**60 + 1, 0, 0, 1]], dtype=np.int64)
+        for binary in (True, False):
+            inp = triton.InferInput("INPUT0", [2, 4], "INT64")
+            inp.set_data_from_numpy(x, binary_data=binary)
+            got = client.infer("ids", [inp]).as_numpy("OUTPUT0")
+            assert got.dtype == np.int64 and got.tolist() == [10, 2**60 + 2]
+        body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "INT64",
+                            "data": [1, 2, 3, 4.5]}]}
+        r = httpx.post(srv.url + "/v2/models/ids/infer", json=body)
+        assert r.status_code == 400
+        assert r.json() == {"error": "input 'INPUT0': data is not a list of INT64 numbers"}
