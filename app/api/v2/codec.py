@@ -175,7 +175,7 @@ def _of_kind(values: Any, kind: str) -> bool:
     inference says at once, but reads integers past int64 beside smaller ones as floats: those
     are then looked at one by one."""
     inferred = np.asarray(values).dtype.kind
-    if inferred == kind or inferred in "iu" and kind != "b" or not np.size(values):
+    if inferred == kind or (inferred in "iu" and kind != "b") or not np.size(values):
         return True
     return kind != "b" and inferred == "f" and all(
         type(v) is int for v in np.asarray(values, dtype=object).reshape(-1))
