@@ -1,11 +1,13 @@
-"""/predict's two ways from a body to decoded rows, timed side by side in this process.
+"""/predict's and v2 infer's two ways from a JSON body to rows, timed side by side in this process.
 
-``general``: ``parse_json`` (orjson) and ``instances_of``, then the tensor handler's ``decode``
-(one numpy conversion of the Python numbers). ``dense``: ``dense_instances`` (simdjson straight
-into an array, float32 rows), then the same ``decode``, which takes them as they are. Bodies
-hold flat instances of random numbers with four decimals, as ``python -m bench --workload mlp``
-sends; calls alternate, and the medians are printed per shape, with each path's answer checked
-against the other's.
+/predict: ``general``: ``parse_json`` (orjson) and ``instances_of``, then the tensor handler's
+``decode`` (one numpy conversion of the Python numbers). ``dense``: ``dense_instances``
+(simdjson straight into an array, float32 rows), then the same ``decode``, which takes them as
+they are. v2 (an FP32 input of the same rows, ``parse_request``): ``general``, orjson and
+numpy's cast (the body given as a JSON header of its whole length, which the dense parse
+leaves to them); ``dense``, app/api/v2/dense.py. Bodies hold flat instances of random numbers
+with four decimals, as ``python -m bench --workload mlp`` sends; calls alternate, and the
+medians are printed per shape, with each path's answer checked against the other's.
 
     python -m bench.parse [--calls N]
 """
@@ -21,6 +23,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from app.api.v2.codec import parse_request
+from app.models.signature import TensorSpec
 from app.models.tensor import TensorHandler
 from app.payload import dense_instances, instances_of, parse_json
 
@@ -62,10 +66,27 @@ def main(argv: list[str] | None = None) -> None:
             assert instances is not None, "the dense path refused a well-formed body"
             return handler.decode(instances)
 
-        assert all(np.array_equal(a, b) for a, b in zip(general(), dense(), strict=True))
-        us = median_us(args.calls, {"general": general, "dense": dense})
-        print(f"{rows} x {width} numbers ({len(body)} B): general {us['general']:.1f} us, "
-              f"dense {us['dense']:.1f} us ({us['general'] / us['dense']:.2f} x)", flush=True)
+        compare(f"/predict {rows} x {width} numbers ({len(body)} B)", args.calls, general, dense)
+        spec = TensorSpec("INPUT0", "FP32", (width,))
+        v2 = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [rows, width],
+                                       "datatype": "FP32",
+                                       "data": orjson.loads(body)["instances"]}]})
+
+        def v2_general(v2: bytes = v2, spec: TensorSpec = spec) -> list[Any]:
+            return parse_request(v2, str(len(v2)), LIMIT, "bench", spec).rows
+
+        def v2_dense(v2: bytes = v2, spec: TensorSpec = spec) -> list[Any]:
+            return parse_request(v2, None, LIMIT, "bench", spec).rows
+
+        compare(f"v2 {rows} x {width} numbers ({len(v2)} B)", args.calls, v2_general, v2_dense)
+
+
+def compare(label: str, calls: int, general: Callable[[], list[Any]],
+            dense: Callable[[], list[Any]]) -> None:
+    assert all(np.array_equal(a, b) for a, b in zip(general(), dense(), strict=True))
+    us = median_us(calls, {"general": general, "dense": dense})
+    print(f"{label}: general {us['general']:.1f} us, dense {us['dense']:.1f} us "
+          f"({us['general'] / us['dense']:.2f} x)", flush=True)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 
 from app.api.v2.checks import check_input, check_outputs, check_served, unknown_output
+from app.api.v2.dense import FLOATS, dense_payload
 from app.errors import InvalidInput
 from app.framing import decimal
 from app.models.signature import DATATYPES, TensorSpec, datatype_of
@@ -51,7 +52,9 @@ def parse_request(
         if json_size is None or json_size > len(body):
             raise InvalidInput("Inference-Header-Content-Length is not a valid length")
         json_part, binary = body[:json_size], body[json_size:]
-    payload = json_object(json_part)
+    dense = dense_payload(body) if header_length is None and expected.datatype in FLOATS \
+        else None
+    payload = dense if dense is not None else json_object(json_part)
     inputs = payload.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
         raise InvalidInput(
