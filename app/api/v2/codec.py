@@ -20,7 +20,7 @@ from app.api.v2.dense import FLOATS, dense_payload
 from app.errors import InvalidInput
 from app.framing import decimal
 from app.models.signature import DATATYPES, TensorSpec, datatype_of
-from app.payload import json_object, json_text, whole_number_of
+from app.payload import DenseRows, json_object, json_text, whole_number_of
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -105,6 +105,10 @@ def rows_of(array: np.ndarray, name: str, datatype: str) -> list[Any]:
     if array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
         row = int(np.argmin(np.isfinite(array).reshape(rows, -1).all(axis=1)))
         raise InvalidInput(f"input '{name}': row {row} holds a NaN or an infinity")
+    # Cast from JSON's or gRPC's typed numbers (binary data is a read-only view of the body):
+    # finite float32 rows of their own, which a tensor model's decode takes as they are.
+    if array.dtype == np.float32 and array.flags.writeable:
+        return DenseRows(array)
     return list(array)
 
 

@@ -226,3 +226,20 @@ def test_binary_strings_past_the_shape_are_not_read(monkeypatch: pytest.MonkeyPa
     with pytest.raises(InvalidInput, match=re.escape("more than 1 elements for shape [1]")):
         from_binary(_elements(b"") * 1_000_000, "BYTES", [1], "t")
     assert len(reads) == 1
+
+
+def test_json_rows_are_dense_rows_a_tensor_models_decode_takes_as_they_are() -> None:
+    """Cast from JSON's numbers and checked finite, as /predict's dense rows are; binary rows,
+    read-only views of the body, are checked by the decode as before."""
+    from app.models.tensor import TensorHandler
+    from app.payload import DenseRows
+
+    handler = TensorHandler("m", lambda d: None, (2,))  # type: ignore[arg-type,return-value]
+    rows = infer({"name": "INPUT0", "shape": [2, 2], "datatype": "FP32",
+                  "data": [[1, 2], [3, 4.5]]}).rows
+    assert type(rows) is DenseRows and rows[0].dtype == np.float32
+    assert handler.decode(rows) is rows
+    data = np.ones((1, 2), np.float32).tobytes()
+    binary = infer({"name": "INPUT0", "shape": [1, 2], "datatype": "FP32",
+                    "parameters": {"binary_data_size": 8}}, data).rows
+    assert type(binary) is list and not binary[0].flags.writeable
