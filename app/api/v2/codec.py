@@ -16,7 +16,7 @@ import numpy as np
 import orjson
 
 from app.api.v2.checks import check_input, check_outputs, check_served, unknown_output
-from app.api.v2.dense import FLOATS, dense_payload
+from app.api.v2.dense import FLOATS, NOT_NUMBERS, dense_payload
 from app.errors import InvalidInput
 from app.framing import decimal
 from app.models.signature import DATATYPES, TensorSpec, datatype_of
@@ -153,10 +153,27 @@ def _from_json(data: Any, datatype: str, shape: list[int], name: str) -> np.ndar
         if flat is None or flat.size != count:
             raise InvalidInput(f"input '{name}': expected {count} strings for shape {shape}")
         return flat.reshape(shape)
+    if datatype in FLOATS and type(data) is not np.ndarray and not _numbers_only(data):
+        data = NOT_NUMBERS  # as the dense parse finds it (a body it left to orjson)
     array = numbers(data, datatype, name)
     if array.size != count:
         raise InvalidInput(f"input '{name}': {array.size} values do not fill shape {shape}")
     return array.reshape(shape)
+
+
+def _numbers_only(data: Any) -> bool:
+    """Whether JSON ``data`` is a list of numbers, nested or not (numpy's cast reads "1.5" and
+    true as numbers). One value at a time: only bodies the dense parse left come here."""
+    if type(data) is not list:
+        return False
+    stack: list[Any] = [data]
+    while stack:
+        value = stack.pop()
+        if type(value) is list:
+            stack.extend(value)
+        elif type(value) is not int and type(value) is not float:
+            return False
+    return True
 
 
 def numbers(values: Any, datatype: str, name: str) -> np.ndarray:

@@ -243,3 +243,19 @@ def test_json_rows_are_dense_rows_a_tensor_models_decode_takes_as_they_are() -> 
     binary = infer({"name": "INPUT0", "shape": [1, 2], "datatype": "FP32",
                     "parameters": {"binary_data_size": 8}}, data).rows
     assert type(binary) is list and not binary[0].flags.writeable
+
+
+@pytest.mark.parametrize(("raw", "header"), [
+    (b'{"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": ["1", "2"],'
+     b' "name": "INPUT0"}]}', False),  # a key twice: orjson's parse, not the dense one
+    (b'{"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, true]}]}',
+     True),  # a JSON header of the whole body, as the binary extension sends one
+    (b'{"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32",'
+     b' "data": [[1], [null]]}]}', True),
+    (b'{"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": 5}]}', False),
+])
+def test_float_data_left_to_orjson_must_be_numbers_too(raw: bytes, header: bool) -> None:
+    """What the dense parse does not take is held to its rule: a list of numbers."""
+    spec = TensorSpec("INPUT0", "FP32", None)
+    with pytest.raises(InvalidInput, match="^input 'INPUT0': data is not a list of FP32 numbers$"):
+        parse_request(raw, str(len(raw)) if header else None, 16, "m", spec)
