@@ -18,17 +18,16 @@ import logging
 from typing import Any
 
 import httptools
-from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from app.api.error_responses import format_for_path
 from app.api.inference import CUT_OFF
 from app.facade import Refusals
 from app.flow import ConnectionFlow, reset
 from app.framing import Body, FramingError, body_of, unknown_coding
 from app.head_held import HeadHeld
 from app.logs import INVALID_HTTP, STALLED
+from app.refused import over_connections, refusal
 from app.values import SLOW_LINK_S
 
 log = logging.getLogger("batchserve")
@@ -270,20 +269,8 @@ class OneWriteProtocol(HttpToolsProtocol):
 
     def _refuse(self, status: int, reason: str, kind: str, message: str, path: str) -> None:
         """Answer ``status`` in the error format of the route ``path`` names, and close."""
-        body = bytes(format_for_path(path).render(status, kind, message).body)
-        self.transport.write(f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-                             f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
-                             .encode() + body)
+        self.transport.write(refusal(status, reason, kind, message, path))
         self.transport.close()
-
-
-async def over_connections(scope: Scope, receive: Receive, send: Send) -> None:
-    """The 503 past ``max_connections`` as the server's other overload is answered: ``busy``
-    in the path's error format, with ``Retry-After`` (uvicorn's is plain text without it), and
-    the connection closed, being one too many."""
-    await format_for_path(scope["path"]).render(
-        503, "busy", "the process holds as many connections and requests as max_connections "
-        "lets it", {"Retry-After": "1", "Connection": "close"})(scope, receive, send)
 
 
 class Refused(Exception):

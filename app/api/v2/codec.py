@@ -153,7 +153,7 @@ def _from_json(data: Any, datatype: str, shape: list[int], name: str) -> np.ndar
         if flat is None or flat.size != count:
             raise InvalidInput(f"input '{name}': expected {count} strings for shape {shape}")
         return flat.reshape(shape)
-    if datatype in FLOATS and type(data) is not np.ndarray and not _numbers_only(data):
+    if datatype in FLOATS and type(data) is not np.ndarray and not _only(data, (int, float)):
         data = NOT_NUMBERS  # as the dense parse finds it (a body it left to orjson)
     array = numbers(data, datatype, name)
     if array.size != count:
@@ -161,9 +161,10 @@ def _from_json(data: Any, datatype: str, shape: list[int], name: str) -> np.ndar
     return array.reshape(shape)
 
 
-def _numbers_only(data: Any) -> bool:
-    """Whether JSON ``data`` is a list of numbers, nested or not (numpy's cast reads "1.5" and
-    true as numbers). One value at a time: only bodies the dense parse left come here."""
+def _only(data: Any, kinds: tuple[type, ...]) -> bool:
+    """Whether JSON ``data`` is a list whose values, nested or not, are all of ``kinds``
+    (exactly: a boolean is no int). One value at a time: for the bodies and values numpy's
+    inference cannot settle."""
     if type(data) is not list:
         return False
     stack: list[Any] = [data]
@@ -171,7 +172,7 @@ def _numbers_only(data: Any) -> bool:
         value = stack.pop()
         if type(value) is list:
             stack.extend(value)
-        elif type(value) is not int and type(value) is not float:
+        elif type(value) not in kinds:
             return False
     return True
 
@@ -201,8 +202,7 @@ def _of_kind(values: Any, kind: str) -> bool:
     inferred = np.asarray(values).dtype.kind
     if inferred == kind or (inferred in "iu" and kind != "b") or not np.size(values):
         return True
-    return kind != "b" and inferred == "f" and all(
-        type(v) is int for v in np.asarray(values, dtype=object).reshape(-1))
+    return kind != "b" and inferred == "f" and _only(values, (int,))
 
 
 def from_binary(raw: bytes, datatype: str, shape: list[int], name: str) -> np.ndarray:

@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 import simdjson
 
-FLOATS = frozenset({"FP16", "FP32", "FP64"})
+from app.models.signature import DATATYPES
+
+FLOATS = frozenset(name for name, dtype in DATATYPES.items() if dtype.kind == "f")
 
 # Stands for data that is not all numbers: numpy casts no object to a number, so the codec's
 # ``numbers`` refuses it ("data is not a list of FP32 numbers") once the input's name, shape

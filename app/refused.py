@@ -1,0 +1,25 @@
+"""The answers batchserve's HTTP protocol (app/connection.py) gives itself, before any route:
+each in the error format of the protocol its path names (app/api/error_responses.py), as a
+route's error would be, and with the connection closed."""
+
+from __future__ import annotations
+
+from starlette.types import Receive, Scope, Send
+
+from app.api.error_responses import format_for_path
+
+
+def refusal(status: int, reason: str, kind: str, message: str, path: str) -> bytes:
+    """The whole response refusing a request for ``path``: status line, headers, JSON body."""
+    body = bytes(format_for_path(path).render(status, kind, message).body)
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body
+
+
+async def over_connections(scope: Scope, receive: Receive, send: Send) -> None:
+    """The 503 past ``max_connections`` as the server's other overload is answered: ``busy``
+    in the path's error format, with ``Retry-After`` (uvicorn's is plain text without it), and
+    the connection closed, being one too many."""
+    await format_for_path(scope["path"]).render(
+        503, "busy", "the process holds as many connections and requests as max_connections "
+        "lets it", {"Retry-After": "1", "Connection": "close"})(scope, receive, send)
