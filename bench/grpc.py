@@ -1,10 +1,11 @@
-"""``python -m bench.grpc``: the Open Inference Protocol over gRPC against HTTP with binary tensors.
+"""``python -m bench.grpc``: the Open Inference Protocol over gRPC (ModelInfer calls, and
+ModelStreamInfer: perf_analyzer's ``--streaming``) against HTTP with binary tensors.
 
 One server per workload serving both protocols; Triton's perf_analyzer (``make tools``) drives it
-over each in turn at each concurrency, alternating which protocol goes first from round to round,
-so both meet the same machine: requests per second, p50 and p99 (perf_analyzer's own figures,
-one request of one row each, zeros as data), the gRPC / HTTP ratio of each round, and the server
-process's CPU per request answered, which does not depend on how fast the client on the same
+over each in turn at each concurrency, rotating which goes first from round to round, so all
+meet the same machine: requests per second, p50 and p99 (perf_analyzer's own figures, one
+request of one row each, zeros as data), each gRPC way's ratio to HTTP in each round, and the
+server process's CPU per request answered, which does not depend on how fast the client on the same
 cores is. perf_analyzer's stability check is off (this box never holds still): the rounds and
 their medians stand in for it.
 
@@ -26,7 +27,7 @@ from bench.run import cpu_seconds, scrape, server_flags, server_process
 
 ROOT = Path(__file__).resolve().parents[1]
 PERF_ANALYZER = ROOT / ".tools" / "perf_analyzer" / "perf_analyzer"
-PROTOCOLS = ("http", "grpc")
+PROTOCOLS = ("http", "grpc", "stream")  # stream: gRPC's ModelStreamInfer
 
 
 @dataclass
@@ -49,9 +50,9 @@ def free_port() -> int:
 def perf_analyzer(model: str, protocol: str, target: str, concurrency: int,
                   window_ms: int) -> Point:
     formats = ["--input-tensor-format", "binary", "--output-tensor-format", "binary"] \
-        if protocol == "http" else []
+        if protocol == "http" else ["--streaming"] if protocol == "stream" else []
     proc = subprocess.run(
-        [str(PERF_ANALYZER), "-m", model, "-u", target, "-i", protocol, *formats,
+        [str(PERF_ANALYZER), "-m", model, "-u", target, "-i", label(protocol), *formats,
          "--input-data", "zero",  # random bytes hold NaNs, which are refused
          "--concurrency-range", str(concurrency), "--measurement-interval", str(window_ms),
          "--stability-percentage", "1000", "--max-trials", "3"],
@@ -75,37 +76,50 @@ def run(workloads: list[str], concurrencies: list[int], rounds: int, window_ms: 
             targets = {"http": url.removeprefix("http://"), "grpc": f"127.0.0.1:{grpc_port}"}
             for r in range(rounds):
                 for concurrency in concurrencies:
-                    order = PROTOCOLS if r % 2 == 0 else PROTOCOLS[::-1]
+                    order = PROTOCOLS[r % 3:] + PROTOCOLS[:r % 3]
                     for protocol in order:
-                        (before,) = scrape(url, "batchserve_requests_total", protocol=protocol)
+                        counted = {"protocol": label(protocol)}
+                        (before,) = scrape(url, "batchserve_requests_total", **counted)
                         cpu = cpu_seconds(pid)
-                        point = perf_analyzer(workload, protocol, targets[protocol],
+                        point = perf_analyzer(workload, protocol, targets[label(protocol)],
                                               concurrency, window_ms)
-                        (after,) = scrape(url, "batchserve_requests_total", protocol=protocol)
+                        (after,) = scrape(url, "batchserve_requests_total", **counted)
                         point.server_us = (cpu_seconds(pid) - cpu) / max(1.0, after - before) * 1e6
                         print(json.dumps(asdict(point)), flush=True)
                         points.append(point)
     return points
 
 
+def label(protocol: str) -> str:
+    """The protocol as perf_analyzer's ``-i`` and the metrics' label name it."""
+    return "grpc" if protocol == "stream" else protocol
+
+
+def against_http(runs: dict[str, list[Point]], protocol: str) -> str:
+    """``protocol``'s median req/s, and the median of its rounds' ratios to HTTP's, each after."""
+    ratios = [g.req_s / h.req_s for h, g in zip(runs["http"], runs[protocol], strict=True)]
+    rounds = ", ".join(f"{r:.2f}" for r in ratios)
+    req_s = statistics.median(p.req_s for p in runs[protocol])
+    return f"{req_s:,.0f}, {statistics.median(ratios):.2f} x ({rounds})"
+
+
 def table(points: list[Point]) -> str:
-    """Medians over the rounds; the ratio is the median of each round's own gRPC / HTTP (the
-    two ran back to back), with the rounds' ratios after it."""
-    lines = ["| workload | c | HTTP binary req/s | gRPC req/s | gRPC / HTTP (rounds) "
-             "| HTTP p50 / p99 ms | gRPC p50 / p99 ms | server CPU us a request: HTTP, gRPC |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    """Medians over the rounds; a ratio is the median of each round's own (the runs of a round
+    went back to back), with the rounds' ratios after it."""
+    lines = ["| workload | c | HTTP binary req/s | gRPC req/s, / HTTP (rounds) | gRPC stream "
+             "req/s, / HTTP (rounds) | p50 / p99 ms: HTTP; gRPC; stream | server CPU us a "
+             "request: HTTP, gRPC, stream |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for workload, c in sorted({(p.workload, p.concurrency) for p in points}):
         runs = {protocol: [p for p in points if (p.workload, p.concurrency, p.protocol)
                            == (workload, c, protocol)] for protocol in PROTOCOLS}
-        ratios = [g.req_s / h.req_s for h, g in zip(runs["http"], runs["grpc"], strict=True)]
         med = {protocol: [statistics.median(getattr(p, field) for p in mine)
                           for field in ("req_s", "p50_ms", "p99_ms", "server_us")]
                for protocol, mine in runs.items()}
-        h, g = med["http"], med["grpc"]
-        rounds = ", ".join(f"{r:.2f}" for r in ratios)
-        lines.append(f"| {workload} | {c} | {h[0]:,.0f} | {g[0]:,.0f} | "
-                     f"{statistics.median(ratios):.2f} x ({rounds}) | {h[1]:.2f} / {h[2]:.2f} | "
-                     f"{g[1]:.2f} / {g[2]:.2f} | {h[3]:.0f}, {g[3]:.0f} |")
+        tails = "; ".join(f"{m[1]:.2f} / {m[2]:.2f}" for m in med.values())
+        cpu = ", ".join(f"{m[3]:.0f}" for m in med.values())
+        lines.append(f"| {workload} | {c} | {med['http'][0]:,.0f} | {against_http(runs, 'grpc')} | "
+                     f"{against_http(runs, 'stream')} | {tails} | {cpu} |")
     return "\n".join(lines)
 
 

@@ -76,20 +76,15 @@ class Calls:
                 if type(request) is Malformed:
                     raise InvalidInput(request.message)
                 return await method(servicer, request, context, metadata)
-            except ServeError as exc:
-                code = code_of(exc.status)
-                if exc.retry_after_s is not None:
-                    trailers.append(("retry-after", str(exc.retry_after_s)))
-                context.set_trailing_metadata(trailers)
-                await abort(context, code, exc.message)
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED
                 raise
-            except Exception:  # the traceback to the log, nothing of it to the client
-                errors_log.exception("gRPC %s failed", name)
-                code = grpc.StatusCode.INTERNAL
+            except Exception as exc:
+                code, message = failure(exc, name)
+                if isinstance(exc, ServeError) and exc.retry_after_s is not None:
+                    trailers.append(("retry-after", str(exc.retry_after_s)))
                 context.set_trailing_metadata(trailers)
-                await abort(context, code, "internal server error")
+                await abort(context, code, message)
             finally:
                 if code is grpc.StatusCode.OK:
                     context.set_trailing_metadata(trailers)
@@ -102,6 +97,16 @@ class Calls:
 
 
 calls = Calls()
+
+
+def failure(exc: Exception, name: str) -> tuple[grpc.StatusCode, str]:
+    """The status and message of a call (or a streamed request) whose method raised ``exc``: a
+    ServeError's as its HTTP answer stands for; anything else INTERNAL, its traceback to the
+    log only."""
+    if isinstance(exc, ServeError):
+        return code_of(exc.status), exc.message
+    errors_log.error("gRPC %s failed", name, exc_info=exc)
+    return grpc.StatusCode.INTERNAL, "internal server error"
 
 
 async def abort(context: Context, code: grpc.StatusCode, message: str) -> NoReturn:
@@ -148,13 +153,26 @@ class CallLimit:
         self.active = 0
         self._refused = refused
 
-    async def _enter(self, context: Context) -> None:
+    @property
+    def refusal(self) -> str:
+        return f"{self.most} calls are in flight, as many as max_connections allows"
+
+    def take(self) -> bool:
+        """A place for one call (or one request of a stream) if one is free; False, the refusal
+        counted, if not."""
         if self.active >= self.most:
             if self._refused is not None:
                 self._refused(503, "connections", 0.0)
-            await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"{self.most} calls are in flight, as many as max_connections allows")
+            return False
         self.active += 1
+        return True
+
+    def free(self) -> None:
+        self.active -= 1
+
+    async def _enter(self, context: Context) -> None:
+        if not self.take():
+            await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, self.refusal)
 
     def unary(self, handler: Callable[[Any, Context], Awaitable[Reply]]
               ) -> Callable[[Any, Context], Awaitable[Reply]]:
@@ -163,7 +181,7 @@ class CallLimit:
             try:
                 return await handler(request, context)
             finally:
-                self.active -= 1
+                self.free()
 
         return limited
 
@@ -175,7 +193,7 @@ class CallLimit:
                 async for reply in handler(request, context):
                     yield reply
             finally:
-                self.active -= 1
+                self.free()
 
         return limited
 
@@ -183,13 +201,15 @@ class CallLimit:
 def method_table(servicer: Any, limit: CallLimit, service: ServiceDescriptor = SERVICE,
                  messages: ModuleType = pb) -> grpc.GenericRpcHandler:
     """``service`` as gRPC serves it: each method it declares, answered by the servicer's method
-    of that name, its calls counted against ``limit``, its messages (de)serialized by their
-    generated classes in ``messages``; a request that does not parse reaches the method as
-    ``Malformed``."""
+    of that name, its calls counted against ``limit`` (a stream of requests counts each one
+    itself), its messages (de)serialized by their generated classes in ``messages``; a request
+    that does not parse reaches the method as ``Malformed``."""
     handlers = {}
     for method in service.methods:
         handler = getattr(servicer, method.name)
-        if method.server_streaming:
+        if method.client_streaming:  # app/grpc/streaming.py
+            kind = grpc.stream_stream_rpc_method_handler
+        elif method.server_streaming:
             kind, handler = grpc.unary_stream_rpc_method_handler, limit.streaming(handler)
         else:
             kind, handler = grpc.unary_unary_rpc_method_handler, limit.unary(handler)

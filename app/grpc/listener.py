@@ -98,7 +98,7 @@ class GrpcListener:
         # Calls past this get RESOURCE_EXHAUSTED, as connections past it get 503 over HTTP.
         limit = CallLimit(settings.max_connections, refusals(self.service.unknown, "grpc"))
         server.add_generic_rpc_handlers((
-            method_table(InferenceServicer(self.service, control), limit),
+            method_table(InferenceServicer(self.service, control, limit), limit),
             method_table(HealthServicer(control), limit, HEALTH, health_pb2)))
         where = address(settings.host, settings.grpc_port)
         try:

@@ -1,8 +1,9 @@
 """``inference.GRPCInferenceService``: the Open Inference Protocol over gRPC, with the same rules
 as the v2 HTTP routes.
 
-ModelInfer runs in this process like an HTTP infer (app/api/inference.py: auth, deadline, parse,
-admit whole or refuse at once, decode, queue, await); the other calls are the v2 HTTP requests
+ModelInfer (and each request of ModelStreamInfer, app/grpc/streaming.py) runs in this process
+like an HTTP infer (app/api/inference.py: auth, deadline, parse, admit whole or refuse at once,
+decode, queue, await); the other calls are the v2 HTTP requests
 they stand for (app/grpc/control.py). Every call goes through app/grpc/calls.py (request id,
 access log, errors as statuses, the method table). A client mistake is ``INVALID_ARGUMENT``
 with the HTTP route's message, a refusal ``UNAVAILABLE`` at once with its reason
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
@@ -26,7 +28,8 @@ from app.api.error_responses import V2
 from app.api.inference import Serving, submit
 from app.errors import DeadlineExceeded, InvalidInput, NotFound, ServeError
 from app.grpc import inference_pb2 as pb
-from app.grpc.calls import SERVICE, Context, Metadata, calls
+from app.grpc import streaming
+from app.grpc.calls import SERVICE, CallLimit, Context, Metadata, calls
 from app.grpc.control import Control
 from app.grpc.tensors import encode_infer, parameter_value, parse_infer
 from app.models.signature import output_tensors
@@ -35,9 +38,11 @@ RepositoryRequest = pb.RepositoryModelLoadRequest | pb.RepositoryModelUnloadRequ
 
 
 class InferenceServicer:
-    def __init__(self, service: Serving, control: Control) -> None:
+    def __init__(self, service: Serving, control: Control, limit: CallLimit) -> None:
+        """``limit``: the calls in flight, which each request of a stream counts in."""
         self.service = service
         self.control = control
+        self.limit = limit
 
     @calls.rpc
     async def ServerLive(self, request: pb.ServerLiveRequest,
@@ -128,6 +133,15 @@ class InferenceServicer:
                          context: Context, metadata: Metadata) -> pb.ModelInferResponse:
         return await infer(self.service, request, context, metadata)
 
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Context
+                               ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """ModelInfer's requests on one stream, answered in their order (app/grpc/streaming.py)."""
+        async def one(request: pb.ModelInferRequest, metadata: Metadata) -> pb.ModelInferResponse:
+            return await infer(self.service, request, context, metadata, streaming.NAME)
+
+        async for answer in streaming.answers(requests, context, one, self.limit):
+            yield answer
+
 
 def _json_parameters(request: RepositoryRequest) -> dict[str, Any]:
     """A load's or unload's parameters as the HTTP route takes them: bytes (tritonclient sends
@@ -139,10 +153,10 @@ def _json_parameters(request: RepositoryRequest) -> dict[str, Any]:
             for key, value in params.items()}
 
 
-async def infer(service: Serving, request: pb.ModelInferRequest,
-                context: Context, metadata: Metadata) -> pb.ModelInferResponse:
-    """One ModelInfer: the HTTP infer's steps and metrics (``protocol="grpc"``), with the gRPC
-    deadline as one more bound on the request's."""
+async def infer(service: Serving, request: pb.ModelInferRequest, context: Context,
+                metadata: Metadata, method: str = "ModelInfer") -> pb.ModelInferResponse:
+    """One ModelInfer (or one request of ``method``'s stream): the HTTP infer's steps and
+    metrics (``protocol="grpc"``), with the gRPC deadline as one more bound on the request's."""
     arrived = time.monotonic()
     try:
         model = service.repository.get(request.model_name, request.model_version or None)
@@ -154,7 +168,7 @@ async def infer(service: Serving, request: pb.ModelInferRequest,
     tracing = service.tracing
     span = None
     if tracing is not None:
-        span = tracing.start(f"{SERVICE.full_name}/ModelInfer", metadata, arrived,
+        span = tracing.start(f"{SERVICE.full_name}/{method}", metadata, arrived,
                              {"batchserve.model": model.name if model is not None else "",
                               "rpc.system": "grpc"})
     remaining = context.time_remaining()

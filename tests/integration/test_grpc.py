@@ -21,7 +21,6 @@ import grpc
 import httpx
 import numpy as np
 import pytest
-import torch
 import tritonclient.grpc as triton
 import tritonclient.grpc.aio as triton_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -30,7 +29,6 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceStub
 from tritonclient.utils import InferenceServerException
 
-from app.models.builtin import linear_module
 from tests.conftest import (
     WAIT_S,
     LiveServer,
@@ -42,6 +40,7 @@ from tests.conftest import (
     wait_until_sync,
 )
 from tests.fakes import GatedHandler, IdsHandler, export_scale
+from tests.grpc_clients import client_for, echo_request, expected, one_input, stub
 
 pytestmark = pytest.mark.slow
 
@@ -50,35 +49,6 @@ pytestmark = pytest.mark.slow
 def server() -> Iterator[LiveServer]:
     with live_server(make_settings(max_instances=8), grpc=True) as srv:
         yield srv
-
-
-def client_for(srv: LiveServer) -> triton.InferenceServerClient:
-    assert srv.grpc_url is not None
-    return triton.InferenceServerClient(srv.grpc_url)
-
-
-def expected(x: np.ndarray) -> np.ndarray:
-    with torch.inference_mode():
-        return linear_module()(torch.from_numpy(x)).numpy()
-
-
-def one_input(x: np.ndarray, name: str = "INPUT0") -> triton.InferInput:
-    inp = triton.InferInput(name, list(x.shape), "FP32")
-    inp.set_data_from_numpy(x)
-    return inp
-
-
-def stub(srv: LiveServer) -> GRPCInferenceServiceStub:
-    assert srv.grpc_url is not None
-    return GRPCInferenceServiceStub(grpc.insecure_channel(srv.grpc_url))
-
-
-def echo_request(value: float) -> pb.ModelInferRequest:
-    """One number for the echo model, as typed contents."""
-    r = pb.ModelInferRequest(model_name="echo")
-    r.inputs.add(name="INPUT0", datatype="FP32", shape=[1],
-                 contents=pb.InferTensorContents(fp32_contents=[value]))
-    return r
 
 
 @asynccontextmanager
@@ -419,13 +389,14 @@ def test_a_message_over_max_body_bytes_is_refused_by_grpc() -> None:
         request.inputs.add(name="INPUT0", datatype="FP32", shape=[125, 4])
         assert code_of(lambda: stub(srv).ModelInfer(request)) \
             == grpc.StatusCode.RESOURCE_EXHAUSTED
-        unserved = pb.ModelInferRequest(model_name="linear")  # a call batchserve does not serve
-        streaming = grpc.insecure_channel(srv.grpc_url or "").stream_stream(
-            "/inference.GRPCInferenceService/ModelStreamInfer",
-            request_serializer=pb.ModelInferRequest.SerializeToString,
-            response_deserializer=pb.ModelInferResponse.FromString)
-        assert code_of(lambda: list(streaming(iter([unserved])))) \
-            == grpc.StatusCode.UNIMPLEMENTED
+        assert code_of(lambda: list(stub(srv).ModelStreamInfer(iter([request])))) \
+            == grpc.StatusCode.RESOURCE_EXHAUSTED  # on a stream: it ends
+        unserved = pb.ModelStatisticsRequest(name="linear")  # a call batchserve does not serve
+        statistics = grpc.insecure_channel(srv.grpc_url or "").unary_unary(
+            "/inference.GRPCInferenceService/ModelStatistics",
+            request_serializer=pb.ModelStatisticsRequest.SerializeToString,
+            response_deserializer=pb.ModelStatisticsResponse.FromString)
+        assert code_of(lambda: statistics(unserved)) == grpc.StatusCode.UNIMPLEMENTED
 
 
 @pytest.mark.asyncio

@@ -68,7 +68,8 @@ def input_data(path: Path, wrong: bool = False) -> Path:
 
 def perf_analyzer(server: LiveServer, data: Path, fmt: str, concurrency: int,
                   protocol: str = "http") -> subprocess.CompletedProcess[str]:
-    """One run; over gRPC the tensors are always raw (``fmt`` applies to HTTP)."""
+    """One run; over gRPC the tensors are always raw (``fmt`` applies to HTTP, but for
+    ``streaming``: ModelStreamInfer's calls)."""
     url = server.url.removeprefix("http://") if protocol == "http" else server.grpc_url
     assert url is not None
     return run_perf_analyzer(url, data, fmt, concurrency, protocol)
@@ -88,7 +89,7 @@ def run_perf_analyzer(url: str, data: Path, fmt: str, concurrency: int,
                       protocol: str) -> subprocess.CompletedProcess[str]:
     """A run against ``url`` (host:port) in ``protocol`` of ``MEASURED`` answers or more."""
     formats = ["--input-tensor-format", fmt, "--output-tensor-format", fmt] \
-        if protocol == "http" else []
+        if protocol == "http" else ["--streaming"] if fmt == "streaming" else []
     try:
         return subprocess.run(
             [str(PERF_ANALYZER), "-m", "pair_module", "-u", url, "-i", protocol,
@@ -106,7 +107,7 @@ def _text(out: str | bytes | None) -> str:
 
 
 @pytest.mark.parametrize(("protocol", "fmt"), [("http", "binary"), ("http", "json"),
-                                               ("grpc", "binary")])
+                                               ("grpc", "binary"), ("grpc", "streaming")])
 @pytest.mark.parametrize("concurrency", [1, 8])
 def test_perf_analyzer_drives_the_server(server: LiveServer, tmp_path: Path, protocol: str,
                                          fmt: str, concurrency: int) -> None:
@@ -119,11 +120,12 @@ def test_perf_analyzer_drives_the_server(server: LiveServer, tmp_path: Path, pro
         - before >= MEASURED
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize(("protocol", "fmt"), [("http", "json"), ("grpc", "binary"),
+                                               ("grpc", "streaming")])
 def test_wrong_answers_fail_its_validation(server: LiveServer, tmp_path: Path,
-                                           protocol: str) -> None:
+                                           protocol: str, fmt: str) -> None:
     """The check above is real: answers that differ from validation_data fail the run."""
-    proc = perf_analyzer(server, input_data(tmp_path / "wrong.json", wrong=True), "json", 1,
+    proc = perf_analyzer(server, input_data(tmp_path / "wrong.json", wrong=True), fmt, 1,
                          protocol)
     assert proc.returncode != 0
     assert "doesn't match expected output" in proc.stdout + proc.stderr
@@ -137,7 +139,7 @@ def test_perf_analyzer_drives_two_front_ends(tmp_path: Path) -> None:
     data = input_data(tmp_path / "data.json")
     with split_server("--model", "tests.fakes:pair_module", "--max-instances", "8",
                       "--frontends", "2", "--grpc-port", str(grpc_port)) as (_, url):
-        runs = [("http", "binary"), ("http", "json"), ("grpc", "binary")]
+        runs = [("http", "binary"), ("http", "json"), ("grpc", "binary"), ("grpc", "streaming")]
         for protocol, fmt in runs:
             target = url.removeprefix("http://") if protocol == "http" \
                 else f"127.0.0.1:{grpc_port}"
