@@ -53,14 +53,14 @@ def server() -> Iterator[LiveServer]:
 
 @asynccontextmanager
 async def gated_calls(**overrides: Any
-                      ) -> AsyncIterator[tuple[GatedHandler, LiveServer, Any]]:
-    """A server (``overrides`` to its settings) on a ``GatedHandler``, and ``ModelInfer`` on a
-    channel to it."""
+                      ) -> AsyncIterator[tuple[GatedHandler, LiveServer, GRPCInferenceServiceStub]]:
+    """A server (``overrides`` to its settings) on a ``GatedHandler``, and a stub on a channel
+    to it."""
     handler = GatedHandler()
     with live_server(make_settings(**overrides), handler, grpc=True) as srv:
         assert srv.grpc_url is not None
         async with grpc.aio.insecure_channel(srv.grpc_url) as channel:
-            yield handler, srv, GRPCInferenceServiceStub(channel).ModelInfer
+            yield handler, srv, GRPCInferenceServiceStub(channel)
 
 
 def code_of(call: object) -> grpc.StatusCode:
@@ -307,12 +307,23 @@ def test_a_refusal_is_unavailable_at_once_with_its_reason() -> None:
         assert sample(registry, "batchserve_requests_total", protocol="grpc", status="503") == 1
 
 
+async def held_stream(request: pb.ModelInferRequest) -> AsyncIterator[pb.ModelInferRequest]:
+    """``request`` on a ModelStreamInfer stream that its client keeps open."""
+    yield request
+    await asyncio.Event().wait()
+
+
 @pytest.mark.asyncio
-async def test_a_cancelled_call_drops_its_queued_items() -> None:
-    async with gated_calls() as (handler, srv, infer):
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_cancelled_call_drops_its_queued_items(streamed: bool) -> None:
+    """A ModelInfer call, or a stream, that its client cancels: its request still queued is
+    dropped, never computed."""
+    async with gated_calls() as (handler, srv, stub):
+        infer = stub.ModelInfer
         first = infer(echo_request(1))
         await wait_until(handler.entered.is_set, "device busy")
-        second = infer(echo_request(5))
+        second = stub.ModelStreamInfer(held_stream(echo_request(5))) if streamed \
+            else infer(echo_request(5))
         await wait_until(lambda: queued(srv) == 1, "queued")
         second.cancel()
         registry = srv.app.state.service.metrics.registry
@@ -403,7 +414,8 @@ def test_a_message_over_max_body_bytes_is_refused_by_grpc() -> None:
 async def test_calls_past_max_connections_are_refused() -> None:
     """``max_connections`` bounds the calls in flight in a process over gRPC as it bounds
     connections over HTTP: one more is refused at once, and taken once one has ended."""
-    async with gated_calls(max_connections=2) as (handler, srv, infer):
+    async with gated_calls(max_connections=2) as (handler, srv, stub):
+        infer = stub.ModelInfer
         held = [infer(echo_request(1)), infer(echo_request(2))]
         await wait_until(handler.entered.is_set, "device busy")
         with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -529,7 +541,8 @@ def test_sigterm_answers_the_calls_accepted_then_exits_0(tmp_path: Path) -> None
 async def test_the_grpc_deadline_bounds_the_request() -> None:
     """A call whose gRPC deadline passes while queued ends DEADLINE_EXCEEDED, counts as 504 and
     its item is never computed."""
-    async with gated_calls() as (handler, srv, infer):
+    async with gated_calls() as (handler, srv, stub):
+        infer = stub.ModelInfer
         first = infer(echo_request(1))
         await wait_until(handler.entered.is_set, "device busy")
         with pytest.raises(grpc.aio.AioRpcError) as late:

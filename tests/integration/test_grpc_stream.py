@@ -3,20 +3,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import queue
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as triton_aio
-from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceStub
 
-from tests.conftest import LiveServer, live_server, make_settings, queued, sample, wait_until
-from tests.fakes import GatedHandler
-from tests.grpc_clients import client_for, echo_request, expected, one_input
+from tests.conftest import LiveServer, live_server, make_settings, sample
+from tests.grpc_clients import client_for, expected, one_input
 
 pytestmark = pytest.mark.slow
 
@@ -103,31 +99,3 @@ async def test_the_asyncio_client_streams(server: LiveServer) -> None:
     assert [result.get_response().id for result, _ in got] == ["0", "1", "2"]
     for (result, _), x in zip(got, xs, strict=True):
         np.testing.assert_allclose(result.as_numpy("OUTPUT0"), expected(x), rtol=1e-6)
-
-
-@pytest.mark.asyncio
-async def test_a_stream_the_client_cancels_drops_its_queued_items() -> None:
-    """As a cancelled ModelInfer: the stream's request still queued is dropped, never computed."""
-    handler = GatedHandler()
-    with live_server(make_settings(), handler, grpc=True) as srv:
-        assert srv.grpc_url is not None
-        async with grpc.aio.insecure_channel(srv.grpc_url) as channel:
-            stub = GRPCInferenceServiceStub(channel)
-            first = stub.ModelInfer(echo_request(1))
-            await wait_until(handler.entered.is_set, "device busy")
-            sent = asyncio.Event()
-
-            async def requests() -> AsyncIterator[Any]:
-                yield echo_request(5)
-                await sent.wait()  # the stream stays open
-
-            stream = stub.ModelStreamInfer(requests())
-            await wait_until(lambda: queued(srv) == 1, "queued")
-            stream.cancel()
-            registry = srv.app.state.service.metrics.registry
-            await wait_until(lambda: sample(registry, "batchserve_rejected_total",
-                                            reason="disconnected") == 1, "cancel noticed")
-            handler.gate.set()
-            assert len((await first).raw_output_contents) == 1
-            await stub.ModelInfer(echo_request(6))
-    assert handler.seen == [1.0, 6.0]
