@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import queue
 import re
 import signal
 import socket
@@ -504,7 +505,8 @@ def _serves(srv: LiveServer) -> bool:
 
 
 def test_sigterm_answers_the_calls_accepted_then_exits_0(tmp_path: Path) -> None:
-    """SIGTERM: calls already queued are answered, a new one is refused (draining), exit 0."""
+    """SIGTERM: calls already queued are answered, a new one is refused (draining), exit 0; on
+    a stream that stays open too, in its order, and the open stream does not hold the exit."""
     from concurrent.futures import ThreadPoolExecutor
 
     from tests.conftest import WAIT_S, free_port, serve, wait_ready, wait_until_sync
@@ -524,17 +526,28 @@ def test_sigterm_answers_the_calls_accepted_then_exits_0(tmp_path: Path) -> None
             return client.infer("gate_file_module", [inp]).as_numpy("OUTPUT0")
 
         futures = [pool.submit(infer, i) for i in range(3)]
+        streamed: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        stream = triton.InferenceServerClient(target)
+        stream.start_stream(callback=lambda result, error: streamed.put((result, error)))
+        stream.async_stream_infer("gate_file_module", [one_input(np.full((1, 2), 5.0,
+                                                                           np.float32))])
         wait_until_sync(lambda: sample(httpx.get(url + "/metrics").text,
-                                       "batchserve_in_flight_requests") == 3, "3 calls in")
+                                       "batchserve_in_flight_requests") == 4, "4 calls in")
         proc.send_signal(signal.SIGTERM)
         wait_until_sync(lambda: httpx.get(url + "/health_check").json()["status"] == "draining",
                         "draining")
         with pytest.raises(InferenceServerException, match="shutting down") as late:
             infer(9)
         assert late.value.status() == "StatusCode.UNAVAILABLE"
+        stream.async_stream_infer("gate_file_module", [one_input(np.full((1, 2), 9.0,
+                                                                           np.float32))])
         gate.touch()
         assert [f.result().tolist() for f in futures] == [[[2 * i, 2 * i]] for i in range(3)]
         assert proc.wait(WAIT_S) == 0
+        first, refused = streamed.get(timeout=WAIT_S), streamed.get(timeout=WAIT_S)
+        assert first[0].as_numpy("OUTPUT0").tolist() == [[10.0, 10.0]]
+        assert refused[0] is None and "shutting down" in refused[1].message()
+        stream.stop_stream(cancel_requests=True)
 
 
 @pytest.mark.asyncio
