@@ -52,9 +52,8 @@ def dense_payload(body: bytes) -> dict[str, Any] | None:
             tensor["data"] = np.frombuffer(data.as_buffer(of_type="d"), dtype=np.float64)
         except TypeError:  # an element that is no number
             tensor["data"] = NOT_NUMBERS
-    # not JSON; a number past float64 or 64-bit integers; a key simdjson cannot look up (one
-    # holding a NUL)
-    except (ValueError, RuntimeError, KeyError):
+    # not JSON; a number past float64 or 64-bit integers
+    except (ValueError, RuntimeError):
         return None
     payload["inputs"] = [tensor]
     return payload
@@ -62,10 +61,11 @@ def dense_payload(body: bytes) -> dict[str, Any] | None:
 
 def _fields(element: Any, lazy: str) -> dict[str, Any] | None:
     """An object's fields as Python values, but ``lazy``'s, left as simdjson's element (its
-    ``items`` would make Python values of all). None where a key comes twice: simdjson's lookup
-    finds the first, orjson keeps the last, and the general parse then decides."""
+    ``items`` would make Python values of all). None where a key comes twice (simdjson's lookup
+    finds the first, orjson keeps the last) or holds a NUL (simdjson looks up the key cut
+    there: ``"\\u0000"`` found ``""``'s value), and the general parse then decides."""
     keys = list(element.keys())
-    if len(set(keys)) != len(keys):
+    if len(set(keys)) != len(keys) or any("\0" in key for key in keys):
         return None
     return {key: element[key] if key == lazy else _python(element[key]) for key in keys}
 

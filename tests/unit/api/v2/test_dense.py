@@ -65,6 +65,7 @@ def test_the_numbers_are_read_in_order_whatever_their_nesting() -> None:
     b'{"inputs": [{"data": [1]}, {"data": [2]}]}', b'{"inputs": {}}', b"[1]", b"", b"{",
     b'{"inputs": [{"data": [1e400]}]}', b'{"inputs": [{"data": [1]}], "x": 1' + b"0" * 30 + b"}",
     b'{"\\u0000": 1, "inputs": [{"data": [1]}]}',  # simdjson cannot look a NUL key up
+    b'{"inputs": [{"": null, "\\u0000": [], "data": [1]}]}',  # ... and finds ""'s value
     b'{"inputs": [{"data": [1]}]} x', b'{"inputs": [{"data": ["\xff"]}]}',
 ])
 def test_what_this_parse_does_not_take_is_left_to_the_general_one(raw: bytes) -> None:
