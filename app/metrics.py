@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from app.report import BatchReport
+from app.statistics import Statistics
 
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -68,6 +69,8 @@ class Metrics:
     frontends: Gauge
     frontend_restarts: Counter
     frontend_messages: Counter
+    # Triton's statistics extension, by (model, version), counted with the metrics.
+    statistics: dict[tuple[str, str], Statistics] = field(default_factory=dict)
 
     def for_model(self, model: str, version: str) -> ModelMetrics:
         """The children of one model (version); ``model=""`` counts requests for no known model.
@@ -198,11 +201,16 @@ class ModelMetrics:
     def padding_waste(self) -> Any:
         return self.metrics.padding_waste.labels(model=self.model)
 
+    @cached_property
+    def statistics(self) -> Statistics:
+        return self.metrics.statistics.setdefault((self.model, self.version), Statistics())
+
     def answered(self, status: int, seconds: float, protocol: str = "http") -> None:
         """Count one answered request (runs per request)."""
         count, duration = self._children(status, protocol)
         count.inc()
         duration.observe(seconds)
+        self.statistics.answered(status, 1, seconds)
 
     def answered_all(self, status: int, durations: Sequence[float],
                      protocol: str = "http") -> None:
@@ -210,6 +218,7 @@ class ModelMetrics:
         count, duration = self._children(status, protocol)
         count.inc(len(durations))
         observe_all(duration, durations)
+        self.statistics.answered(status, len(durations), sum(durations))
 
     def _children(self, status: int, protocol: str) -> tuple[Any, Any]:
         children = self._by_status.get((status, protocol))
@@ -238,6 +247,7 @@ class ModelMetrics:
         """One batch's figures: the answered items' ``waits`` in the queue, each model
         call's size, seconds and padding, the items dropped unanswered."""
         observe_all(self.queue_wait, waits)
+        self.statistics.batch(waits, report.sizes, report.compute_s)
         for size, seconds, work, tokens in zip(report.sizes, report.compute_s, report.work,
                                                report.tokens, strict=True):
             self.batch_size.observe(size)
@@ -258,41 +268,3 @@ class ModelMetrics:
         for name in states:
             self.metrics.model_state.labels(self.model, self.version, name).set(
                 1 if name == state else 0)
-
-
-@dataclass(frozen=True)
-class JobMetrics:
-    """Job-queue mode (app/jobs/), in the same registry as the serving metrics."""
-
-    done: Counter
-    failed: Counter
-    reclaimed: Counter
-    dead_lettered: Counter
-    lease_renewals: Counter
-    stream_lag: Gauge
-    held: Gauge
-
-    @classmethod
-    def create(cls, r: CollectorRegistry) -> JobMetrics:
-        return cls(
-            done=Counter("batchserve_jobs_done", "Jobs answered with an ok result", registry=r),
-            failed=Counter(
-                "batchserve_jobs_failed", "Jobs answered with an error result", ["reason"],
-                registry=r,
-            ),
-            reclaimed=Counter(
-                "batchserve_jobs_reclaimed", "Jobs taken over from a lost worker", registry=r
-            ),
-            dead_lettered=Counter(
-                "batchserve_jobs_dead_lettered", "Jobs copied to the dead-letter stream",
-                ["reason"], registry=r,
-            ),
-            lease_renewals=Counter(
-                "batchserve_job_lease_renewals", "Leases renewed on jobs still in work", registry=r
-            ),
-            stream_lag=Gauge(
-                "batchserve_job_stream_lag", "Jobs in the stream not yet read by the group",
-                registry=r,
-            ),
-            held=Gauge("batchserve_jobs_held", "Jobs this worker holds now", registry=r),
-        )

@@ -96,6 +96,16 @@ class InferenceServicer:
         return pb.ModelConfigResponse(config=json_format.ParseDict(body, pb.ModelConfig()))
 
     @calls.rpc
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Context,
+                              metadata: Metadata) -> pb.ModelStatisticsResponse:
+        path = _model_path(request.name, request.version) + "/stats" if request.name \
+            else "/v2/models/stats"
+        _, body = await self.control.get(path, metadata)
+        response = pb.ModelStatisticsResponse()
+        json_format.ParseDict(body, response)
+        return response
+
+    @calls.rpc
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
                               context: Context, metadata: Metadata) -> pb.RepositoryIndexResponse:
         models = await self.control.post("/v2/repository/index", metadata,

@@ -31,7 +31,7 @@ from app.jobs.messages import (
     error_result,
     parse_job,
 )
-from app.metrics import JobMetrics
+from app.jobs.metrics import JobMetrics
 from app.runtime import InferenceService
 
 log = logging.getLogger("batchserve.jobs")

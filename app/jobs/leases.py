@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from app.config import Settings
 from app.errors import first_line
-from app.metrics import JobMetrics
+from app.jobs.metrics import JobMetrics
 
 log = logging.getLogger("batchserve.jobs")
 

@@ -15,7 +15,7 @@ from redis.exceptions import RedisError
 from app.config import Settings
 from app.errors import ConfigError, first_line, os_reason
 from app.jobs.consumer import JobWorker
-from app.metrics import JobMetrics
+from app.jobs.metrics import JobMetrics
 from app.process import fit_torch_threads, freeze_startup_objects, tune_for_serving
 from app.runtime import InferenceService, build_service
 

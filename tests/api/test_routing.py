@@ -104,7 +104,7 @@ async def test_a_mounted_app_matches_raw_routes_by_their_pattern() -> None:
 
 
 @pytest.mark.parametrize(("path", "error"), [
-    ("/v2/models/linear/stats", "Not Found"), ("/v2/nothing", "Not Found"),
+    ("/v2/models/linear/trace/setting", "Not Found"), ("/v2/nothing", "Not Found"),
     ("/nothing", {"type": "not_found", "message": "Not Found"}),
     ("/v2x", {"type": "not_found", "message": "Not Found"}),
 ])

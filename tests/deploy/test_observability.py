@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.metrics import JobMetrics, Metrics
+from app.jobs.metrics import JobMetrics
+from app.metrics import Metrics
 from tests.conftest import app_client, make_settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -274,6 +274,13 @@ def test_metrics_count_each_request_once_and_errors_match_one_process() -> None:
         # Sent one at a time, the 11 computed came in 11 messages at least (counts and
         # acknowledgements travel too).
         assert metric(url, "batchserve_frontend_messages_total") >= 11
+        # Triton's statistics, through either front end: the same requests, once.
+        stats = fresh_get(url, "/v2/models/linear/stats").json()["model_stats"]
+        assert [(s["name"], s["version"]) for s in stats] == [("linear", "1")]
+        figures = stats[0]["inference_stats"]
+        assert (figures["success"]["count"], figures["fail"]["count"]) == (11, 1)
+        assert figures["queue"]["count"] == figures["compute_infer"]["count"] == 11
+        assert stats[0]["inference_count"] == 11
         metadata = fresh_get(url, "/v2/models/linear")
         assert metadata.status_code == 200 and metadata.json()["name"] == "linear"
         for path in ("/v2/models/a%0Ab", "/v2/models/%C2%A8%19/ready"):  # as one process answers

@@ -403,12 +403,12 @@ def test_a_message_over_max_body_bytes_is_refused_by_grpc() -> None:
             == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert code_of(lambda: list(stub(srv).ModelStreamInfer(iter([request])))) \
             == grpc.StatusCode.RESOURCE_EXHAUSTED  # on a stream: it ends
-        unserved = pb.ModelStatisticsRequest(name="linear")  # a call batchserve does not serve
-        statistics = grpc.insecure_channel(srv.grpc_url or "").unary_unary(
-            "/inference.GRPCInferenceService/ModelStatistics",
-            request_serializer=pb.ModelStatisticsRequest.SerializeToString,
-            response_deserializer=pb.ModelStatisticsResponse.FromString)
-        assert code_of(lambda: statistics(unserved)) == grpc.StatusCode.UNIMPLEMENTED
+        unserved = pb.TraceSettingRequest(model_name="linear")  # a call batchserve does not serve
+        trace = grpc.insecure_channel(srv.grpc_url or "").unary_unary(
+            "/inference.GRPCInferenceService/TraceSetting",
+            request_serializer=pb.TraceSettingRequest.SerializeToString,
+            response_deserializer=pb.TraceSettingResponse.FromString)
+        assert code_of(lambda: trace(unserved)) == grpc.StatusCode.UNIMPLEMENTED
 
 
 @pytest.mark.asyncio

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,6 +107,15 @@ def _text(out: str | bytes | None) -> str:
     return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
 
 
+def server_side(out: str) -> int:
+    """The requests perf_analyzer's last report says the server answered, by the server's own
+    statistics (its "Server:" part, printed when the server has the statistics extension)."""
+    counts = re.findall(r"Server: \n\s+Inference count: \d+\n\s+Execution count: \d+\n"
+                        r"\s+Successful request count: (\d+)", out)
+    assert counts, f"perf_analyzer gave no server-side figures:\n{out[-2000:]}"
+    return int(counts[-1])
+
+
 @pytest.mark.parametrize(("protocol", "fmt"), [("http", "binary"), ("http", "json"),
                                                ("grpc", "binary"), ("grpc", "streaming")])
 @pytest.mark.parametrize("concurrency", [1, 8])
@@ -116,6 +126,9 @@ def test_perf_analyzer_drives_the_server(server: LiveServer, tmp_path: Path, pro
     proc = perf_analyzer(server, input_data(tmp_path / "data.json"), fmt, concurrency, protocol)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert f"Request concurrency: {concurrency}" in proc.stdout and "p99 latency" in proc.stdout
+    # It read our statistics extension: the requests the server answered in its windows
+    # (those in flight at a window's edge fall on either side of it).
+    assert server_side(proc.stdout) >= MEASURED // 2
     assert sample(registry, "batchserve_requests_total", status="200", protocol=protocol) \
         - before >= MEASURED
 
@@ -145,6 +158,7 @@ def test_perf_analyzer_drives_two_front_ends(tmp_path: Path) -> None:
                 else f"127.0.0.1:{grpc_port}"
             proc = run_perf_analyzer(target, data, fmt, 8, protocol)
             assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+            assert server_side(proc.stdout) >= MEASURED // 2
         for protocol in ("http", "grpc"):
             measured = MEASURED * sum(p == protocol for p, _ in runs)
             assert metric(url, "batchserve_requests_total", protocol=protocol,

@@ -19,7 +19,7 @@ LAYERS = [
      "app.arrays", "app.arriving", "app.framing", "app.versions", "app.tasks", "app.asks",
      "app.lifetime"],
     ["app.models", "app.devices", "app.pending", "app.report", "app.bell", "app.scheduler",
-     "app.tracing"],
+     "app.tracing", "app.statistics"],
     ["app.metrics"],
     ["app.transfer", "app.queues", "app.warmup", "app.facade", "app.graphs", "app.text_graphs"],
     ["app.served"],

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
-from app.metrics import LATENCY_BUCKETS, JobMetrics, Metrics, observe_all
+from app.jobs.metrics import JobMetrics
+from app.metrics import LATENCY_BUCKETS, Metrics, observe_all
 
 DURATIONS = [0.0001, 0.0005, 0.0007, 0.003, 0.003, 0.2, 31.0, 0.0]  # bounds, between, above
 

@@ -50,7 +50,8 @@ _NOT_FOUND: dict[int | str, dict[str, Any]] = {
 @router.get("", summary="Server metadata")
 async def server_metadata() -> dict[str, Any]:
     return {"name": "batchserve", "version": __version__,
-            "extensions": ["binary_tensor_data", "model_configuration", "model_repository"]}
+            "extensions": ["binary_tensor_data", "model_configuration", "model_repository",
+                           "statistics"]}
 
 
 @router.get("/health/live", summary="200 while the process runs, 503 while a device thread "
@@ -71,6 +72,28 @@ async def ready(service: ServiceDep) -> Response:
 # Probes may read the status alone: HEAD too, as /health_check (no second schema operation).
 router.add_api_route("/health/live", live, methods=["HEAD"], include_in_schema=False)
 router.add_api_route("/health/ready", ready, methods=["HEAD"], include_in_schema=False)
+
+
+# Before /models/{name}, which would take "stats" for a model's name (Triton reads it so too).
+@router.get("/models/stats", summary="Every model version's statistics (Triton's extension)")
+async def all_statistics(service: ServiceDep) -> dict[str, Any]:
+    return _statistics(service.repository.models())
+
+
+@router.get("/models/{name}/stats", summary="A model's statistics, each version's (Triton's "
+            "extension)", responses=_NOT_FOUND)
+@router.get("/models/{name}/versions/{version}/stats", include_in_schema=False)
+async def model_statistics(model: ModelDep, service: ServiceDep, request: Request
+                           ) -> dict[str, Any]:
+    if "version" in request.path_params:
+        return _statistics([model])
+    return _statistics([m for m in service.repository.models() if m.name == model.name])
+
+
+def _statistics(models: list[ServedModel]) -> dict[str, Any]:
+    """Triton's ``model_stats`` of ``models`` (app/statistics.py), by name and version."""
+    ordered = sorted(models, key=lambda m: (m.name, int(m.version)))
+    return {"model_stats": [m.metrics.statistics.view(m.name, m.version) for m in ordered]}
 
 
 @router.get("/models/{name}", summary="Model metadata", responses=_NOT_FOUND)

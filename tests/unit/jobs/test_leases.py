@@ -12,7 +12,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from app.config import Settings
 from app.jobs.leases import keep_leases
-from app.metrics import JobMetrics
+from app.jobs.metrics import JobMetrics
 
 
 class GoneRedis:
