@@ -217,7 +217,7 @@ def test_errors_use_the_protocol_form(server) -> None:  # type: ignore[no-untype
     assert r.status_code == 404 and "unknown model" in r.json()["error"]
     # An extension this server does not serve: a 404 the client can read, not its own TypeError.
     with pytest.raises(InferenceServerException) as refused:
-        client.get_inference_statistics("linear")
+        client.get_trace_settings(model_name="linear")
     assert refused.value.status() == "404" and str(refused.value) == "[404] Not Found"
 
 
