@@ -70,7 +70,7 @@ class InferenceService:
         self.unknown = metrics.for_model("", "")  # requests for no model the server knows
         self.arriving = Arriving(receiving_bytes(settings))
         self.state = ServerState()  # draining written here only (app/state.py)
-        self.before_scrape: list[Callable[[], Awaitable[None]]] = []  # awaited by GET /metrics
+        self.before_scrape: list[Callable[[], Awaitable[None]]] = []  # before counts are read
         self._started = False
         self._pool: DaemonPool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -19,3 +19,15 @@ async def _service(request: Request) -> InferenceService:
 
 
 ServiceDep = Annotated[InferenceService, Depends(_service)]
+
+
+async def _counted(request: Request) -> InferenceService:
+    """The service once every front end has sent the request counts it holds (app/bridge.py):
+    what /metrics and the statistics read count every request answered before them."""
+    service = await _service(request)
+    for gather in service.before_scrape:
+        await gather()
+    return service
+
+
+CountedServiceDep = Annotated[InferenceService, Depends(_counted)]

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import PlainTextResponse, Response
 
-from app.api.deps import ServiceDep
+from app.api.deps import CountedServiceDep, ServiceDep
 from app.schemas import ErrorResponse, HealthResponse
 from app.served import ServedModel
 
@@ -59,7 +59,5 @@ def _model_state(model: ServedModel) -> dict[str, Any]:
 
 @router.get("/metrics", summary="Prometheus metrics (text exposition format)",
             response_model=None, response_class=PlainTextResponse)
-async def metrics(service: ServiceDep) -> Response:
-    for gather in service.before_scrape:  # the front ends' counts (app/bridge.py)
-        await gather()
+async def metrics(service: CountedServiceDep) -> Response:
     return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

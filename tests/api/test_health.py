@@ -68,3 +68,25 @@ async def test_metrics_are_documented_as_what_they_are() -> None:
     documented = schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
     assert list(documented) == ["text/plain"]
     assert answer.headers["content-type"].split(";")[0] == "text/plain"
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/v2/models/stats", "/v2/models/linear/stats",
+                                  "/v2/models/linear/versions/1/stats"])
+async def test_counts_are_read_once_the_front_ends_have_sent_theirs(path: str) -> None:
+    """A scrape and the statistics first await what ``before_scrape`` holds (with front ends:
+    each sends the request counts it holds, app/bridge.py), so they count every request
+    answered before them."""
+    async with app_client(make_settings()) as client:
+        service = client.app.state.service  # type: ignore[attr-defined]
+        model = service.repository.get("linear")
+
+        async def counts_arrive() -> None:
+            model.metrics.answered(200, 0.001)
+
+        service.before_scrape.append(counts_arrive)
+        answer = await client.get(path)
+        assert answer.status_code == 200
+        if path == "/metrics":
+            assert sample(answer.text, "batchserve_requests_total", status="200") == 1
+        else:
+            assert answer.json()["model_stats"][0]["inference_stats"]["success"]["count"] == 1

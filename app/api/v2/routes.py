@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse, Response
 
-from app.api.deps import ServiceDep
+from app.api.deps import CountedServiceDep, ServiceDep
 from app.api.error_responses import V2Route
 from app.api.v2 import describe
 from app.api.v2.infer import ERROR_BODY
@@ -76,14 +76,14 @@ router.add_api_route("/health/ready", ready, methods=["HEAD"], include_in_schema
 
 # Before /models/{name}, which would take "stats" for a model's name (Triton reads it so too).
 @router.get("/models/stats", summary="Every model version's statistics (Triton's extension)")
-async def all_statistics(service: ServiceDep) -> dict[str, Any]:
+async def all_statistics(service: CountedServiceDep) -> dict[str, Any]:
     return _statistics(service.repository.models())
 
 
 @router.get("/models/{name}/stats", summary="A model's statistics, each version's (Triton's "
             "extension)", responses=_NOT_FOUND)
 @router.get("/models/{name}/versions/{version}/stats", include_in_schema=False)
-async def model_statistics(model: ModelDep, service: ServiceDep, request: Request
+async def model_statistics(model: ModelDep, service: CountedServiceDep, request: Request
                            ) -> dict[str, Any]:
     if "version" in request.path_params:
         return _statistics([model])
