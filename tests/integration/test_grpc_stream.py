@@ -99,3 +99,27 @@ async def test_the_asyncio_client_streams(server: LiveServer) -> None:
     assert [result.get_response().id for result, _ in got] == ["0", "1", "2"]
     for (result, _), x in zip(got, xs, strict=True):
         np.testing.assert_allclose(result.as_numpy("OUTPUT0"), expected(x), rtol=1e-6)
+
+
+@pytest.mark.asyncio
+async def test_many_requests_in_flight_on_one_stream_each_get_their_own_answer(
+        server: LiveServer) -> None:
+    """300 requests of 1-3 rows sent without waiting (they batch together, and finish out of
+    order): each answer is its own request's, and they come in the order sent."""
+    assert server.grpc_url is not None
+    client = triton_aio.InferenceServerClient(server.grpc_url)
+    rng = np.random.default_rng(2)
+    sent = [rng.random((1 + k % 3, 4), dtype=np.float32) for k in range(300)]
+
+    async def requests() -> AsyncIterator[dict[str, Any]]:
+        for k, x in enumerate(sent):
+            yield {"model_name": "linear", "inputs": [one_input(x)], "request_id": str(k)}
+
+    got = [(result, error) async for result, error in client.stream_infer(requests(),
+                                                                         headers=AUTH)]
+    await client.close()
+    assert [error for _, error in got] == [None] * 300
+    assert [result.get_response().id for result, _ in got] == [str(k) for k in range(300)]
+    for (result, _), x in zip(got, sent, strict=True):
+        np.testing.assert_allclose(result.as_numpy("OUTPUT0"), expected(x), rtol=1e-5)
+
