@@ -3,9 +3,9 @@ as the v2 HTTP routes.
 
 ModelInfer (and each request of ModelStreamInfer, app/grpc/streaming.py) runs in this process
 like an HTTP infer (app/api/inference.py: auth, deadline, parse, admit whole or refuse at once,
-decode, queue, await); the other calls are the v2 HTTP requests
-they stand for (app/grpc/control.py). Every call goes through app/grpc/calls.py (request id,
-access log, errors as statuses, the method table). A client mistake is ``INVALID_ARGUMENT``
+decode, queue, await); the other calls are the v2 HTTP requests they stand for
+(app/grpc/control.py). Every call goes through app/grpc/calls.py (request id, access log,
+errors as statuses, the method table). A client mistake is ``INVALID_ARGUMENT``
 with the HTTP route's message, a refusal ``UNAVAILABLE`` at once with its reason
 (``retry-after`` in the trailing metadata), and a call the client cancels drops its queued
 items as a closed HTTP connection does.
