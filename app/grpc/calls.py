@@ -9,10 +9,11 @@ that (de)serializes each call's messages, answering bytes that are not the call'
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, NoReturn, TypeAlias, TypeVar
@@ -61,39 +62,55 @@ class Calls:
     def __init__(self) -> None:
         self.ids = RequestIds()
 
+    @contextlib.contextmanager
+    def logged(self, name: str, peer: str, given: str | None) -> Iterator[Outcome]:
+        """A call's (or a streamed request's) request id (``given`` if sane), set while it
+        runs, and its access line with the outcome's code once it ends."""
+        outcome = Outcome(self.ids.take(given))
+        token = request_id.set(outcome.rid)
+        started = time.perf_counter()
+        try:
+            yield outcome
+        finally:
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            log_access(logging.INFO, peer, "gRPC", name, outcome.code.name, elapsed_ms)
+            request_id.reset(token)
+
     def rpc(self, method: Method[Reply]) -> Handler[Reply]:
         name = method.__name__
 
         @functools.wraps(method)
         async def call(servicer: Any, request: Any, context: Context) -> Reply:
             metadata = metadata_of(context)
-            rid = self.ids.take(metadata.get("x-request-id"))
-            token = request_id.set(rid)
-            started = time.perf_counter()
-            code = grpc.StatusCode.OK
-            trailers: list[tuple[str, str]] = [("x-request-id", rid)]
-            try:
-                if type(request) is Malformed:
-                    raise InvalidInput(request.message)
-                return await method(servicer, request, context, metadata)
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED
-                raise
-            except Exception as exc:
-                code, message = failure(exc, name)
-                if isinstance(exc, ServeError) and exc.retry_after_s is not None:
-                    trailers.append(("retry-after", str(exc.retry_after_s)))
-                context.set_trailing_metadata(trailers)
-                await abort(context, code, message)
-            finally:
-                if code is grpc.StatusCode.OK:
+            with self.logged(name, context.peer(), metadata.get("x-request-id")) as outcome:
+                trailers: list[tuple[str, str]] = [("x-request-id", outcome.rid)]
+                try:
+                    if type(request) is Malformed:
+                        raise InvalidInput(request.message)
+                    return await method(servicer, request, context, metadata)
+                except asyncio.CancelledError:
+                    outcome.code = grpc.StatusCode.CANCELLED
+                    raise
+                except Exception as exc:
+                    outcome.code, message = failure(exc, name)
+                    if isinstance(exc, ServeError) and exc.retry_after_s is not None:
+                        trailers.append(("retry-after", str(exc.retry_after_s)))
                     context.set_trailing_metadata(trailers)
-                elapsed_ms = (time.perf_counter() - started) * 1000
-                log_access(logging.INFO, context.peer(), "gRPC", name, code.name, elapsed_ms)
-                request_id.reset(token)
+                    await abort(context, outcome.code, message)
+                finally:
+                    if outcome.code is grpc.StatusCode.OK:
+                        context.set_trailing_metadata(trailers)
             raise AssertionError("unreachable: abort raises")
 
         return call
+
+
+@dataclass
+class Outcome:
+    """What ``Calls.logged`` logs: the request id, and the status the call ended with."""
+
+    rid: str
+    code: grpc.StatusCode = grpc.StatusCode.OK
 
 
 calls = Calls()

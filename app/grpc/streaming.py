@@ -21,15 +21,12 @@ line, and counts in the metrics as a ModelInfer call does.
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from app.api.access import log_access
 from app.errors import InvalidInput, bounded
 from app.grpc import inference_pb2 as pb
 from app.grpc.calls import (
@@ -42,7 +39,6 @@ from app.grpc.calls import (
     failure,
     metadata_of,
 )
-from app.logs import request_id
 
 NAME = "ModelStreamInfer"
 ENDS_ON_ERROR = "triton_grpc_error"  # metadata: "true" ends the stream at its first error
@@ -108,27 +104,23 @@ async def _answer(request: pb.ModelInferRequest | Malformed, metadata: Metadata,
     """One request's answer, as ``Calls.rpc`` would end its call: its id set while it runs (in
     its own task), its access line, its error as the status its HTTP answer stands for."""
     given = request.id if isinstance(request, pb.ModelInferRequest) else ""
-    token = request_id.set(calls.ids.take(given or None))
-    started = time.perf_counter()
-    code, message = grpc.StatusCode.OK, ""
-    try:
-        if isinstance(request, Malformed):
-            raise InvalidInput(request.message)
-        if limit.take():
-            try:
-                return Answer(pb.ModelStreamInferResponse(
-                    infer_response=await infer(request, metadata)), code)
-            finally:
-                limit.free()
-        code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, limit.refusal
-    except asyncio.CancelledError:
-        code = grpc.StatusCode.CANCELLED
-        raise
-    except Exception as exc:
-        code, message = failure(exc, NAME)
-    finally:
-        elapsed_ms = (time.perf_counter() - started) * 1000
-        log_access(logging.INFO, peer, "gRPC", NAME, code.name, elapsed_ms)
-        request_id.reset(token)
+    with calls.logged(NAME, peer, given or None) as outcome:
+        message = ""
+        try:
+            if isinstance(request, Malformed):
+                raise InvalidInput(request.message)
+            if limit.take():
+                try:
+                    return Answer(pb.ModelStreamInferResponse(
+                        infer_response=await infer(request, metadata)), outcome.code)
+                finally:
+                    limit.free()
+            outcome.code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, limit.refusal
+        except asyncio.CancelledError:
+            outcome.code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception as exc:
+            outcome.code, message = failure(exc, NAME)
     return Answer(pb.ModelStreamInferResponse(
-        error_message=bounded(message), infer_response=pb.ModelInferResponse(id=given)), code)
+        error_message=bounded(message), infer_response=pb.ModelInferResponse(id=given)),
+        outcome.code)

@@ -83,11 +83,11 @@ def test_triton_grpc_error_ends_the_stream_at_its_first_error(server: LiveServer
     assert "StatusCode.INVALID_ARGUMENT" in str(answers[0][1].status())
 
 
-@pytest.mark.asyncio
-async def test_the_asyncio_client_streams(server: LiveServer) -> None:
-    assert server.grpc_url is not None
-    client = triton_aio.InferenceServerClient(server.grpc_url)
-    xs = [np.full((2, 4), k, np.float32) for k in range(3)]
+async def aio_streamed(srv: LiveServer, xs: list[np.ndarray]) -> list[tuple[Any, Any]]:
+    """Each of ``xs`` sent on one stream by tritonclient's asyncio client without waiting
+    (request id: its index); the (result, error) pairs it gave."""
+    assert srv.grpc_url is not None
+    client = triton_aio.InferenceServerClient(srv.grpc_url)
 
     async def requests() -> AsyncIterator[dict[str, Any]]:
         for k, x in enumerate(xs):
@@ -96,6 +96,13 @@ async def test_the_asyncio_client_streams(server: LiveServer) -> None:
     got = [(result, error) async for result, error in client.stream_infer(requests(),
                                                                          headers=AUTH)]
     await client.close()
+    return got
+
+
+@pytest.mark.asyncio
+async def test_the_asyncio_client_streams(server: LiveServer) -> None:
+    xs = [np.full((2, 4), k, np.float32) for k in range(3)]
+    got = await aio_streamed(server, xs)
     assert [result.get_response().id for result, _ in got] == ["0", "1", "2"]
     for (result, _), x in zip(got, xs, strict=True):
         np.testing.assert_allclose(result.as_numpy("OUTPUT0"), expected(x), rtol=1e-6)
@@ -106,20 +113,10 @@ async def test_many_requests_in_flight_on_one_stream_each_get_their_own_answer(
         server: LiveServer) -> None:
     """300 requests of 1-3 rows sent without waiting (they batch together, and finish out of
     order): each answer is its own request's, and they come in the order sent."""
-    assert server.grpc_url is not None
-    client = triton_aio.InferenceServerClient(server.grpc_url)
     rng = np.random.default_rng(2)
     sent = [rng.random((1 + k % 3, 4), dtype=np.float32) for k in range(300)]
-
-    async def requests() -> AsyncIterator[dict[str, Any]]:
-        for k, x in enumerate(sent):
-            yield {"model_name": "linear", "inputs": [one_input(x)], "request_id": str(k)}
-
-    got = [(result, error) async for result, error in client.stream_infer(requests(),
-                                                                         headers=AUTH)]
-    await client.close()
+    got = await aio_streamed(server, sent)
     assert [error for _, error in got] == [None] * 300
     assert [result.get_response().id for result, _ in got] == [str(k) for k in range(300)]
     for (result, _), x in zip(got, sent, strict=True):
         np.testing.assert_allclose(result.as_numpy("OUTPUT0"), expected(x), rtol=1e-5)
-

@@ -32,9 +32,14 @@ async def _model(service: ServiceDep, request: Request, name: str) -> ServedMode
 ModelDep = Annotated[ServedModel, Depends(_model)]
 
 
+def _versions(service: InferenceService, name: str) -> list[ServedModel]:
+    """Every version of ``name`` the repository holds, by number."""
+    return sorted((m for m in service.repository.models() if m.name == name),
+                  key=lambda m: int(m.version))
+
+
 def _view(model: ServedModel, service: InferenceService) -> describe.ModelView:
-    versions = sorted((m.version for m in service.repository.models() if m.name == model.name),
-                      key=int)
+    versions = [m.version for m in _versions(service, model.name)]
     return describe.ModelView(
         name=model.name, version=model.version, versions=versions, input=model.input_spec,
         outputs=model.output_specs, max_batch_size=model.batch_limit, devices=model.devices,
@@ -87,7 +92,7 @@ async def model_statistics(model: ModelDep, service: CountedServiceDep, request:
                            ) -> dict[str, Any]:
     if "version" in request.path_params:
         return _statistics([model])
-    return _statistics([m for m in service.repository.models() if m.name == model.name])
+    return _statistics(_versions(service, model.name))
 
 
 def _statistics(models: list[ServedModel]) -> dict[str, Any]:
