@@ -19,7 +19,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[LiveServer]:
-    with live_server(make_settings(max_instances=8, api_key="k"), grpc=True) as srv:
+    # The queue holds every row of the 300 requests sent at once below: none is refused.
+    with live_server(make_settings(max_instances=8, api_key="k", queue_capacity=1024),
+                     grpc=True) as srv:
         yield srv
 
 
