@@ -68,12 +68,12 @@ def input_data(path: Path, wrong: bool = False) -> Path:
 
 
 def perf_analyzer(server: LiveServer, data: Path, fmt: str, concurrency: int,
-                  protocol: str = "http") -> subprocess.CompletedProcess[str]:
+                  protocol: str = "http", *extra: str) -> subprocess.CompletedProcess[str]:
     """One run; over gRPC the tensors are always raw (``fmt`` applies to HTTP, but for
-    ``streaming``: ModelStreamInfer's calls)."""
+    ``streaming``: ModelStreamInfer's calls); ``extra``: more of its options."""
     url = server.url.removeprefix("http://") if protocol == "http" else server.grpc_url
     assert url is not None
-    return run_perf_analyzer(url, data, fmt, concurrency, protocol)
+    return run_perf_analyzer(url, data, fmt, concurrency, protocol, *extra)
 
 
 # Windows of 40 answers, three of them (its stability window) at the least, each taken as
@@ -87,7 +87,7 @@ MEASURED = 3 * 40  # the fewest answers a run counts
 
 
 def run_perf_analyzer(url: str, data: Path, fmt: str, concurrency: int,
-                      protocol: str) -> subprocess.CompletedProcess[str]:
+                      protocol: str, *extra: str) -> subprocess.CompletedProcess[str]:
     """A run against ``url`` (host:port) in ``protocol`` of ``MEASURED`` answers or more."""
     formats = ["--input-tensor-format", fmt, "--output-tensor-format", fmt] \
         if protocol == "http" else ["--streaming"] if fmt == "streaming" else []
@@ -95,7 +95,7 @@ def run_perf_analyzer(url: str, data: Path, fmt: str, concurrency: int,
         return subprocess.run(
             [str(PERF_ANALYZER), "-m", "pair_module", "-u", url, "-i", protocol,
              "--input-data", str(data), *formats, "--concurrency-range", str(concurrency),
-             *WINDOWS],
+             *WINDOWS, *extra],
             capture_output=True, text=True, timeout=WAIT_S * 2,
         )
     except subprocess.TimeoutExpired as exc:  # what it printed says where it waited
@@ -131,6 +131,21 @@ def test_perf_analyzer_drives_the_server(server: LiveServer, tmp_path: Path, pro
     assert server_side(proc.stdout) >= MEASURED // 2
     assert sample(registry, "batchserve_requests_total", status="200", protocol=protocol) \
         - before >= MEASURED
+
+
+@pytest.mark.parametrize(("protocol", "fmt"), [("http", "binary"), ("grpc", "binary"),
+                                               ("grpc", "streaming")])
+def test_answers_in_flight_together_are_each_valid(server: LiveServer, tmp_path: Path,
+                                                   protocol: str, fmt: str) -> None:
+    """24 requests in flight at once (``--async`` or one stream), each answer checked against
+    its own request's validation_data. perf_analyzer checks an async answer against the data of
+    the last request its thread sent (InferContext::ValidateOutputs), so a thread must hold one
+    request at a time: ``--max-threads`` (16 by default) at the concurrency (docs/v2.md)."""
+    mode = [] if fmt == "streaming" else ["--async"]
+    proc = perf_analyzer(server, input_data(tmp_path / "data.json"), fmt, 24, protocol, *mode,
+                         "--max-threads", "24")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Request concurrency: 24" in proc.stdout
 
 
 @pytest.mark.parametrize(("protocol", "fmt"), [("http", "json"), ("grpc", "binary"),
