@@ -61,6 +61,9 @@
 #       and 10 and 12, where 16 seldom held one)
 #       TESTS= CURVES="pinned sync prompt mlp-json-c512" ALT_WORKLOADS=mlp OUT=$OUT \
 #       bash bench/gpu.sh  (~5 minutes)
+#       if time is left: one process profiled (at 630b9d8 its p99 was 515 ms, the mean about
+#       46, and 5,499 req/s against the first GPU run's 8,506; the CPU box shows no such tail)
+#       TESTS= PROFILE=1 FRONTENDS=1 CURVES=mlp-json OUT=$OUT bash bench/gpu.sh  (~1 minute)
 #   3:  (here: python -m bench.carry --base COMMIT)
 #       TESTS= CURVES="ab" OUT=$OUT bash bench/gpu.sh                      (~4 minutes)
 #   4:  TESTS= CURVES="writes paced" OUT=$OUT bash bench/gpu.sh            (~6 minutes)
