@@ -61,8 +61,11 @@
 #       and 10 and 12, where 16 seldom held one)
 #       TESTS= CURVES="pinned sync prompt mlp-json-c512" ALT_WORKLOADS=mlp OUT=$OUT \
 #       bash bench/gpu.sh  (~5 minutes)
-#       if time is left: one process profiled (at 630b9d8 its p99 was 515 ms, the mean about
-#       46, and 5,499 req/s against the first GPU run's 8,506; the CPU box shows no such tail)
+#       if time is left: one process at c=256 (at 630b9d8 5,499 req/s, p99 515 ms, the mean
+#       about 46, against the first GPU run's 8,506 on an H100; on the CPU box this build does
+#       1.18 x that build's req/s and shows no such tail): against that build on this machine,
+#       then profiled
+#       TESTS= CURVES=c1 C1_CONCURRENCY=256 C1_FRONTENDS=1 OUT=$OUT bash bench/gpu.sh  (~1 min)
 #       TESTS= PROFILE=1 FRONTENDS=1 CURVES=mlp-json OUT=$OUT bash bench/gpu.sh  (~1 minute)
 #   3:  (here: python -m bench.carry --base COMMIT)
 #       TESTS= CURVES="ab" OUT=$OUT bash bench/gpu.sh                      (~4 minutes)
@@ -94,6 +97,7 @@ PROFILE=${PROFILE:-0}  # 1: py-spy on the device process and a front end at each
 CURVES=${CURVES:-mlp-json mlp-binary32 minilm}
 POINT_FRONTENDS=${POINT_FRONTENDS:-8}  # front ends of the single points (the curves' best N)
 C1_FRONTENDS=${C1_FRONTENDS:-1 auto}  # this build's front ends in the c=1 comparison
+C1_CONCURRENCY=${C1_CONCURRENCY:-1}  # its concurrency (256: one process's ceiling against it)
 AB_WORKLOADS=${AB_WORKLOADS:-minilm mlp-json}  # ab's: mlp-json, mlp-binary32, minilm
 ALT_WORKLOADS=${ALT_WORKLOADS:-mlp minilm}  # sync, writes, paced, prompt, pinned: mlp JSON, minilm
 PIN_CORES=${PIN_CORES:-2}  # pinned's: the device process's cores
@@ -250,8 +254,9 @@ c1_compare() {  # c=1: the first GPU run's build against this one
     body=$("$PY" -c 'import json; from bench.run import instance_for
 print(json.dumps({"instances": [instance_for("mlp", 0)]}))')
     for f in $C1_FRONTENDS; do
-      echo "== c=1, mlp: the first GPU run's build (one process) against this one (--frontends $f)"
-      N=3 C=1 W=mlp D="$DEVICES" PIN=0 PY="$PY" OLD_F='' NEW_F=$f BODY=$body timeout 100 \
+      echo "== c=$C1_CONCURRENCY, mlp: the first GPU run's build (one process) against this one" \
+        "(--frontends $f)"
+      N=3 C=$C1_CONCURRENCY W=mlp D="$DEVICES" PIN=0 PY="$PY" OLD_F='' NEW_F=$f BODY=$body timeout 100 \
         bash bench/ab.sh /tmp/first-gpu-build .
       echo "== c1 exit $?"
     done
