@@ -52,14 +52,15 @@
 #   2:  TESTS= CURVES="c1 pinned sync" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh  (~4 min)
 #   next (three repository tests failed there at 630b9d8, on Python 3.12, fixed since: the
 #   repository tests again, $OUT/tests.xml saying what kept an object alive if one fails,
-#   tests/holders.py; then mlp JSON between 8 and 14 front ends, a front end and the device
+#   tests/holders.py; then mlp JSON between 6 and 12 front ends, a front end and the device
 #   process profiled at each point; then this build against 630b9d8 at 8, in turn):
 #       (here: python -m bench.carry --base 630b9d8)
-#       TESTS=tests/unit/test_repository.py PROFILE=1 FRONTENDS=8,10,12 \
-#       CURVES="mlp-json ab" AB_WORKLOADS=mlp-json OUT=$OUT bash bench/gpu.sh  (~6 minutes)
+#       TESTS=tests/unit/test_repository.py PROFILE=1 FRONTENDS=6,8,10,12 \
+#       CURVES="mlp-json ab" AB_WORKLOADS=mlp-json OUT=$OUT bash bench/gpu.sh  (~7 minutes)
 #       (since 8688f06 a front end holds its message a pass from 8 requests waiting, not 16:
 #       N=8 against 630b9d8's 48,451 req/s and against 630b9d8 itself on the same machine,
-#       and 10 and 12, where 16 seldom held one)
+#       and 10 and 12, where 16 seldom held one; 6 is what `auto` picks under a CPU quota of
+#       8, which the server's 7.1 cores at both N=8 and N=14 there suggest: bench.cores prints it)
 #       TESTS= CURVES="pinned sync prompt mlp-json-c512" ALT_WORKLOADS=mlp OUT=$OUT \
 #       bash bench/gpu.sh  (~5 minutes)
 #       if time is left: one process at c=256 (at 630b9d8 5,499 req/s, p99 515 ms, the mean
