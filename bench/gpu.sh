@@ -258,7 +258,8 @@ print(json.dumps({"instances": [instance_for("mlp", 0)]}))')
     for f in $C1_FRONTENDS; do
       echo "== c=$C1_CONCURRENCY, mlp: the first GPU run's build (one process) against this one" \
         "(--frontends $f)"
-      N=3 C=$C1_CONCURRENCY W=mlp D="$DEVICES" PIN=0 PY="$PY" OLD_F='' NEW_F=$f BODY=$body timeout 100 \
+      N=3 C=$C1_CONCURRENCY W=mlp D="$DEVICES" PIN=0 PY="$PY" OLD_F='' NEW_F=$f BODY=$body \
+        timeout 100 \
         bash bench/ab.sh /tmp/first-gpu-build .
       echo "== c1 exit $?"
     done
