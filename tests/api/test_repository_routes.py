@@ -111,3 +111,32 @@ async def test_a_client_gone_mid_body_has_nothing_done_and_no_server_error() -> 
         index = (await client.post("/v2/repository/index")).json()
     assert sent[0]["status"] == 499
     assert [(e["name"], e["state"]) for e in index] == [("linear", "UNAVAILABLE")]
+
+
+async def test_the_schema_describes_each_body_these_routes_read() -> None:
+    """A client of the OpenAPI document (schemathesis sent no body, as none was described) sees
+    what each takes: the index's ``ready``, load's ``config``, unload's ``unload_dependents``;
+    a body made from the document is taken, a parameter it does not list is a 400."""
+    async with app_client(make_settings(**EXPLICIT)) as client:
+        schema = (await client.get("/openapi.json")).json()
+        config = orjson.dumps({"max_wait_ms": 3}).decode()
+        loaded = await client.post("/v2/repository/models/linear/load",
+                                   json={"parameters": {"config": config}})
+        wait = (await client.get("/v2/models/linear/config")).json()
+        unloaded = await client.post("/v2/repository/models/linear/unload",
+                                     json={"parameters": {"unload_dependents": True}})
+        other = await client.post("/v2/repository/models/linear/unload",
+                                  json={"parameters": {"force": True}})
+        index = await client.post("/v2/repository/index", json={"ready": True})
+    bodies = {path: operation["post"]["requestBody"]["content"]["application/json"]["schema"]
+              for path, operation in schema["paths"].items() if path.startswith("/v2/repository")}
+    assert set(bodies["/v2/repository/index"]["properties"]) == {"ready"}
+    for action, names in (("load", {"config"}), ("unload", {"unload_dependents"})):
+        parameters = bodies[f"/v2/repository/models/{{name}}/{action}"]["properties"]
+        assert set(parameters) == {"parameters"}
+        assert set(parameters["parameters"]["properties"]) == names
+        assert parameters["parameters"]["additionalProperties"] is False
+    assert loaded.status_code == 200 and unloaded.status_code == 200
+    assert wait["dynamic_batching"]["max_queue_delay_microseconds"] == 3000
+    assert other.status_code == 400 and "force" in other.json()["error"]
+    assert index.status_code == 200 and index.json() == []

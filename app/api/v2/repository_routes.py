@@ -29,6 +29,19 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         for status in statuses}
 
 
+def _body_of(properties: dict[str, Any]) -> dict[str, Any]:
+    """The optional JSON body these routes read (an empty one is ``{}``: tritonclient sends
+    one), as the operation's OpenAPI ``requestBody``."""
+    return {"requestBody": {"required": False, "content": {"application/json": {"schema": {
+        "type": "object", "properties": properties}}}}}
+
+
+def _parameters_of(**properties: dict[str, Any]) -> dict[str, Any]:
+    """A body's ``parameters`` object, which takes only ``properties``."""
+    return {"parameters": {"type": "object", "properties": properties,
+                           "additionalProperties": False}}
+
+
 _ERROR_TEXT = {
     400: "malformed request, or the model could not be loaded",
     401: "missing or wrong bearer token",
@@ -74,7 +87,9 @@ def _config(params: dict[str, Any]) -> dict[str, Any] | None:
 
 
 @router.post("/index", summary="Every model of the repository with its state",
-             responses=_errors(400, 413, 503))
+             responses=_errors(400, 413, 503),
+             openapi_extra=_body_of({"ready": {"type": "boolean", "description":
+                                               "true: only the models ready to serve"}}))
 async def index(request: Request, service: ServiceDep) -> Response:
     ready = (await _body(request, service)).get("ready", False)
     if not isinstance(ready, bool):
@@ -85,7 +100,12 @@ async def index(request: Request, service: ServiceDep) -> Response:
 @router.post("/models/{name}/load", summary="Load or reload a model; answers once it is ready",
              response_class=Response,
              responses={200: {"description": "ready (no body, as in Triton)"},
-                        **_errors(400, 401, 413, 503)})
+                        **_errors(400, 401, 413, 503)},
+             openapi_extra=_body_of(_parameters_of(config={
+                 "anyOf": [{"type": "string"}, {"type": "object"}],
+                 "description": "this model's settings as a JSON object, in a string as "
+                                "Triton sends it: config.toml's keys but model (docs/models.md), "
+                                "e.g. {\"max_batch_size\": 8}"})))
 async def load(request: Request, service: ServiceDep, name: str) -> Response:
     check_auth(request.headers.get("authorization"), service.settings.api_key)
     config = _config(_parameters(await _body(request, service)))
@@ -97,7 +117,10 @@ async def load(request: Request, service: ServiceDep, name: str) -> Response:
              summary="Unload a model: answers once its admitted requests are answered",
              response_class=Response,
              responses={200: {"description": "unloaded, or not loaded (no body)"},
-                        **_errors(400, 401, 413, 503)})
+                        **_errors(400, 401, 413, 503)},
+             openapi_extra=_body_of(_parameters_of(unload_dependents={
+                 "type": "boolean", "description": "taken as Triton does; a model here has "
+                                                   "no dependents"})))
 async def unload(request: Request, service: ServiceDep, name: str) -> Response:
     check_auth(request.headers.get("authorization"), service.settings.api_key)
     params = _parameters(await _body(request, service))
