@@ -140,3 +140,19 @@ async def test_the_schema_describes_each_body_these_routes_read() -> None:
     assert wait["dynamic_batching"]["max_queue_delay_microseconds"] == 3000
     assert other.status_code == 400 and "force" in other.json()["error"]
     assert index.status_code == 200 and index.json() == []
+
+
+@pytest.mark.parametrize(("action", "body", "named"), [
+    ("unload", {"parameters": {"unload_dependents": {}}}, "'unload_dependents'"),
+    ("unload", {"parameters": None}, "'parameters'"),
+    ("load", {"parameters": []}, "'parameters'"),
+])
+async def test_a_body_the_schema_does_not_allow_is_a_400(action: str, body: dict,
+                                                         named: str) -> None:
+    """What the document's body does not allow is refused, not ignored (schemathesis ST201:
+    an unload with ``unload_dependents: {}`` was answered 200)."""
+    async with app_client(make_settings(**EXPLICIT)) as client:
+        answer = await client.post(f"/v2/repository/models/linear/{action}", json=body)
+        ready = await client.get("/v2/models/linear/ready")
+    assert answer.status_code == 400 and named in answer.json()["error"]
+    assert ready.status_code == 200  # nothing was unloaded

@@ -65,7 +65,7 @@ async def _body(request: Request, service: InferenceService) -> dict[str, Any]:
 
 
 def _parameters(body: dict[str, Any]) -> dict[str, Any]:
-    params = body.get("parameters") or {}
+    params = body.get("parameters", {})
     if not isinstance(params, dict):
         raise InvalidInput("'parameters' must be an object")
     return params
@@ -127,5 +127,7 @@ async def unload(request: Request, service: ServiceDep, name: str) -> Response:
     unknown = sorted(set(params) - {"unload_dependents"})
     if unknown:
         raise InvalidInput(f"unsupported unload parameters {unknown}")
+    if not isinstance(params.get("unload_dependents", False), bool):
+        raise InvalidInput("'unload_dependents' must be true or false")
     await service.repository.unload(name)
     return Response(status_code=200)
