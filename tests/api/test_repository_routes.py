@@ -123,6 +123,8 @@ async def test_the_schema_describes_each_body_these_routes_read() -> None:
         loaded = await client.post("/v2/repository/models/linear/load",
                                    json={"parameters": {"config": config}})
         wait = (await client.get("/v2/models/linear/config")).json()
+        none = await client.post("/v2/repository/models/linear/load",
+                                 json={"parameters": {"config": None}})
         unloaded = await client.post("/v2/repository/models/linear/unload",
                                      json={"parameters": {"unload_dependents": True}})
         other = await client.post("/v2/repository/models/linear/unload",
@@ -136,6 +138,9 @@ async def test_the_schema_describes_each_body_these_routes_read() -> None:
         assert set(parameters) == {"parameters"}
         assert set(parameters["parameters"]["properties"]) == names
         assert parameters["parameters"]["additionalProperties"] is False
+    config_types = bodies["/v2/repository/models/{name}/load"]["properties"]["parameters"][
+        "properties"]["config"]["anyOf"]
+    assert {"type": "null"} in config_types and none.status_code == 200
     assert loaded.status_code == 200 and unloaded.status_code == 200
     assert wait["dynamic_batching"]["max_queue_delay_microseconds"] == 3000
     assert other.status_code == 400 and "force" in other.json()["error"]

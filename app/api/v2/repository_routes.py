@@ -102,10 +102,10 @@ async def index(request: Request, service: ServiceDep) -> Response:
              responses={200: {"description": "ready (no body, as in Triton)"},
                         **_errors(400, 401, 413, 503)},
              openapi_extra=_body_of(_parameters_of(config={
-                 "anyOf": [{"type": "string"}, {"type": "object"}],
+                 "anyOf": [{"type": "string"}, {"type": "object"}, {"type": "null"}],
                  "description": "this model's settings as a JSON object, in a string as "
                                 "Triton sends it: config.toml's keys but model (docs/models.md), "
-                                "e.g. {\"max_batch_size\": 8}"})))
+                                "e.g. {\"max_batch_size\": 8}; null: none"})))
 async def load(request: Request, service: ServiceDep, name: str) -> Response:
     check_auth(request.headers.get("authorization"), service.settings.api_key)
     config = _config(_parameters(await _body(request, service)))
