@@ -36,10 +36,20 @@ def _body_of(properties: dict[str, Any]) -> dict[str, Any]:
         "type": "object", "properties": properties}}}}}
 
 
-def _parameters_of(**properties: dict[str, Any]) -> dict[str, Any]:
+def _parameters_of(properties: dict[str, Any]) -> dict[str, Any]:
     """A body's ``parameters`` object, which takes only ``properties``."""
     return {"parameters": {"type": "object", "properties": properties,
                            "additionalProperties": False}}
+
+
+# The parameters each route takes: its schema, and the names it refuses any other than.
+_LOAD_PARAMETERS = {"config": {
+    "anyOf": [{"type": "string"}, {"type": "object"}, {"type": "null"}],
+    "description": "this model's settings as a JSON object, in a string as Triton sends it: "
+                   "config.toml's keys but model (docs/models.md), e.g. "
+                   "{\"max_batch_size\": 8}; null: none"}}
+_UNLOAD_PARAMETERS = {"unload_dependents": {
+    "type": "boolean", "description": "taken as Triton does; a model here has no dependents"}}
 
 
 _ERROR_TEXT = {
@@ -71,9 +81,17 @@ def _parameters(body: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
+def _true_or_false(values: dict[str, Any], key: str) -> bool:
+    """``values[key]``, a JSON true or false; false where it is absent."""
+    value = values.get(key, False)
+    if not isinstance(value, bool):
+        raise InvalidInput(f"'{key}' must be true or false")
+    return value
+
+
 def _config(params: dict[str, Any]) -> dict[str, Any] | None:
     """The ``config`` parameter: this model's settings as JSON (a string, as Triton sends it)."""
-    unknown = sorted(set(params) - {"config"})
+    unknown = sorted(set(params) - _LOAD_PARAMETERS.keys())
     if unknown:
         raise InvalidInput(f"unsupported load parameters {unknown}; only 'config' is")
     config = params.get("config")
@@ -91,9 +109,7 @@ def _config(params: dict[str, Any]) -> dict[str, Any] | None:
              openapi_extra=_body_of({"ready": {"type": "boolean", "description":
                                                "true: only the models ready to serve"}}))
 async def index(request: Request, service: ServiceDep) -> Response:
-    ready = (await _body(request, service)).get("ready", False)
-    if not isinstance(ready, bool):
-        raise InvalidInput("'ready' must be true or false")
+    ready = _true_or_false(await _body(request, service), "ready")
     return JSONResponse(service.repository.index(ready))
 
 
@@ -101,11 +117,7 @@ async def index(request: Request, service: ServiceDep) -> Response:
              response_class=Response,
              responses={200: {"description": "ready (no body, as in Triton)"},
                         **_errors(400, 401, 413, 503)},
-             openapi_extra=_body_of(_parameters_of(config={
-                 "anyOf": [{"type": "string"}, {"type": "object"}, {"type": "null"}],
-                 "description": "this model's settings as a JSON object, in a string as "
-                                "Triton sends it: config.toml's keys but model (docs/models.md), "
-                                "e.g. {\"max_batch_size\": 8}; null: none"})))
+             openapi_extra=_body_of(_parameters_of(_LOAD_PARAMETERS)))
 async def load(request: Request, service: ServiceDep, name: str) -> Response:
     check_auth(request.headers.get("authorization"), service.settings.api_key)
     config = _config(_parameters(await _body(request, service)))
@@ -118,16 +130,13 @@ async def load(request: Request, service: ServiceDep, name: str) -> Response:
              response_class=Response,
              responses={200: {"description": "unloaded, or not loaded (no body)"},
                         **_errors(400, 401, 413, 503)},
-             openapi_extra=_body_of(_parameters_of(unload_dependents={
-                 "type": "boolean", "description": "taken as Triton does; a model here has "
-                                                   "no dependents"})))
+             openapi_extra=_body_of(_parameters_of(_UNLOAD_PARAMETERS)))
 async def unload(request: Request, service: ServiceDep, name: str) -> Response:
     check_auth(request.headers.get("authorization"), service.settings.api_key)
     params = _parameters(await _body(request, service))
-    unknown = sorted(set(params) - {"unload_dependents"})
+    unknown = sorted(set(params) - _UNLOAD_PARAMETERS.keys())
     if unknown:
         raise InvalidInput(f"unsupported unload parameters {unknown}")
-    if not isinstance(params.get("unload_dependents", False), bool):
-        raise InvalidInput("'unload_dependents' must be true or false")
+    _true_or_false(params, "unload_dependents")  # checked only: nothing here has dependents
     await service.repository.unload(name)
     return Response(status_code=200)
