@@ -43,9 +43,9 @@
 # both up at once), with one process and with its default front ends (C1_FRONTENDS). With
 # PROFILE=1 py-spy also records the device process and a front end at each point of the first
 # curve, in a second run of the point after the measured one (py-spy takes CPU beside what it
-# records: one process at c=256 read 3.8 k req/s profiled). Profiles go to $OUT/profiles.tgz, the results to
-# $OUT/results.tgz. Needs .carry/ from `python -m bench.carry` (made here,
-# named in the device call's carry). A cold start of the machine takes about a minute more.
+# records: one process at c=256 read 3.8 k req/s profiled). Profiles go to $OUT/profiles.tgz,
+# the results to $OUT/results.tgz. Needs .carry/ from `python -m bench.carry` (made here, named
+# in the device call's carry). A cold start of the machine takes about a minute more.
 #   1:  CURVES="mlp-json mlp-binary32 minilm" OUT=$OUT bash bench/gpu.sh (~8.5 minutes: the
 #       tests took 127 s on the H200 on 2026-11-30, the curves 380 s)
 #   2:  TESTS= CURVES="c1 pinned sync" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh  (~4 min)
