@@ -32,6 +32,14 @@ errors_log = logging.getLogger("batchserve")
 
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]  # as inference.proto declares it
 
+def retry_trailers(seconds: int) -> list[tuple[str, str]]:
+    """When a refused call may come again, as HTTP's Retry-After says it (``retry-after``),
+    and as gRPC's own retries read it (``grpc-retry-pushback-ms``, gRFC A6): a client whose
+    channel retries UNAVAILABLE (KServe's ``InferenceGRPCClient`` does by default) waits
+    that long before its next attempt, not its backoff's tenth of a second."""
+    return [("retry-after", str(seconds)), ("grpc-retry-pushback-ms", str(seconds * 1000))]
+
+
 _CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
           404: grpc.StatusCode.NOT_FOUND, 408: grpc.StatusCode.DEADLINE_EXCEEDED,
           413: grpc.StatusCode.INVALID_ARGUMENT, 422: grpc.StatusCode.INVALID_ARGUMENT,
@@ -94,7 +102,7 @@ class Calls:
                 except Exception as exc:
                     outcome.code, message = failure(exc, name)
                     if isinstance(exc, ServeError) and exc.retry_after_s is not None:
-                        trailers.append(("retry-after", str(exc.retry_after_s)))
+                        trailers += retry_trailers(exc.retry_after_s)
                     context.set_trailing_metadata(trailers)
                     await abort(context, outcome.code, message)
                 finally:

@@ -7,8 +7,8 @@ decode, queue, await); the other calls are the v2 HTTP requests they stand for
 (app/grpc/control.py). Every call goes through app/grpc/calls.py (request id, access log,
 errors as statuses, the method table). A client mistake is ``INVALID_ARGUMENT``
 with the HTTP route's message, a refusal ``UNAVAILABLE`` at once with its reason
-(``retry-after`` in the trailing metadata), and a call the client cancels drops its queued
-items as a closed HTTP connection does.
+(``retry-after`` and ``grpc-retry-pushback-ms`` in the trailing metadata), and a call the
+client cancels drops its queued items as a closed HTTP connection does.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import re
 import signal
 import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -303,9 +304,24 @@ def test_a_refusal_is_unavailable_at_once_with_its_reason() -> None:
         failed = refused.value
         assert failed.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
         assert "shutting down" in failed.details()  # type: ignore[attr-defined]
-        assert ("retry-after", "1") in list(failed.trailing_metadata())  # type: ignore[attr-defined]
+        trailers = list(failed.trailing_metadata())  # type: ignore[attr-defined]
+        assert ("retry-after", "1") in trailers
+        assert ("grpc-retry-pushback-ms", "1000") in trailers
         registry = srv.app.state.service.metrics.registry
         assert sample(registry, "batchserve_requests_total", protocol="grpc", status="503") == 1
+        # A channel that retries UNAVAILABLE (as KServe's client's does) waits as told: a
+        # second of pushback, where its own backoff would have waited at most 10 ms.
+        policy = {"maxAttempts": 2, "initialBackoff": "0.01s", "maxBackoff": "0.01s",
+                  "backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}
+        config = json.dumps({"methodConfig": [{"name": [{}], "retryPolicy": policy}]})
+        assert srv.grpc_url is not None
+        with grpc.insecure_channel(srv.grpc_url, options=[("grpc.service_config", config)]
+                                   ) as channel:
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError):
+                GRPCInferenceServiceStub(channel).ModelInfer(request)
+            assert time.monotonic() - started >= 1.0
+        assert sample(registry, "batchserve_requests_total", protocol="grpc", status="503") == 3
 
 
 async def held_stream(request: pb.ModelInferRequest) -> AsyncIterator[pb.ModelInferRequest]:
