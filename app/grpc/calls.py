@@ -196,7 +196,8 @@ class CallLimit:
         self.active -= 1
 
     async def _enter(self, context: Context) -> None:
-        if not self.take():
+        if not self.take():  # when to come again, as HTTP's 503 past max_connections says
+            context.set_trailing_metadata(retry_trailers(1))
             await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, self.refusal)
 
     def unary(self, handler: Callable[[Any, Context], Awaitable[Reply]]

@@ -438,6 +438,7 @@ async def test_calls_past_max_connections_are_refused() -> None:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await infer(echo_request(3))
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert ("retry-after", "1") in list(refused.value.trailing_metadata())
         registry = srv.app.state.service.metrics.registry  # counted as HTTP would answer it
         assert sample(registry, "batchserve_rejected_total", model="", reason="connections") \
             == sample(registry, "batchserve_requests_total", model="", status="503",

@@ -59,6 +59,12 @@ class Aborted(Exception):
 
 
 class LiveContext:
+    def __init__(self) -> None:
+        self.trailers: list[tuple[str, str]] = []
+
+    def set_trailing_metadata(self, trailers: list[tuple[str, str]]) -> None:
+        self.trailers = trailers
+
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise Aborted(code, details)
 
@@ -88,6 +94,7 @@ async def test_a_call_s_place_is_free_once_its_method_returns_and_one_more_is_re
     with pytest.raises(Aborted) as refused:
         await call(3, context)
     assert refused.value.args[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert context.trailers == [("retry-after", "1"), ("grpc-retry-pushback-ms", "1000")]
     with pytest.raises(Aborted):
         await anext(limit.streaming(stream)(3, context))
     gate.set()
