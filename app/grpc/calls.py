@@ -32,6 +32,7 @@ errors_log = logging.getLogger("batchserve")
 
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]  # as inference.proto declares it
 
+
 def retry_trailers(seconds: int) -> list[tuple[str, str]]:
     """When a refused call may come again, as HTTP's Retry-After says it (``retry-after``),
     and as gRPC's own retries read it (``grpc-retry-pushback-ms``, gRFC A6): a client whose
