@@ -59,7 +59,10 @@ class InferenceServicer:
     @calls.rpc
     async def ModelReady(self, request: pb.ModelReadyRequest,
                          context: Context, metadata: Metadata) -> pb.ModelReadyResponse:
-        path = _model_path(request.name, request.version) + "/ready"
+        try:
+            path = _model_path(request.name, request.version) + "/ready"
+        except InvalidInput:  # a name no model has (``_segment``): not ready, as over HTTP
+            return pb.ModelReadyResponse(ready=False)
         try:
             status, _ = await self.control.get(path, metadata)
         except ServeError as exc:  # a model the server does not have is not ready

@@ -124,6 +124,8 @@ def test_health_metadata_and_config(server: LiveServer) -> None:
         with pytest.raises(InferenceServerException, match="is not a model name") as bad:
             client.get_model_metadata(name)
         assert bad.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert not client.is_model_ready(name)  # as HTTP's ready route answers 404
+    assert not client.is_model_ready("linear", "..")
 
 
 def test_the_health_service_answers_per_model(server: LiveServer) -> None:
