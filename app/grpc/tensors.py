@@ -83,12 +83,12 @@ def _typed(contents: Any, datatype: str, shape: list[int], name: str) -> np.ndar
     if field is None:
         raise InvalidInput(f"input '{name}': {datatype} data must come in raw_input_contents")
     values = getattr(contents, field)
-    elsewhere = [f.name for f, _ in contents.ListFields() if f.name != field]
-    if elsewhere:  # a client that typed the data as another datatype's
-        raise InvalidInput(f"input '{name}': {datatype} data comes in {field}, not in "
-                           f"{', '.join(elsewhere)}")
     count = math.prod(shape)  # Python ints: a huge shape cannot wrap around
     if len(values) != count:
+        elsewhere = [f.name for f, _ in contents.ListFields() if f.name != field]
+        if elsewhere:  # a client that typed the data as another datatype's
+            raise InvalidInput(f"input '{name}': {datatype} data comes in {field}, not in "
+                               f"{', '.join(elsewhere)}")
         raise InvalidInput(f"input '{name}': {len(values)} values in {field} do not fill shape "
                            f"{shape}")
     if datatype == "BYTES":

@@ -42,7 +42,8 @@ def _parameters_of(properties: dict[str, Any]) -> dict[str, Any]:
                            "additionalProperties": False}}
 
 
-# The parameters each route takes: its schema, and the names it refuses any other than.
+# The parameters each route takes: its schema, and the names it refuses any other than
+# (``_parameters``).
 _LOAD_PARAMETERS = {"config": {
     "anyOf": [{"type": "string"}, {"type": "object"}, {"type": "null"}],
     "description": "this model's settings as a JSON object, in a string as Triton sends it: "
@@ -74,10 +75,16 @@ async def _body(request: Request, service: InferenceService) -> dict[str, Any]:
     return json_object(raw) if raw.strip() else {}
 
 
-def _parameters(body: dict[str, Any]) -> dict[str, Any]:
+def _parameters(body: dict[str, Any], allowed: dict[str, Any], action: str) -> dict[str, Any]:
+    """The body's ``parameters``: an object whose names are all in ``allowed`` (the route's
+    table, which its schema also shows)."""
     params = body.get("parameters", {})
     if not isinstance(params, dict):
         raise InvalidInput("'parameters' must be an object")
+    unknown = sorted(set(params) - allowed.keys())
+    if unknown:
+        names = " or ".join(f"'{name}'" for name in allowed)
+        raise InvalidInput(f"unsupported {action} parameters {unknown}; only {names} is")
     return params
 
 
@@ -91,9 +98,6 @@ def _true_or_false(values: dict[str, Any], key: str) -> bool:
 
 def _config(params: dict[str, Any]) -> dict[str, Any] | None:
     """The ``config`` parameter: this model's settings as JSON (a string, as Triton sends it)."""
-    unknown = sorted(set(params) - _LOAD_PARAMETERS.keys())
-    if unknown:
-        raise InvalidInput(f"unsupported load parameters {unknown}; only 'config' is")
     config = params.get("config")
     if config is None:
         return None
@@ -120,7 +124,7 @@ async def index(request: Request, service: ServiceDep) -> Response:
              openapi_extra=_body_of(_parameters_of(_LOAD_PARAMETERS)))
 async def load(request: Request, service: ServiceDep, name: str) -> Response:
     check_auth(request.headers.get("authorization"), service.settings.api_key)
-    config = _config(_parameters(await _body(request, service)))
+    config = _config(_parameters(await _body(request, service), _LOAD_PARAMETERS, "load"))
     await service.repository.load(name, config)
     return Response(status_code=200)
 
@@ -133,10 +137,7 @@ async def load(request: Request, service: ServiceDep, name: str) -> Response:
              openapi_extra=_body_of(_parameters_of(_UNLOAD_PARAMETERS)))
 async def unload(request: Request, service: ServiceDep, name: str) -> Response:
     check_auth(request.headers.get("authorization"), service.settings.api_key)
-    params = _parameters(await _body(request, service))
-    unknown = sorted(set(params) - _UNLOAD_PARAMETERS.keys())
-    if unknown:
-        raise InvalidInput(f"unsupported unload parameters {unknown}")
+    params = _parameters(await _body(request, service), _UNLOAD_PARAMETERS, "unload")
     _true_or_false(params, "unload_dependents")  # checked only: nothing here has dependents
     await service.repository.unload(name)
     return Response(status_code=200)
