@@ -23,12 +23,11 @@ from app.api import error_responses as errors
 from app.api import predict
 from app.api.access import HEALTH_PATHS, REQUEST_ID_HEADER, AccessLog
 from app.api.body import LIKELY_WHOLE, ClientGone, read_body
-from app.api.relay import HELD, Relay
+from app.api.relay import Relay
 from app.api.routing import BatchServeApp
 from app.api.v2.infer import infer_routes
 from app.asks import asked
 from app.errors import ServeError, Unavailable
-from app.frontend.link import GONE
 from app.frontend.remote import RemoteService
 from app.links import connect
 from app.logs import request_id
@@ -45,8 +44,8 @@ _REPOSITORY_PREFIX = "/v2/repository/"
 
 class DeviceProxy:
     """Has the device process's app answer a request (over the link, app/asks.py) and gives
-    its answer back; 503 ``unhealthy`` when that process has gone or a health check is not
-    answered in time. After a repository change (load, unload) it waits for this front end to
+    its answer back; 503 ``unhealthy`` when that process has gone or does not answer in time
+    (app/api/relay.py). After a repository change (load, unload) it waits for this front end to
     hold the new model snapshot, so the next request finds what was loaded.
 
     Probes and scrapes asked while the same one is on its way share its answer (``Relay``): a
@@ -81,10 +80,8 @@ class DeviceProxy:
         path, method = scope["path"], scope["method"]
         try:
             answer = await self._relay(asked(scope, headers, body))
-        except TimeoutError:
-            return _unreachable(path, HELD)
-        except Unavailable:
-            return _unreachable(path, GONE)
+        except Unavailable as exc:  # gone, or not answering in time
+            return _unreachable(path, str(exc))
         finally:
             arriving.give_back(held)
         if method == "POST" and path.startswith(_REPOSITORY_PREFIX):

@@ -17,9 +17,9 @@ from urllib.parse import unquote, urlencode
 import orjson
 
 from app.api.access import REQUEST_ID_HEADER
-from app.api.relay import HELD, Relay
+from app.api.relay import Relay, is_readiness
 from app.asks import Ask, Asked, Replied
-from app.errors import Relayed
+from app.errors import Relayed, Unavailable
 from app.framing import decimal
 from app.logs import request_id
 
@@ -36,12 +36,15 @@ class Control:
     async def get(self, path: str, metadata: Mapping[str, str],
                   params: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any]]:
         """(status, JSON body) of a GET; Relayed for an error other than 503, which health and
-        readiness answer with a body of their own. A health check not answered within
-        HEALTH_TIMEOUT_S is 503 unhealthy, as a front end answers it over HTTP."""
+        readiness answer with a body of their own. Unavailable where the device process has
+        gone or does not answer in time (app/api/relay.py), but a health or readiness check
+        is then 503 unhealthy, as a front end answers it over HTTP."""
         try:
             answer = await self._request("GET", path, metadata, query=urlencode(params or {}))
-        except TimeoutError:
-            return 503, {"status": "unhealthy", "reason": HELD}
+        except Unavailable as exc:
+            if not is_readiness(path):
+                raise
+            return 503, {"status": "unhealthy", "reason": str(exc)}
         if answer.status >= 400 and answer.status != 503:
             raise _relayed(answer)
         return answer.status, orjson.loads(answer.body)
@@ -60,8 +63,8 @@ class Control:
 
     async def _request(self, method: str, path: str, metadata: Mapping[str, str],
                        body: bytes = b"", query: str = "") -> Replied:
-        """The app's answer to ``method path?query`` (``path`` URL-encoded); TimeoutError past
-        ``proxy_timeout``, Unavailable (503 unhealthy) if the device process has gone."""
+        """The app's answer to ``method path?query`` (``path`` URL-encoded); Unavailable (503
+        unhealthy) if the device process has gone or does not answer in time."""
         headers = [(name.encode(), metadata[name].encode("latin-1"))
                    for name in PASSED_ON if name in metadata]
         rid = request_id.get()

@@ -102,7 +102,7 @@ async def test_a_head_answer_keeps_the_length_of_the_get() -> None:
 
 
 @pytest.mark.asyncio
-async def test_a_device_process_gone_or_a_health_check_not_answered_in_time_is_503() -> None:
+async def test_a_device_process_gone_or_not_answering_in_time_is_503() -> None:
     async def gone(request: Asked) -> Replied:
         raise Unavailable("unhealthy", "the device process has stopped")
 
@@ -118,10 +118,16 @@ async def test_a_device_process_gone_or_a_health_check_not_answered_in_time_is_5
         raise AssertionError
 
     proxy = proxy_to(held)
+    reason = "the device process did not answer within 0.01 s"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("app.api.relay.proxy_timeout", lambda path: 0.01)
+        patch.setattr("app.api.relay.proxy_timeout", lambda method, path: 0.01)
         status, _, body = await call(proxy, "/health_check")
-    assert status == 503 and "did not answer" in orjson.loads(body)["reason"]
+        assert status == 503 and orjson.loads(body)["reason"] == reason
+        status, _, body = await call(proxy, "/metrics")
+        assert status == 503 and orjson.loads(body)["error"] == {
+            "type": "unhealthy", "message": reason}
+        status, _, body = await call(proxy, "/v2/models/m")
+        assert status == 503 and orjson.loads(body)["error"] == reason
 
 
 class Device:

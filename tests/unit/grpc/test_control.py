@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI, Request
 
 from app.asks import Asked, Replied, answer
-from app.errors import Relayed
+from app.errors import Relayed, Unavailable
 from app.grpc.control import Control, _relayed
 from tests.conftest import wait_until
 
@@ -94,3 +94,29 @@ def test_an_errors_retry_after_travels_as_whole_seconds_or_not_at_all(
     answer = Replied(503, headers, orjson.dumps({"error": {"type": "busy", "message": "full"}}))
     relayed = _relayed(answer)
     assert (relayed.status, relayed.type, relayed.retry_after_s) == (503, "busy", seconds)
+
+
+@pytest.mark.asyncio
+async def test_an_app_gone_or_not_answering_in_time_is_unavailable_and_a_probe_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Health and readiness read 503 unhealthy with the reason (ServerLive false, as HTTP's
+    503); anything else raises Unavailable, which a call answers UNAVAILABLE."""
+    async def held(request: Asked) -> Replied:
+        await asyncio.sleep(3600)
+        raise AssertionError
+
+    async def gone(request: Asked) -> Replied:
+        raise Unavailable("unhealthy", "the device process has stopped")
+
+    monkeypatch.setattr("app.api.relay.proxy_timeout", lambda method, path: 0.01)
+    for ask, reason in ((held, "the device process did not answer within 0.01 s"),
+                        (gone, "the device process has stopped")):
+        control = Control(ask)
+        for path in ("/v2/health/live", "/health_check", "/v2/models/m/versions/1/ready"):
+            assert await control.get(path, {}) == (503, {"status": "unhealthy",
+                                                         "reason": reason})
+        for call in (control.get("/v2/models/m", {}), control.get("/metrics", {}),
+                     control.post("/v2/repository/index", {})):
+            with pytest.raises(Unavailable) as refused:
+                await call
+            assert (refused.value.type, str(refused.value)) == ("unhealthy", reason)
