@@ -24,6 +24,9 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:  # TOML is UTF-8 text
+        raise ConfigError(f"config file {path} is not valid TOML: the byte at offset {exc.start} "
+                          "is not UTF-8") from exc
     unknown = sorted(set(data) - set(Settings.model_fields))
     if unknown:
         raise ConfigError(f"config file {path}: unknown settings {', '.join(unknown)}")

@@ -138,6 +138,9 @@ def test_bad_values_and_unknown_keys(tmp_path: Path) -> None:
     cfg.write_text("max_batch_size = [\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_settings(cfg)
+    cfg.write_bytes(b'model = "linear"\n# \xff\xfe\n')
+    with pytest.raises(ConfigError, match="not valid TOML: the byte at offset 19 is not UTF-8"):
+        load_settings(cfg)
     with pytest.raises(ConfigError, match="cannot read"):
         load_settings(tmp_path / "missing.toml")
 
