@@ -25,7 +25,7 @@ from app.api.error_responses import format_of
 from app.arrays import Results
 from app.arriving import Arriving
 from app.config import Settings
-from app.errors import InvalidInput, NotFound, ServeError
+from app.errors import InvalidInput, ServeError
 from app.facade import ModelFacade, RequestCounts, Waiting
 from app.framing import decimal
 from app.tracing import Tracing, carrier_of
@@ -188,6 +188,17 @@ async def submit(model: ModelFacade, instances: list[Any], level: int, deadline:
     return model.enqueue(items, deadline, level, span, admitted=admitted)
 
 
+def looked_up(service: Serving, name: str | None, version: str | None
+              ) -> tuple[ModelFacade | None, ServeError | None]:
+    """The model version a request names, or why there is none (unknown, loading, its load
+    failed): raised after the auth check, so a name leaks nothing to a client without
+    credentials, and counted under ``model=""``, where a request without a model is."""
+    try:
+        return service.repository.get(name, version), None
+    except ServeError as exc:
+        return None, exc
+
+
 async def run_inference(
     scope: Scope,
     receive: Receive,
@@ -207,11 +218,7 @@ async def run_inference(
     the route's protocol: the metrics count the status the client is answered with."""
     arrived = time.monotonic()
     settings = service.settings
-    try:
-        model: ModelFacade | None = service.repository.get(name, version)
-        missing = None
-    except NotFound as exc:  # answered after the auth check, so unknown names leak nothing
-        model, missing = None, exc
+    model, missing = looked_up(service, name, version)
     metrics = model.metrics if model is not None else service.unknown
     status = 500
     headers = dict(scope["headers"])

@@ -25,8 +25,8 @@ from google.protobuf import json_format
 from app.api.auth import check_auth
 from app.api.body import CLIENT_CLOSED
 from app.api.error_responses import V2
-from app.api.inference import Serving, submit
-from app.errors import DeadlineExceeded, InvalidInput, NotFound, ServeError
+from app.api.inference import Serving, looked_up, submit
+from app.errors import DeadlineExceeded, InvalidInput, ServeError
 from app.grpc import inference_pb2 as pb
 from app.grpc import streaming
 from app.grpc.calls import SERVICE, CallLimit, Context, Metadata, calls
@@ -171,11 +171,7 @@ async def infer(service: Serving, request: pb.ModelInferRequest, context: Contex
     """One ModelInfer (or one request of ``method``'s stream): the HTTP infer's steps and
     metrics (``protocol="grpc"``), with the gRPC deadline as one more bound on the request's."""
     arrived = time.monotonic()
-    try:
-        model = service.repository.get(request.model_name, request.model_version or None)
-        missing = None
-    except NotFound as exc:  # answered after the auth check, so unknown names leak nothing
-        model, missing = None, exc
+    model, missing = looked_up(service, request.model_name, request.model_version or None)
     metrics = model.metrics if model is not None else service.unknown
     status = 500
     tracing = service.tracing

@@ -7,6 +7,7 @@ import gzip
 import threading
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from tests.fakes import (
     FailingHandler,
     GatedHandler,
     OOMHandler,
+    SlowBuild,
     SlowLoadHandler,
     SteadyHandler,
 )
@@ -444,6 +446,38 @@ async def test_not_ready_gives_503_loading() -> None:
         handler.loaded.set()
         await wait_until(lambda: client.app.state.service.status == "ready", "ready")
         assert (await client.post("/predict", json={"instances": [1]})).status_code == 200
+
+
+async def test_a_model_still_loading_is_refused_after_the_key_and_counted(
+        tmp_path: Path) -> None:
+    """A request for a model whose code still builds (a repository load under way) is 503
+    loading, counted under ``model=""`` as a request for no model is (it was counted nowhere);
+    without the key it is 401, as for an unknown name (it was 503, telling the name)."""
+    for name, model in (("lin", "linear"), ("slow", "tests.fakes:slow_build")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.toml").write_text(f'model = "{model}"\n')
+    settings = make_settings(model_repository=str(tmp_path), model_control_mode="explicit",
+                             load_model=["lin"], api_key="k")
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32",
+                        "data": [1, 2]}]}
+    key = {"Authorization": "Bearer k"}
+    SlowBuild.reset()
+    async with app_client(settings) as client:
+        load = asyncio.ensure_future(client.post("/v2/repository/models/slow/load", headers=key))
+        try:
+            await wait_until(SlowBuild.entered.is_set, "the factory called")
+            for path in ("/v2/models/slow/infer", "/models/slow/predict"):
+                assert (await client.post(path, json=body)).status_code == 401
+            refused = await client.post("/v2/models/slow/infer", json=body, headers=key)
+            assert refused.status_code == 503
+            assert refused.json() == {"error": "model 'slow' is loading"}
+            text = (await client.get("/metrics")).text
+        finally:
+            SlowBuild.gate.set()
+        assert (await load).status_code == 200
+    assert sample(text, "batchserve_requests_total", model="", status="503") == 1
+    assert sample(text, "batchserve_requests_total", model="", status="401") == 2
+    assert sample(text, "batchserve_rejected_total", model="", reason="loading") == 1
 
 
 async def test_api_key() -> None:

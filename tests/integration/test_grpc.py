@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from tests.conftest import (
     wait_until,
     wait_until_sync,
 )
-from tests.fakes import GatedHandler, IdsHandler, export_scale
+from tests.fakes import GatedHandler, IdsHandler, SlowBuild, export_scale
 from tests.grpc_clients import client_for, echo_request, expected, one_input, stub
 
 pytestmark = pytest.mark.slow
@@ -296,6 +297,36 @@ def test_repository_load_and_unload(tmp_path: Path) -> None:
         with pytest.raises(InferenceServerException, match="file:1/model.pt") as files:
             client.load_model("scale", files={"file:1/model.pt": b"\x00weights"}, headers=auth)
         assert files.value.status() == "StatusCode.INVALID_ARGUMENT"  # as HTTP: not served
+
+
+def test_a_model_still_loading_is_refused_after_the_key_and_counted(tmp_path: Path) -> None:
+    """As over HTTP (tests/api/test_predict.py): a model whose code still builds is
+    UNAVAILABLE "is loading" with the key, UNAUTHENTICATED without, counted under model=""."""
+    for name, model in (("lin", "linear"), ("slow", "tests.fakes:slow_build")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.toml").write_text(f'model = "{model}"\n')
+    settings = make_settings(model_repository=str(tmp_path), model_control_mode="explicit",
+                             load_model=["lin"], api_key="k")
+    auth = {"authorization": "Bearer k"}
+    x = np.ones((1, 2), dtype=np.float32)
+    SlowBuild.reset()
+    with live_server(settings, grpc=True) as srv, ThreadPoolExecutor(1) as pool:
+        client = client_for(srv)
+        load = pool.submit(client_for(srv).load_model, "slow", headers=auth)
+        try:
+            assert SlowBuild.entered.wait(WAIT_S)
+            for headers, code in ((None, "UNAUTHENTICATED"), (auth, "UNAVAILABLE")):
+                with pytest.raises(InferenceServerException) as refused:
+                    client.infer("slow", [one_input(x)], headers=headers)
+                assert refused.value.status() == f"StatusCode.{code}"
+            assert "model 'slow' is loading" in refused.value.message()
+        finally:
+            SlowBuild.gate.set()
+        load.result(WAIT_S)
+        registry = srv.app.state.service.metrics.registry
+        assert sample(registry, "batchserve_requests_total", model="", status="503",
+                      protocol="grpc") == 1
+        assert sample(registry, "batchserve_rejected_total", model="", reason="loading") == 1
 
 
 def test_a_refusal_is_unavailable_at_once_with_its_reason() -> None:
