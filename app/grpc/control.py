@@ -35,17 +35,18 @@ class Control:
 
     async def get(self, path: str, metadata: Mapping[str, str],
                   params: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any]]:
-        """(status, JSON body) of a GET; Relayed for an error other than 503, which health and
-        readiness answer with a body of their own. Unavailable where the device process has
-        gone or does not answer in time (app/api/relay.py), but a health or readiness check
-        is then 503 unhealthy, as a front end answers it over HTTP."""
+        """(status, JSON body) of a GET; Relayed for an error, but for a health or readiness
+        check's 503, which comes with a body of its own (metadata's 503, a model still
+        loading, is an error). Unavailable where the device process has gone or does not
+        answer in time (app/api/relay.py); a health or readiness check is then 503 unhealthy,
+        as a front end answers it over HTTP."""
         try:
             answer = await self._request("GET", path, metadata, query=urlencode(params or {}))
         except Unavailable as exc:
             if not is_readiness(path):
                 raise
             return 503, {"status": "unhealthy", "reason": str(exc)}
-        if answer.status >= 400 and answer.status != 503:
+        if answer.status >= 400 and not (answer.status == 503 and is_readiness(path)):
             raise _relayed(answer)
         return answer.status, orjson.loads(answer.body)
 

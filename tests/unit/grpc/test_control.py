@@ -120,3 +120,23 @@ async def test_an_app_gone_or_not_answering_in_time_is_unavailable_and_a_probe_s
             with pytest.raises(Unavailable) as refused:
                 await call
             assert (refused.value.type, str(refused.value)) == ("unhealthy", reason)
+
+
+@pytest.mark.asyncio
+async def test_a_503_is_a_probes_answer_and_any_other_calls_error() -> None:
+    """Health and readiness answer 503 with a body of their own, which the call reads; the
+    metadata of a model still loading is 503 too, an error that the call relays (its body
+    was read as metadata: INTERNAL)."""
+    async def app(request: Asked) -> Replied:
+        if request.path.endswith("/ready"):
+            return Replied(503, [], orjson.dumps({"name": "m", "ready": False}))
+        return Replied(503, [(b"retry-after", b"1")],
+                       orjson.dumps({"error": "model 'm' is loading"}))
+
+    control = Control(app)
+    assert await control.get("/v2/models/m/ready", {}) == (503, {"name": "m", "ready": False})
+    for path in ("/v2/models/m", "/v2/models/m/config", "/v2/models/m/stats"):
+        with pytest.raises(Relayed) as refused:
+            await control.get(path, {})
+        assert (refused.value.status, str(refused.value), refused.value.retry_after_s) == (
+            503, "model 'm' is loading", 1)
