@@ -28,9 +28,6 @@ def held(seconds: float) -> str:
     return f"the device process did not answer within {seconds:g} s"
 
 
-HELD = held(HEALTH_TIMEOUT_S)
-
-
 def is_readiness(path: str) -> bool:
     """Health, liveness and readiness, the server's or a model's: what probes ask."""
     return path in HEALTH_PATHS or (path.startswith("/v2/models/") and path.endswith("/ready"))

@@ -23,7 +23,7 @@ from app.api import error_responses as errors
 from app.api import predict
 from app.api.access import HEALTH_PATHS, REQUEST_ID_HEADER, AccessLog
 from app.api.body import LIKELY_WHOLE, ClientGone, read_body
-from app.api.relay import Relay
+from app.api.relay import REPOSITORY_CHANGES, Relay
 from app.api.routing import BatchServeApp
 from app.api.v2.infer import infer_routes
 from app.asks import asked
@@ -39,7 +39,6 @@ _DROPPED = {b"connection", b"transfer-encoding", b"keep-alive", REQUEST_ID_HEADE
 # A front end's own server sends its date and name, and the length of what it sends.
 _DROPPED_OUT = {b"connection", b"content-length", b"transfer-encoding", b"keep-alive", b"date",
                 b"server", REQUEST_ID_HEADER}
-_REPOSITORY_PREFIX = "/v2/repository/"
 
 
 class DeviceProxy:
@@ -84,7 +83,7 @@ class DeviceProxy:
             return _unreachable(path, str(exc))
         finally:
             arriving.give_back(held)
-        if method == "POST" and path.startswith(_REPOSITORY_PREFIX):
+        if method == "POST" and path.startswith(REPOSITORY_CHANGES):
             await self.service.link.sync()
         response = Response(answer.body, status_code=answer.status)
         response.raw_headers.extend(

@@ -769,13 +769,13 @@ def test_a_held_device_process_is_unhealthy_within_seconds_through_the_front_end
     import tritonclient.grpc as triton
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from app.api.relay import HEALTH_TIMEOUT_S, HELD
+    from app.api.relay import HEALTH_TIMEOUT_S, held
 
     def http(path: str) -> None:
         with httpx.Client(timeout=HEALTH_TIMEOUT_S + 30) as client:
             answer = client.get(url + path)
         assert answer.status_code == 503, path
-        assert answer.json() == {"status": "unhealthy", "reason": HELD}
+        assert answer.json() == {"status": "unhealthy", "reason": held(HEALTH_TIMEOUT_S)}
 
     def v2(ask: str) -> None:
         assert not getattr(triton.InferenceServerClient(f"127.0.0.1:{port}"), ask)(), ask
