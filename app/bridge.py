@@ -68,6 +68,7 @@ class Bridge:
         self._watch: asyncio.Task[None] | None = None
         service.metrics.frontends.set_function(lambda: len(self._links))
         service.before_scrape.append(self.gather_counts)
+        service.before_retire.append(self.hold_current)
 
     async def serve(self, inbox: Inbox, transport: asyncio.Transport,
                     beat: Heartbeat | None = None) -> None:
@@ -121,12 +122,20 @@ class Bridge:
         if acks:
             await asyncio.wait(acks, timeout=GATHER_LIMIT_S)
 
-    async def _sync_all(self, origin: FrontEndLink, tokens: list[int]) -> None:
-        """Every front end holds the current snapshot (each has acknowledged it); then tell
-        ``origin``: after a load through one front end, every front end routes to it."""
+    async def hold_current(self) -> None:
+        """Every front end holds the current snapshot: each has acknowledged it, having sent
+        before its acknowledgement every request it routed by the one before (SYNC_LIMIT_S at
+        most). A load awaits it before its replaced versions drain, which would refuse what
+        front ends still route to them."""
         now = snapshot(self.service)
         acks = [link.send_models(now, ack=True) for link in list(self._links)]
-        await asyncio.wait([a for a in acks if a is not None], timeout=SYNC_LIMIT_S)
+        if waiting := [a for a in acks if a is not None]:
+            await asyncio.wait(waiting, timeout=SYNC_LIMIT_S)
+
+    async def _sync_all(self, origin: FrontEndLink, tokens: list[int]) -> None:
+        """``hold_current``, then tell ``origin``: after a load through one front end, every
+        front end routes to it."""
+        await self.hold_current()
         for token in tokens:
             origin.outbox.add("synced", token)
 

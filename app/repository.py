@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, NoReturn, Protocol
 
 import torch
@@ -38,6 +38,7 @@ class Runtime(Protocol):
     state: ServerState
 
     devices: list[torch.device]  # the server's
+    before_retire: list[Callable[[], Awaitable[None]]]  # app/bridge.py's: front ends routed
 
     def open(self, model: ServedModel) -> None: ...
 
@@ -62,9 +63,8 @@ class ModelRepository:
         self.failed: dict[str, str] = {}  # name -> why it could not be loaded
         self.loading: dict[str, list[ServedModel]] = {}  # name -> versions being loaded
         self.starting = True  # the start-up loads are not all done
-        # Every start-up model failed to load (one at least): the server exits. A load or an
-        # unload through the API later never sets it, whatever is left serving.
-        self.all_failed = False
+        self.all_failed = False  # every start-up model failed (one at least): the server exits
+        self.moves = 0  # how often a name's default traffic moved (the request path looks)
         self._locks: dict[str, asyncio.Lock] = {}
 
     # ---- start-up --------------------------------------------------------------------------------
@@ -81,8 +81,7 @@ class ModelRepository:
             self.starting = False
 
     async def _load_quietly(self, source: ModelSource | None, name: str) -> None:
-        """A start-up load, under its name's lock as any load (an unload or another load of
-        the name asked meanwhile waits for it)."""
+        """A start-up load, under its name's lock as any (an unload asked meanwhile waits)."""
         with contextlib.suppress(BatchServeError):  # recorded in self.failed; the others load on
             await self._locked_load(source if source is not None else self.catalog.read(name),
                                     name, reload=False)
@@ -93,9 +92,8 @@ class ModelRepository:
         return sorted(set(self.served) | set(self.failed) | set(self.loading))
 
     def get(self, name: str | None = None, version: str | None = None) -> ServedModel:
-        """The model a request names (its default traffic without a version). NotFound for a
-        name or version that is not loaded; a version loading or unloading is returned, and
-        refuses requests itself."""
+        """The model a request names (without a version: its default traffic's); NotFound where
+        none is loaded. A version loading or unloading is returned: it refuses requests itself."""
         if name is None:
             name = self.default_name()
         versions = self.served.get(name)
@@ -174,10 +172,9 @@ class ModelRepository:
             await self._load(source, name, reload)
 
     async def _until_drain(self, work: Coroutine[Any, Any, None], what: str) -> None:
-        """Run ``work`` (a load or an unload) unless the server drains first (from the start,
-        or while it waits): it is abandoned then and Unavailable (503 draining) raised at once,
-        as the process is about to exit, rather than after the drain's limit or never (a load
-        may take minutes or hang, and an unload waits for a load of its name)."""
+        """Run ``work`` (a load or an unload) unless the server drains first, or meanwhile:
+        then it is abandoned and 503 draining raised at once, the process about to exit, not
+        after the drain's limit or never (a load may hang; an unload waits for a load)."""
         if not await unless(work, lambda: self.runtime.state.draining, DRAIN_POLL_S):
             raise Unavailable("draining", f"the server is shutting down: {what} was abandoned")
 
@@ -195,6 +192,7 @@ class ModelRepository:
         async with self._lock(name):
             self.failed.pop(name, None)
             self.current.pop(name, None)
+            self.moves += 1
             await asyncio.gather(*(self._retire(m) for m in self.served.get(name, {}).values()))
 
     def _lock(self, name: str) -> asyncio.Lock:
@@ -203,7 +201,8 @@ class ModelRepository:
     async def _load(self, source: ModelSource, name: str, reload: bool = False) -> None:
         """Load the versions ``source`` wants that are not ready (all of them for a reload)
         beside what serves now; once every one is ready, move the name's default traffic to the
-        newest and retire what they replace."""
+        newest and, once every front end routes by that (``before_retire``: what it routed by
+        the versions before is queued there by then), retire what they replace."""
         if source.reason:
             self._failed(name, source.reason)
         wanted = source.wanted()
@@ -235,7 +234,9 @@ class ModelRepository:
             versions[model.version] = model
         self.failed.pop(name, None)
         self.current[name] = max(wanted, key=int)  # default traffic moves, in one assignment
+        self.moves += 1
         log.info("model %s: serving version %s", name, self.current[name])
+        await asyncio.gather(*(routed() for routed in self.runtime.before_retire))
         await asyncio.gather(*(self._retire(m) for m in superseded))
 
     def _start_version(self, source: ModelSource, name: str, version: str,

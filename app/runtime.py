@@ -71,6 +71,7 @@ class InferenceService:
         self.arriving = Arriving(receiving_bytes(settings))
         self.state = ServerState()  # draining written here only (app/state.py)
         self.before_scrape: list[Callable[[], Awaitable[None]]] = []  # before counts are read
+        self.before_retire: list[Callable[[], Awaitable[None]]] = []  # app/repository.py
         self._started = False
         self._pool: DaemonPool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

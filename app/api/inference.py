@@ -66,6 +66,8 @@ Render = Callable[[ModelFacade, Results, Parsed], Response]
 
 
 class Models(Protocol):
+    moves: int  # changes when a name's default traffic may have moved
+
     def get(self, name: str | None = None, version: str | None = None) -> ModelFacade: ...
 
 
@@ -199,15 +201,9 @@ def looked_up(service: Serving, name: str | None, version: str | None
         return None, exc
 
 
-async def run_inference(
-    scope: Scope,
-    receive: Receive,
-    service: Serving,
-    name: str | None,
-    version: str | None,
-    parse: Parse[Parsed],
-    render: Render[Parsed],
-) -> Response:
+async def run_inference(scope: Scope, receive: Receive, service: Serving, name: str | None,
+                        version: str | None, parse: Parse[Parsed], render: Render[Parsed]
+                        ) -> Response:
     """Serve one inference request for model ``name`` (None: the default) at ``version`` (None:
     the one taking its default traffic); ``parse`` gives, from the body and the request's
     headers, (instances, context for ``render``, what the body asks for: its priority wins over
@@ -219,6 +215,7 @@ async def run_inference(
     arrived = time.monotonic()
     settings = service.settings
     model, missing = looked_up(service, name, version)
+    moves = service.repository.moves
     metrics = model.metrics if model is not None else service.unknown
     status = 500
     headers = dict(scope["headers"])
@@ -237,6 +234,11 @@ async def run_inference(
         body = await read_inflated(receive, settings.max_body_bytes,
                                    headers.get(b"content-length"),
                                    headers.get(b"content-encoding"), service.arriving)
+        if version is None and service.repository.moves != moves:
+            # The name's default traffic moved while the body came (a rolling update): the
+            # version serving it now takes the request, not one that may have begun to drain.
+            model = service.repository.get(name)
+            metrics = model.metrics
         instances, context, asked = parse(model, body, headers)
         priority = asked.priority
         if priority is None:

@@ -88,6 +88,7 @@ class RemoteRepository:
     def __init__(self, service: RemoteService) -> None:
         self._service = service
         self._models: dict[tuple[str, str], RemoteModel] = {}
+        self.moves = 0  # how many snapshots changed where names route (the request path looks)
         # (name, model setting, the handler sent) -> the handler made from them (None: none
         # could be), and those being made
         self._handlers: dict[HandlerKey, ModelHandler | None] = {}
@@ -106,6 +107,11 @@ class RemoteRepository:
         entry = pick(name, version, snap.served.get(name), snap.current.get(name),
                      snap.failed.get(name), lambda: snap.names, name in snap.loading)
         model = self._models.get((entry.name, entry.version))
+        if model is None and version is None:
+            # The default's handler is still being made here: a version made before serves
+            # meanwhile (it drains only once this front end holds the new snapshot, whose
+            # acknowledgement waits for the handler: app/bridge.py ``hold_current``).
+            model = self._newest(entry.name)
         if model is None:
             if _key(entry) in self._making:
                 raise Unavailable("loading", f"model '{name}' is loading: this front end "
@@ -113,6 +119,10 @@ class RemoteRepository:
             raise Unavailable("unavailable", f"model '{name}' cannot be served by this front "
                                              "end (its handler could not be built)")
         return model
+
+    def _newest(self, name: str) -> RemoteModel | None:
+        made = [m for (n, _), m in self._models.items() if n == name]
+        return max(made, key=lambda m: int(m.version), default=None)
 
     def update(self, snap: Snapshot) -> asyncio.Future[Any] | None:
         """Models for a new snapshot, from the handlers made for it; those not made yet are
@@ -138,6 +148,7 @@ class RemoteRepository:
                     models[(entry.name, entry.version)] = RemoteModel(entry, handler,
                                                                       self._service)
         self._models = models
+        self.moves += 1
         # What no snapshot names is let go: a version unloaded, a handler that failed (tried
         # again at the model's next load)
         self._handlers = {k: h for k, h in self._handlers.items() if k in named}

@@ -1,12 +1,13 @@
 """Models loaded and unloaded while clients call them, through two front ends, over HTTP and
 gRPC, with clients that leave mid-body: every call gets one answer of a kind a client may
 expect (never a 500 nor INTERNAL), the server logs no traceback, and /metrics counts each
-call once, at the status its client was answered with."""
+call once, at the status its client was answered with. A rolling update refuses nothing."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import random
 import time
 from pathlib import Path
@@ -17,7 +18,8 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceStub
 
-from tests.conftest import free_port, sample, split_server
+from tests.conftest import free_port, sample, serve, split_server, wait_ready
+from tests.fakes import export_scale
 
 pytestmark = pytest.mark.slow
 
@@ -159,3 +161,54 @@ def test_calls_while_models_load_and_unload_are_each_answered_and_counted_once(
         "OK", "NOT_FOUND", "UNAVAILABLE"}
     assert {code for kind, code in tally.other if kind != "grpc"} <= {"200", "404", "503"}
     assert tally.infer["http"][200] and tally.infer["grpc"][200] and tally.rude
+
+
+async def rolling(url: str, reloads: int) -> collections.Counter[tuple[int, str]]:
+    """Requests naming no version from 6 clients while a client reloads the model ``reloads``
+    times, switching its versions: (status, the version that answered or the error)."""
+    seen: collections.Counter[tuple[int, str]] = collections.Counter()
+    done = asyncio.Event()
+
+    async def calls() -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            while not done.is_set():
+                x = [random.random() for _ in range(3)]
+                answer = await client.post(f"{url}/v2/models/s/infer", json={"inputs": [
+                    {"name": "INPUT0", "shape": [1, 3], "datatype": "FP32", "data": x}]})
+                body = answer.json()
+                if answer.status_code != 200:
+                    seen[(answer.status_code, str(body.get("error")))] += 1
+                    continue
+                k = int(body["model_version"])  # version k computes x * k
+                right = body["outputs"][0]["data"] == pytest.approx([k * v for v in x])
+                seen[(200 if right else 0, body["model_version"])] += 1
+
+    async def reload() -> None:
+        async with httpx.AsyncClient(timeout=60) as client:
+            for i in range(reloads):
+                config = json.dumps({"versions": [1 + i % 2]} if i % 3 else {"versions": [1, 2]})
+                answer = await client.post(f"{url}/v2/repository/models/s/load",
+                                           json={"parameters": {"config": config}})
+                assert answer.status_code == 200, answer.text
+        done.set()
+
+    await asyncio.gather(reload(), *[calls() for _ in range(6)])
+    return seen
+
+
+@pytest.mark.parametrize("frontends", [1, 2])
+def test_a_rolling_update_refuses_nothing(tmp_path: Path, frontends: int) -> None:
+    """Versions leave and take the default traffic while clients call the name: every request
+    is answered by a version that serves it (none 503 unloading, 404 for a version gone, or
+    loading while a front end makes the new version's handler), with that version's values;
+    in one process too, where a request whose body came after the move was refused."""
+    for version in (1, 2):
+        export_scale(tmp_path / "s" / str(version) / "model.pt2", float(version))
+    (tmp_path / "s" / "config.toml").write_text("versions = [1, 2]\n")
+    args = ("--model-repository", str(tmp_path), "--model-control-mode", "explicit",
+            "--load-model", "s", "--frontends", str(frontends))
+    with (split_server(*args) if frontends > 1 else serve(*args)) as (_, url):
+        wait_ready(url)
+        seen = asyncio.run(rolling(url, 12))
+    assert {status for status, _ in seen} == {200}, seen
+    assert {version for _, version in seen} == {"1", "2"}

@@ -419,3 +419,29 @@ async def test_a_front_ends_ask_is_answered_by_the_app_in_process() -> None:
         await wait_until(lambda: len(outbox.sent) == 2, "both answered")
         replied = {entry[0]: entry[1] for kind, entry, _ in outbox.sent if kind == "replied"}
         assert replied[7] == Replied(200, [], b"/x!") and replied[8].status == 500
+
+
+async def test_a_load_retires_what_it_replaces_once_every_front_end_holds_the_snapshot(
+) -> None:
+    """``hold_current`` (a load's ``before_retire``): every front end is sent the snapshot with
+    an ack asked; it returns once each has acknowledged, having sent before its ack what it
+    routed by the snapshot before (a request in the same message is admitted first)."""
+    async with running(EchoHandler()) as service:
+        bridge = Bridge(service)
+        assert service.before_retire == [bridge.hold_current]
+        (one, first), (two, second) = link(), link()
+        bridge._links.update((one, two))
+        held = asyncio.ensure_future(bridge.hold_current())
+        await asyncio.sleep(0.01)
+        acks = []
+        for outbox in (first, second):
+            kinds = [kind for kind, _, _ in outbox.sent]
+            assert kinds == ["models", "ack"]
+            acks.append(outbox.sent[1][1])
+        bridge._handle(one, {"acked": [acks[0]]})
+        await asyncio.sleep(0.01)
+        assert not held.done()  # one of two
+        bridge._handle(two, {**message(service, (5, [1.0])), "acked": [acks[1]]})
+        assert two.waiting or {5} <= set(second.results())  # admitted before the ack counted
+        await asyncio.wait_for(held, 5)
+        await wait_until(lambda: 5 in second.results(), "the request routed before answered")

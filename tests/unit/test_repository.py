@@ -574,6 +574,34 @@ async def test_a_new_version_takes_over_without_losing_a_request(
     assert all(a[0][0] == 2.0 for a in answers[first_v2 + 8:])  # traffic moved and stayed
 
 
+async def test_the_version_replaced_serves_till_the_front_ends_route_past_it(
+        tmp_path: Path, exported: dict[int, Path]) -> None:
+    """A new version takes the default traffic (``moves`` counts it) at once; the one it
+    replaces drains only once ``before_retire``'s waits end (the front ends holding the new
+    snapshot, app/bridge.py): till then what was routed to it is answered, not refused."""
+    add_version(tmp_path, "scale", 1, exported[1])
+    async with serving(tmp_path, model_control_mode="explicit", load_model=["scale"]) as service:
+        repo = service.repository
+        entered, routed = asyncio.Event(), asyncio.Event()
+
+        async def front_ends_routed() -> None:
+            entered.set()
+            await routed.wait()
+
+        service.before_retire.append(front_ends_routed)
+        add_version(tmp_path, "scale", 2, exported[2])
+        moves = repo.moves
+        load = asyncio.create_task(repo.load("scale"))
+        await wait_until(entered.is_set, "the load waiting for the front ends")
+        assert repo.moves == moves + 1 and repo.get("scale").version == "2"
+        assert await call(service, "scale", [[1, 1, 1]], version="1") == [[1.0, 1.0, 1.0]]
+        assert not load.done()
+        routed.set()
+        await load
+        with pytest.raises(NotFound):
+            repo.get("scale", "1")
+
+
 async def test_a_load_with_config_reloads_with_those_settings(tmp_path: Path) -> None:
     write_config(tmp_path, "echo", 'model = "tests.fakes:EchoHandler"\n')
     async with serving(tmp_path, model_control_mode="explicit", load_model=["echo"]) as service:

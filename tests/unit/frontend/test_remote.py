@@ -12,6 +12,7 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -220,3 +221,36 @@ async def test_a_front_end_reports_what_it_cannot_serve_once_started_and_when_it
     await making
     assert sent[2:] == [("lacking", [("m", "2", "loading")]),
                         ("lacking", [("m", "2", "unavailable")])]
+
+
+@pytest.mark.asyncio
+async def test_a_new_default_version_whose_handler_is_made_leaves_the_one_before_serving(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rolling update (version 2 takes the name's default traffic): while this front end
+    makes version 2's handler, a request naming no version goes to version 1, which the device
+    process keeps serving till this front end holds the snapshot (app/bridge.py); one naming
+    version 2 is told it loads. Each snapshot counts as a move (``moves``)."""
+    gate = threading.Event()
+
+    def build(spec: str, name: str | None = None) -> ModelHandler:
+        if spec == "tests.fakes:EchoHandler":
+            assert gate.wait(WAIT_S)
+        return load_handler(spec, name)
+
+    monkeypatch.setattr(remote, "load_handler", build)
+    first = entry("linear", None)
+    service = Service(first)
+    repository = RemoteRepository(service)  # type: ignore[arg-type]
+    await cast(asyncio.Future[Any], repository.update(service.link.snapshot))
+    second = replace(first, version="2", spec="tests.fakes:EchoHandler")
+    service.link.snapshot = Snapshot(served={"m": {"1": first, "2": second}},
+                                     current={"m": "2"}, names=["m"])
+    moves = repository.moves
+    making = repository.update(service.link.snapshot)
+    assert making is not None and repository.moves == moves + 1
+    assert repository.get("m").version == "1"
+    with pytest.raises(Unavailable, match="builds its handler"):
+        repository.get("m", "2")
+    gate.set()
+    await making
+    assert repository.get("m").version == "2" and repository.get("m", "1").version == "1"
