@@ -107,13 +107,14 @@ class RemoteRepository:
         entry = pick(name, version, snap.served.get(name), snap.current.get(name),
                      snap.failed.get(name), lambda: snap.names, name in snap.loading)
         model = self._models.get((entry.name, entry.version))
-        if model is None and version is None:
+        making = model is None and _key(entry) in self._making
+        if making and version is None:
             # The default's handler is still being made here: a version made before serves
             # meanwhile (it drains only once this front end holds the new snapshot, whose
             # acknowledgement waits for the handler: app/bridge.py ``hold_current``).
             model = self._newest(entry.name)
         if model is None:
-            if _key(entry) in self._making:
+            if making:
                 raise Unavailable("loading", f"model '{name}' is loading: this front end "
                                              "builds its handler")
             raise Unavailable("unavailable", f"model '{name}' cannot be served by this front "
