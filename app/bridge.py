@@ -115,22 +115,26 @@ class Bridge:
                 if link.sent != now:
                     link.send_models(now)
 
-    async def gather_counts(self) -> None:
-        """Before a scrape of /metrics: every front end sends the request counts it holds
-        (app/frontend/link.py), with its answer to an ``ack``; a second at most."""
+    async def _acknowledged(self, limit_s: float) -> None:
+        """Every front end has answered an ``ack`` (``limit_s`` at most): it has read what was
+        sent before, and sent before its answer what it held and every request it routed."""
         acks = [link.ask() for link in list(self._links)]
         if acks:
-            await asyncio.wait(acks, timeout=GATHER_LIMIT_S)
+            await asyncio.wait(acks, timeout=limit_s)
+
+    async def gather_counts(self) -> None:
+        """Before a scrape of /metrics: every front end sends the request counts it holds
+        (app/frontend/link.py); a second at most."""
+        await self._acknowledged(GATHER_LIMIT_S)
 
     async def hold_current(self) -> None:
-        """Every front end holds the current snapshot: each has acknowledged it, having sent
-        before its acknowledgement every request it routed by the one before (SYNC_LIMIT_S at
-        most). A load awaits it before its replaced versions drain, which would refuse what
-        front ends still route to them."""
+        """Every front end holds the current snapshot, having sent every request it routed by
+        the one before. A load awaits it before its replaced versions drain, which would
+        refuse what front ends still route to them."""
         now = snapshot(self.service)
-        acks = [link.send_models(now, ack=True) for link in list(self._links)]
-        if waiting := [a for a in acks if a is not None]:
-            await asyncio.wait(waiting, timeout=SYNC_LIMIT_S)
+        for link in list(self._links):
+            link.send_models(now)
+        await self._acknowledged(SYNC_LIMIT_S)
 
     async def _sync_all(self, origin: FrontEndLink, tokens: list[int]) -> None:
         """``hold_current``, then tell ``origin``: after a load through one front end, every

@@ -43,11 +43,9 @@ class FrontEndLink:
     acks: dict[int, asyncio.Future[None]] = field(default_factory=dict)
     _keys: itertools.count[int] = field(default_factory=itertools.count)
 
-    def send_models(self, snap: Snapshot, ack: bool = False) -> asyncio.Future[None] | None:
-        """Send ``snap``; with ``ack``, ask the front end to say when it holds it."""
+    def send_models(self, snap: Snapshot) -> None:
         self.sent = snap
         self.outbox.add("models", snap)
-        return self.ask() if ack else None
 
     def ask(self) -> asyncio.Future[None]:
         """Ask the front end to answer (``acked``) once it has read what was sent before; its

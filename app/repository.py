@@ -236,7 +236,8 @@ class ModelRepository:
         self.current[name] = max(wanted, key=int)  # default traffic moves, in one assignment
         self.moves += 1
         log.info("model %s: serving version %s", name, self.current[name])
-        await asyncio.gather(*(routed() for routed in self.runtime.before_retire))
+        if superseded:  # they drain once the front ends route past them
+            await asyncio.gather(*(routed() for routed in self.runtime.before_retire))
         await asyncio.gather(*(self._retire(m) for m in superseded))
 
     def _start_version(self, source: ModelSource, name: str, version: str,

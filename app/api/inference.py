@@ -191,14 +191,15 @@ async def submit(model: ModelFacade, instances: list[Any], level: int, deadline:
 
 
 def looked_up(service: Serving, name: str | None, version: str | None
-              ) -> tuple[ModelFacade | None, ServeError | None]:
+              ) -> tuple[ModelFacade | None, ServeError | None, RequestCounts]:
     """The model version a request names, or why there is none (unknown, loading, its load
     failed): raised after the auth check, so a name leaks nothing to a client without
-    credentials, and counted under ``model=""``, where a request without a model is."""
+    credentials; and where the request is counted (without a model: under ``model=""``)."""
     try:
-        return service.repository.get(name, version), None
+        model = service.repository.get(name, version)
     except ServeError as exc:
-        return None, exc
+        return None, exc, service.unknown
+    return model, None, model.metrics
 
 
 async def run_inference(scope: Scope, receive: Receive, service: Serving, name: str | None,
@@ -214,9 +215,8 @@ async def run_inference(scope: Scope, receive: Receive, service: Serving, name: 
     the route's protocol: the metrics count the status the client is answered with."""
     arrived = time.monotonic()
     settings = service.settings
-    model, missing = looked_up(service, name, version)
+    model, missing, metrics = looked_up(service, name, version)
     moves = service.repository.moves
-    metrics = model.metrics if model is not None else service.unknown
     status = 500
     headers = dict(scope["headers"])
     tracing = service.tracing

@@ -171,8 +171,8 @@ async def infer(service: Serving, request: pb.ModelInferRequest, context: Contex
     """One ModelInfer (or one request of ``method``'s stream): the HTTP infer's steps and
     metrics (``protocol="grpc"``), with the gRPC deadline as one more bound on the request's."""
     arrived = time.monotonic()
-    model, missing = looked_up(service, request.model_name, request.model_version or None)
-    metrics = model.metrics if model is not None else service.unknown
+    model, missing, metrics = looked_up(service, request.model_name,
+                                        request.model_version or None)
     status = 500
     tracing = service.tracing
     span = None
