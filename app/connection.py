@@ -125,7 +125,9 @@ class OneWriteProtocol(HttpToolsProtocol):
             if self.transport.is_closing():  # refused in a callback (on_headers_complete)
                 return
             self.logger.warning(INVALID_HTTP)
-            self.send_400_response(str(exc))
+            target = exc.__context__  # llhttp says only that a callback failed
+            found = isinstance(target, httptools.HttpParserInvalidURLError)
+            self.send_400_response(f"its target is not a path: {target}" if found else str(exc))
         except httptools.HttpParserUpgrade as upgrade:
             if self._should_upgrade():
                 self.handle_websocket_upgrade()

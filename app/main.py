@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -9,6 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from starlette.routing import BaseRoute
 
 from app.api import error_responses as errors
 from app.api import health, predict
@@ -77,11 +79,22 @@ def _single_model(service: InferenceService) -> tuple[dict[str, Any], int | None
     return {}, None
 
 
+def _get_alone(route: BaseRoute) -> BaseRoute:
+    """``route`` as the schema shows it: a GET that answers HEAD too (``head_too``) as the one
+    operation, not two."""
+    methods = getattr(route, "methods", None)
+    if not methods or "HEAD" not in methods or "GET" not in methods:
+        return route
+    shown = copy.copy(route)
+    shown.methods = methods - {"HEAD"}  # type: ignore[attr-defined]
+    return shown
+
+
 def _openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's schema of its own routes, plus the raw ASGI routes' operations."""
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, summary=app.summary,
-                             routes=app.routes)
+                             routes=[_get_alone(route) for route in app.routes])
         for route in app.routes:
             if isinstance(route, RawRoute) and route.include_in_schema:
                 schema["paths"].setdefault(route.path, {}).update(route.operation)

@@ -32,7 +32,7 @@ def _page(app: FastAPI, path: str, render: Callable[[str, str], HTMLResponse]) -
         root = request.scope.get("root_path", "")
         return render(f"{root}{app.openapi_url}", f"{root}{ASSETS}")
 
-    app.add_api_route(path, page, methods=["GET"], include_in_schema=False)
+    app.add_api_route(path, page, methods=["GET", "HEAD"], include_in_schema=False)
 
 
 def offline_assets() -> str:

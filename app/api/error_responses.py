@@ -78,7 +78,10 @@ def error_response(exc: Exception, fmt: ErrorFormat = BATCHSERVE) -> Response:
         return fmt.render(exc.status, exc.type, exc.message, headers)
     if isinstance(exc, HTTPException):
         type_ = _HTTP_TYPES.get(exc.status_code, "http_error")
-        return fmt.render(exc.status_code, type_, str(exc.detail), dict(exc.headers or {}))
+        headers = dict(exc.headers or {})
+        if "Allow" in headers:  # Starlette joins a set: one order, whatever the hash seed
+            headers["Allow"] = ", ".join(sorted(headers["Allow"].split(", ")))
+        return fmt.render(exc.status_code, type_, str(exc.detail), headers)
     if isinstance(exc, RequestValidationError):
         parts = []
         for err in exc.errors():

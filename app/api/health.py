@@ -46,11 +46,6 @@ async def health_check(service: ServiceDep, model: str | None = None) -> Respons
                     "models": models})
 
 
-# A gateway's check may read the status alone: HEAD, the GET's status and headers (no second
-# operation in the schema).
-router.add_api_route("/health_check", health_check, methods=["HEAD"], include_in_schema=False)
-
-
 def _model_state(model: ServedModel) -> dict[str, Any]:
     """One model version's state, as the health check's body gives it."""
     return {"model": model.name, "version": model.version, "status": model.health,

@@ -17,7 +17,7 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI
 from starlette.exceptions import HTTPException
-from starlette.routing import Match, Route
+from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.access import AccessLog
@@ -60,6 +60,16 @@ class RawRoute(Route):
             await error_response(exc, self.error_format)(scope, receive, send)
 
 
+def head_too(route: BaseRoute) -> None:
+    """A GET route answers HEAD as well (its status and headers; the server sends no body), as
+    every HTTP server must (RFC 9110, 9.1), and a 405 elsewhere lists both. FastAPI's routes,
+    unlike Starlette's, take only the methods they name; the schema keeps the GET alone
+    (app/main.py)."""
+    methods = getattr(route, "methods", None)
+    if methods is not None and "GET" in methods:
+        methods.add("HEAD")
+
+
 class BatchServeApp(FastAPI):
     """FastAPI, whose raw routes are matched before its middleware stack (module docstring)."""
 
@@ -82,10 +92,13 @@ class BatchServeApp(FastAPI):
 
     def add_router(self, router: APIRouter) -> None:
         """``router``'s routes (their paths, tags and route class set where it was made), in
-        this app's own list. FastAPI 0.165's ``include_router`` keeps an included router as one
-        route that matches through its routes with a context of its own: about 20 us more for
-        every request that is not a raw route (a 404 100 -> 78 us, a model's metadata 220 ->
-        184; docs/benchmarks.md, "Floods of probes and other requests")."""
+        this app's own list, each GET answering HEAD too (``head_too``). FastAPI 0.165's
+        ``include_router`` keeps an included router as one route that matches through its
+        routes with a context of its own: about 20 us more for every request that is not a raw
+        route (a 404 100 -> 78 us, a model's metadata 220 -> 184; docs/benchmarks.md, "Floods of
+        probes and other requests")."""
+        for route in router.routes:
+            head_too(route)
         self.router.routes.extend(router.routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

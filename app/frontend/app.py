@@ -122,9 +122,9 @@ def create_frontend_app(service: RemoteService, link: socket.socket) -> FastAPI:
     for route in [*predict.routes(service, {}), *infer_routes(service)]:
         app.add_raw_route(route)
     proxy = DeviceProxy(service)
-    rest = Route("/{path:path}", proxy, methods=[
-        "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"])
-    # Every other path, a decoded newline in it too (an escaped one reaches a model's name).
+    # Every other path and method (the device process's app answers 404 or 405 as one process
+    # would), a decoded newline in the path too (an escaped one reaches a model's name).
+    rest = Route("/{path:path}", proxy)
     rest.path_regex = re.compile(rest.path_regex.pattern, re.DOTALL)
     app.router.routes.append(rest)
     app.add_middleware(AccessLog)

@@ -27,14 +27,6 @@ async def test_ready_body() -> None:
         assert r.status_code == 404 and "unknown model 'nope'" in r.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("path", ["/health_check", "/v2/health/ready", "/v2/health/live"])
-async def test_a_head_check_gives_the_status_alone(path: str) -> None:
-    """A gateway may check with HEAD: the GET's status and length, no body."""
-    async with app_client(make_settings()) as client:
-        got = await client.get(path)
-        head = await client.head(path)
-        assert (head.status_code, head.content) == (200, b"")
-        assert head.headers["content-length"] == got.headers["content-length"]
 
 
 async def test_metrics_count_requests_and_batches() -> None:

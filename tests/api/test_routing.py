@@ -90,6 +90,25 @@ async def test_other_methods_get_a_405_and_log_no_error(
     assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
 
 
+async def test_every_get_answers_head_with_its_status_and_length_alone() -> None:
+    """A gateway may check with HEAD, and every HTTP server must take it where it takes GET
+    (RFC 9110): the GET's status and length, no body; a 405 there names both; the schema keeps
+    the GET alone."""
+    async with app_client(make_settings()) as client:
+        schema = (await client.get("/openapi.json")).json()
+        paths = [p.replace("{name}", "linear").replace("{version}", "1")
+                 for p, operations in schema["paths"].items() if "get" in operations]
+        assert "/health_check" in paths and "/v2/models/linear/ready" in paths
+        for path in [*paths, "/docs", "/redoc", "/openapi.json"]:
+            got, head = await client.get(path), await client.head(path)
+            assert (head.status_code, head.content) == (got.status_code, b""), path
+            if path != "/metrics":  # its counts grew with the GET
+                assert head.headers["content-length"] == got.headers["content-length"], path
+        r = await client.request("TRACE", "/v2/health/live")
+        assert (r.status_code, r.headers["allow"]) == (405, "GET, HEAD")
+        assert not any("head" in operations for operations in schema["paths"].values())
+
+
 async def test_a_mounted_app_matches_raw_routes_by_their_pattern() -> None:
     """Under a root path the fixed-path lookup stands aside and Starlette's matching decides."""
     async with app_client(make_settings()) as client:

@@ -180,6 +180,8 @@ TENSOR = (b'{"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", 
 SAME_ANSWERS = [  # (method, path, headers, body): what two front ends must answer as one process
     ("GET", "/health_check?model=nope", {}, None), ("GET", "/health_check/", {}, None),
     ("HEAD", "/health_check", {}, None), ("GET", "/v2", {}, None),
+    ("HEAD", "/v2/models/linear", {}, None), ("TRACE", "/v2/models/linear", {}, None),
+    ("PROPFIND", "/nope", {}, None),
     ("GET", "/v2/health/ready", {}, None), ("GET", "/v2/models/linear/config", {}, None),
     ("GET", "/v2/models/linear/versions/2", {}, None), ("POST", "/v2/repository/index", {}, b""),
     ("POST", "/v2/repository/models/linear/load", {}, b""), ("DELETE", "/v2/models/linear", {},

@@ -453,6 +453,9 @@ async def test_a_declined_upgrade_keeps_its_body_and_the_connection(framing: byt
      b'Invalid header value char"}}'),
     (b"POST /v2/models/m/infer HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
      b'{"error":"the request is not valid HTTP/1.1: Duplicate Content-Length"}'),
+    (b"CONNECT 127.0.0.1:22 HTTP/1.1\r\nhost: a\r\n\r\n",  # llhttp: "User callback error"
+     b'{"error":{"type":"invalid_http","message":"the request is not valid HTTP/1.1: '
+     b"its target is not a path: invalid url b'127.0.0.1:22'\"}}"),
     (H2C + b"transfer-encoding: chunked\r\n\r\nzz\r\n",  # read past llhttp (app/framing.py)
      b'{"error":{"type":"invalid_http","message":"the request is not valid HTTP/1.1: '),
 ])

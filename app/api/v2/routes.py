@@ -74,11 +74,6 @@ async def ready(service: ServiceDep) -> Response:
     return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
 
-# Probes may read the status alone: HEAD too, as /health_check (no second schema operation).
-router.add_api_route("/health/live", live, methods=["HEAD"], include_in_schema=False)
-router.add_api_route("/health/ready", ready, methods=["HEAD"], include_in_schema=False)
-
-
 # Before /models/{name}, which would take "stats" for a model's name (Triton reads it so too).
 @router.get("/models/stats", summary="Every model version's statistics (Triton's extension)")
 async def all_statistics(service: CountedServiceDep) -> dict[str, Any]:

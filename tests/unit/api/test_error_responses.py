@@ -48,6 +48,8 @@ def test_a_message_that_quotes_megabytes_is_answered_in_a_kilobyte(fmt: ErrorFor
 def test_starlettes_own_errors_get_a_type_and_their_headers() -> None:
     response = error_response(HTTPException(405, "Method Not Allowed", {"Allow": "POST"}))
     assert response.status_code == 405 and response.headers["allow"] == "POST"
+    response = error_response(HTTPException(405, headers={"Allow": "HEAD, POST, GET"}))
+    assert response.headers["allow"] == "GET, HEAD, POST"  # one order, whatever a set's
     assert orjson.loads(response.body)["error"] == {"type": "method_not_allowed",
                                                     "message": "Method Not Allowed"}
     assert orjson.loads(error_response(HTTPException(418)).body)["error"]["type"] == \
