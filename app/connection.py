@@ -33,9 +33,8 @@ from app.values import SLOW_LINK_S
 log = logging.getLogger("batchserve")
 
 
-# The most bytes a request line and its headers may take (uvicorn's httptools protocol sets no
-# bound: a client could make the server hold gigabytes of one header). Node allows 16 KiB,
-# nginx 32 KiB; this is past both, for large tokens and cookies.
+# The most bytes a request line and its headers may take (uvicorn sets no bound: a client could
+# make the server hold gigabytes of one header). Past Node's 16 KiB and nginx's 32 KiB.
 MAX_HEAD_BYTES = 64 * 1024
 
 
@@ -46,8 +45,8 @@ class OneWriteProtocol(HttpToolsProtocol):
     connection closed, one that pipelines has its reads paused past ``PIPELINE_LIMIT``
     waiting requests, and one that stops taking its answer is reset, so slow or hostile
     clients cannot hold the server's connections or memory (``protocol_for`` sets the time
-    bound). A request that asks to upgrade (h2c) is answered in
-    HTTP/1.1 with its body, as RFC 9110 lets a server do."""
+    bound). A request that asks to upgrade (h2c) is answered in HTTP/1.1 with its body, as RFC
+    9110 lets a server do."""
 
     read_timeout_s: float | None = None
     stall_s: float | None = None  # read_timeout_s, SLOW_LINK_S at least (app/flow.py)
@@ -59,8 +58,7 @@ class OneWriteProtocol(HttpToolsProtocol):
     _reading: tuple[float, Any] | None = None
     _in_head = True  # what arrives now is a request's line and headers
     _head_bytes = 0  # received since the last request's headers were whole
-    # The body of a request whose Upgrade (h2c) is declined, read here (app/framing.py):
-    # llhttp ended that request at its headers.
+    # The body of a request whose Upgrade (h2c) is declined, read here (app/framing.py).
     _declined: Body | None = None
     # Bytes of the reads, since a chunk's header, that held none of the body: the last chunk's
     # trailers, which httptools gathers whole before it hands them on (None: no chunk header
@@ -125,9 +123,7 @@ class OneWriteProtocol(HttpToolsProtocol):
             if self.transport.is_closing():  # refused in a callback (on_headers_complete)
                 return
             self.logger.warning(INVALID_HTTP)
-            target = exc.__context__  # llhttp says only that a callback failed
-            found = isinstance(target, httptools.HttpParserInvalidURLError)
-            self.send_400_response(f"its target is not a path: {target}" if found else str(exc))
+            self.send_400_response(_said(exc))
         except httptools.HttpParserUpgrade as upgrade:
             if self._should_upgrade():
                 self.handle_websocket_upgrade()
@@ -258,9 +254,8 @@ class OneWriteProtocol(HttpToolsProtocol):
         one was read, as the other refusals here (uvicorn's is a line of plain text)."""
         self._counted(400, "invalid_http")
         self._cancel_read_timer()
-        self._refuse(400, "Bad Request", "invalid_http",
-                     f"the request is not valid HTTP/1.1: {msg}",
-                     getattr(self, "url", b"").decode("latin-1"))
+        self._refuse(400, "Bad Request", "invalid_http", f"the request is not valid HTTP/1.1: "
+                     f"{msg}", getattr(self, "url", b"").decode("latin-1"))
 
     def _counted(self, status: int, kind: str) -> None:
         """Count an answer the protocol gives itself, before any route (``count_refusal``)."""
@@ -278,6 +273,15 @@ class OneWriteProtocol(HttpToolsProtocol):
 class Refused(Exception):
     """A request's head is refused: over ``MAX_HEAD_BYTES``, or a transfer coding not served
     (raised inside the parser's callback)."""
+
+
+def _said(exc: httptools.HttpParserError) -> str:
+    """What the parser found wrong, in a client's terms where llhttp's are its own."""
+    if isinstance(exc.__context__, httptools.HttpParserInvalidURLError):  # "User callback error"
+        return f"its target is not a path: {exc.__context__}"
+    if str(exc) == "Pause on PRI/Upgrade":  # HTTP/2's preface: h2c with prior knowledge, gRPC
+        return "it is HTTP/2; this port serves HTTP/1.1 (gRPC has a port of its own, grpc_port)"
+    return str(exc)
 
 
 def _head_size(url: bytes, headers: list[tuple[bytes, bytes]]) -> int:

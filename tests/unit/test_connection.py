@@ -456,6 +456,9 @@ async def test_a_declined_upgrade_keeps_its_body_and_the_connection(framing: byt
     (b"CONNECT 127.0.0.1:22 HTTP/1.1\r\nhost: a\r\n\r\n",  # llhttp: "User callback error"
      b'{"error":{"type":"invalid_http","message":"the request is not valid HTTP/1.1: '
      b"its target is not a path: invalid url b'127.0.0.1:22'\"}}"),
+    (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",  # a gRPC client on this port: "Pause on PRI/Upgrade"
+     b'{"error":{"type":"invalid_http","message":"the request is not valid HTTP/1.1: '
+     b'it is HTTP/2; this port serves HTTP/1.1 (gRPC has a port of its own, grpc_port)"}}'),
     (H2C + b"transfer-encoding: chunked\r\n\r\nzz\r\n",  # read past llhttp (app/framing.py)
      b'{"error":{"type":"invalid_http","message":"the request is not valid HTTP/1.1: '),
 ])
