@@ -31,6 +31,7 @@ from app.values import (
     DEFAULT_MAX_WAIT_MS,
     DEFAULT_QUEUE_CAPACITY,
     DEFAULT_REQUEST_TIMEOUT_S,
+    bearer_token,
     derive_defaults,
     http_url,
     listed_names,
@@ -181,10 +182,9 @@ class Settings(BaseSettings, BatchSettings):
         "quarter of the memory the server may use, a memory limit counting, shared by its "
         "processes; at least max_body_bytes)",
     )
-    api_key: str | None = Field(
-        None, min_length=1,
-        description="when set, inference and model control need 'Authorization: Bearer'"
-    )
+    api_key: Annotated[str | None, AfterValidator(bearer_token)] = Field(
+        None, min_length=1, description="when set, inference and model control need "
+        "'Authorization: Bearer <key>' (visible ASCII characters)")
     torch_threads: int | None = Field(
         None, ge=1, description="torch intra-op threads per process (default: torch's choice, at "
         "most the usable cores: a CPU quota counts)"

@@ -54,6 +54,16 @@ def http_url(value: str | None) -> str | None:
     return value
 
 
+def bearer_token(value: str | None) -> str | None:
+    """A key that an ``Authorization: Bearer`` header can carry: visible ASCII, no spaces. A
+    secret file's line break at its end would otherwise refuse every client with the key."""
+    bad = next((c for c in value or "" if not "!" <= c <= "~"), None)
+    if bad is not None:
+        raise ValueError(f"holds {bad!r}: a key is visible ASCII characters, what every client "
+                         "can send in a header (a line break at the end of a secret's file?)")
+    return value
+
+
 def _number(value: Any) -> float | None:
     try:
         number = float(value)

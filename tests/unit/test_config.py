@@ -253,6 +253,19 @@ def test_an_empty_host_or_key_is_refused(monkeypatch: pytest.MonkeyPatch, name: 
         load_settings()
 
 
+@pytest.mark.parametrize(("key", "shown"), [("sekrit\n", r"'\\n'"), ("a b", "' '"),
+                                             ("k\u00e9y", "'\u00e9'")])
+def test_a_key_no_header_carries_is_refused_at_start(monkeypatch: pytest.MonkeyPatch, key: str,
+                                                      shown: str) -> None:
+    """A key read from a file written with its line break would refuse every client that sends
+    the key: the start says so instead, naming the character, not the key."""
+    monkeypatch.setenv("BATCHSERVE_API_KEY", key)
+    with pytest.raises(ConfigError, match=f"api_key: holds {shown}: a key is visible ASCII") as e:
+        load_settings()
+    assert key.strip() not in str(e.value)
+    assert make_settings(api_key="Ab0-._~+/=!#").api_key == "Ab0-._~+/=!#"
+
+
 def test_frontends_is_a_number_or_auto_and_auto_follows_the_cores() -> None:
     assert make_settings().frontends == "auto"
     assert make_settings(frontends=3).frontends == 3
