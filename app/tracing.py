@@ -14,7 +14,9 @@ monotonic times converted once to the wall clock.
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -28,7 +30,12 @@ if TYPE_CHECKING:
 
     from app.report import BatchReport
 
+log = logging.getLogger("batchserve")
+
 OTLP_ENV = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+# The longest a stop waits for the collector to take the last spans: one that does not answer
+# would hold it for the exporter's whole timeout and retries (10 s by default).
+FLUSH_S = 3.0
 CONTEXT_HEADERS = ("traceparent", "tracestate")
 
 
@@ -66,13 +73,21 @@ class Tracing:
                     if endpoint is not None else OTLPSpanExporter())
         resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME",
                                                                    service_name)})
-        provider = TracerProvider(resource=resource)
+        provider = TracerProvider(resource=resource, shutdown_on_exit=False)  # ``shutdown``
         provider.add_span_processor(BatchSpanProcessor(exporter))
         return cls(provider)
 
-    def shutdown(self) -> None:
-        """Send what is buffered, then stop."""
-        self._provider.shutdown()
+    def shutdown(self, within_s: float = FLUSH_S) -> bool:
+        """Send what is buffered, then stop. Past ``within_s`` the rest is dropped, with a
+        warning, and False: the flush goes on in a daemon thread, which the exit ends."""
+        flush = threading.Thread(target=self._provider.shutdown, name="otel-flush", daemon=True)
+        flush.start()
+        flush.join(within_s)
+        if flush.is_alive():
+            log.warning("traces: the collector took none of the last spans within %g s; they "
+                        "are dropped", within_s)
+            return False
+        return True
 
     def _ns(self, monotonic_s: float) -> int:
         return self._offset_ns + int(monotonic_s * 1e9)

@@ -4,6 +4,7 @@ protobuf requests are decoded with opentelemetry-proto and the spans checked."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -71,6 +72,29 @@ def test_off_unless_an_endpoint_is_configured(monkeypatch: pytest.MonkeyPatch) -
     tracing = Tracing.configure(None)
     assert tracing is not None
     tracing.shutdown()
+
+
+def test_a_stop_waits_for_a_silent_collector_a_bounded_time(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A collector that does not answer held a server's exit for the exporter's timeout and
+    retries (9 s measured); the flush now has ``within_s``, then its spans are dropped."""
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+
+    released = threading.Event()
+
+    class Silent(SpanProcessor):
+        def shutdown(self) -> None:
+            released.wait(30)
+
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(Silent())
+    assert Tracing(provider).shutdown(within_s=0.05) is False
+    assert not released.is_set()  # it returned while the flush still waited
+    assert "the collector took none of the last spans within 0.05 s" in caplog.text
+    released.set()
+    quick = TracerProvider(shutdown_on_exit=False)
+    quick.add_span_processor(SpanProcessor())
+    assert Tracing(quick).shutdown() is True
 
 
 def test_a_missing_extra_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
