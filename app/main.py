@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -10,13 +9,12 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from starlette.routing import BaseRoute
 
 from app.api import error_responses as errors
 from app.api import health, predict
 from app.api.access import AccessLog
 from app.api.docs import add_docs
-from app.api.routing import BatchServeApp, RawRoute
+from app.api.routing import BatchServeApp, RawRoute, get_alone
 from app.api.v2 import repository_routes as v2_repository
 from app.api.v2 import routes as v2
 from app.api.v2.infer import infer_routes
@@ -79,22 +77,11 @@ def _single_model(service: InferenceService) -> tuple[dict[str, Any], int | None
     return {}, None
 
 
-def _get_alone(route: BaseRoute) -> BaseRoute:
-    """``route`` as the schema shows it: a GET that answers HEAD too (``head_too``) as the one
-    operation, not two."""
-    methods = getattr(route, "methods", None)
-    if not methods or "HEAD" not in methods or "GET" not in methods:
-        return route
-    shown = copy.copy(route)
-    shown.methods = methods - {"HEAD"}  # type: ignore[attr-defined]
-    return shown
-
-
 def _openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's schema of its own routes, plus the raw ASGI routes' operations."""
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, summary=app.summary,
-                             routes=[_get_alone(route) for route in app.routes])
+                             routes=[get_alone(route) for route in app.routes])
         for route in app.routes:
             if isinstance(route, RawRoute) and route.include_in_schema:
                 schema["paths"].setdefault(route.path, {}).update(route.operation)

@@ -12,6 +12,7 @@ and a raw route reached through the router, takes the usual path to the same end
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any
 
@@ -64,10 +65,21 @@ def head_too(route: BaseRoute) -> None:
     """A GET route answers HEAD as well (its status and headers; the server sends no body), as
     every HTTP server must (RFC 9110, 9.1), and a 405 elsewhere lists both. FastAPI's routes,
     unlike Starlette's, take only the methods they name; the schema keeps the GET alone
-    (app/main.py)."""
+    (``get_alone``)."""
     methods = getattr(route, "methods", None)
     if methods is not None and "GET" in methods:
         methods.add("HEAD")
+
+
+def get_alone(route: BaseRoute) -> BaseRoute:
+    """``route`` as the schema shows it: a GET that answers HEAD too as one operation, not two
+    (which would share one operation id)."""
+    methods = getattr(route, "methods", None)
+    if not methods or "HEAD" not in methods or "GET" not in methods:
+        return route
+    shown = copy.copy(route)
+    shown.methods = methods - {"HEAD"}  # type: ignore[attr-defined]
+    return shown
 
 
 class BatchServeApp(FastAPI):
