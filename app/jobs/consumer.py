@@ -167,13 +167,9 @@ class JobWorker:
         log.warning("took over job entry %s (delivery %d)", entry, deliveries)
         if deliveries > s.job_max_deliveries:
             job = parse_job(entry, fields, s.max_instances)
-            result = None
-            if job.id is not None:
-                result = error_result(
-                    job.id, "gave_up",
-                    f"the job was delivered {deliveries - 1} times without being finished",
-                )
-            await self._finish(job, result, dead_reason="max_deliveries")
+            why = f"the job was delivered {deliveries - 1} times without being finished"
+            result = None if job.id is None else error_result(job.id, "gave_up", why)
+            await self._finish(job, result, dead=("max_deliveries", why))
             return
         self._start(entry, fields)
 
@@ -196,7 +192,8 @@ class JobWorker:
     async def _run_job(self, job: Job) -> None:
         try:
             if job.id is None:
-                await self._finish(job, None, dead_reason="no_id")
+                why = job.error.message if job.error is not None else "no id"
+                await self._finish(job, None, dead=("no_id", why))
             elif job.error is not None:
                 await self._finish(job, error_result(job.id, job.error.type, job.error.message))
             else:
@@ -249,9 +246,11 @@ class JobWorker:
         return {"id": job.id, "status": "ok", "predictions": predictions}
 
     async def _finish(
-        self, job: Job, result: dict[str, Any] | None, dead_reason: str | None = None
+        self, job: Job, result: dict[str, Any] | None, dead: tuple[str, str] | None = None
     ) -> None:
-        """Write the result, announce it, then acknowledge and delete the entry, atomically."""
+        """Write the result, announce it, then acknowledge and delete the entry, atomically;
+        with ``dead`` (a reason and what was wrong), a copy of the job on the dead-letter
+        stream."""
         s = self.settings
         pipe = self.redis.pipeline(transaction=True)
         if result is not None:
@@ -259,15 +258,15 @@ class JobWorker:
             pipe.set(RESULT_KEY + result["id"], body, ex=s.result_ttl_s)
             pipe.xadd(RESULTS_STREAM, {"id": result["id"]}, maxlen=RESULTS_MAXLEN,
                       approximate=True)
-        if dead_reason is not None:
+        if dead is not None:
             pipe.xadd(dead_stream(s.job_stream),
-                      {"job": job.raw, "reason": dead_reason, "entry": job.entry})
+                      {"job": job.raw, "reason": dead[0], "why": dead[1], "entry": job.entry})
         pipe.xack(s.job_stream, s.job_group, job.entry)
         pipe.xdel(s.job_stream, job.entry)
         await pipe.execute()
-        if dead_reason is not None:
-            self.metrics.dead_lettered.labels(reason=dead_reason).inc()
-            log.warning("job entry %s dead-lettered (%s)", job.entry, dead_reason)
+        if dead is not None:
+            self.metrics.dead_lettered.labels(reason=dead[0]).inc()
+            log.warning("job entry %s dead-lettered (%s): %s", job.entry, *dead)
         if result is not None and result["status"] == "ok":
             self.metrics.done.inc()
         elif result is not None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from app.errors import ServeError, bounded
+from app.errors import InvalidInput, ServeError, bounded
 from app.payload import instances_of, whole_number_of
 from app.tracing import CONTEXT_HEADERS
 
@@ -28,7 +28,8 @@ def dead_stream(job_stream: str) -> str:
 
 @dataclass(frozen=True)
 class Job:
-    """A parsed stream entry: ``id`` None means the entry has no usable id."""
+    """A parsed stream entry: ``id`` None means the entry has no usable id (``error`` says
+    what is wrong with it, for its dead letter)."""
 
     entry: str
     id: str | None
@@ -41,14 +42,17 @@ class Job:
 
 def parse_job(entry: str, fields: dict[bytes, bytes], max_instances: int) -> Job:
     """Never raises: a malformed job comes back with ``id`` None or an ``error``."""
-    raw = fields.get(b"job", b"")
+    raw = fields.get(b"job")
+    if raw is None:
+        return _unusable(entry, b"", "the entry has no 'job' field")
     try:
         payload = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return Job(entry, None, None, None, raw)
+    except orjson.JSONDecodeError as exc:
+        return _unusable(entry, raw, f"'job' is not JSON: {exc}")
     job_id = payload.get("id") if isinstance(payload, dict) else None
     if not isinstance(job_id, str) or not job_id:
-        return Job(entry, None, None, None, raw)
+        return _unusable(entry, raw, "'job' has no 'id': a job is a JSON object whose 'id' is "
+                         "a string, not empty")
     trace = {k: v for k in CONTEXT_HEADERS if isinstance(v := payload.get(k), str)}
     try:
         priority = whole_number_of(payload.get("priority"), "'priority'")
@@ -56,6 +60,10 @@ def parse_job(entry: str, fields: dict[bytes, bytes], max_instances: int) -> Job
                    trace)
     except ServeError as exc:
         return Job(entry, job_id, None, exc, raw)
+
+
+def _unusable(entry: str, raw: bytes, why: str) -> Job:
+    return Job(entry, None, None, InvalidInput(why), raw)
 
 
 def error_result(job_id: str, type_: str, message: str) -> dict[str, Any]:

@@ -161,6 +161,10 @@ def test_malformed_jobs_get_error_results_or_the_dead_letter_stream(redis_url: s
     assert "instances[0]" in results["shape"]["error"]["message"]
     dead = r.xrange(STREAM + ":dead")
     assert [fields[b"reason"] for _, fields in dead] == [b"no_id"] * 3
+    whys = sorted(fields[b"why"].decode() for _, fields in dead)  # what was wrong, each
+    assert whys[1].startswith("'job' is not JSON: unexpected character")
+    assert [whys[0], whys[2]] == ["'job' has no 'id': a job is a JSON object whose 'id' is a "
+                                  "string, not empty", "the entry has no 'job' field"]
 
 
 def test_two_workers_share_the_stream_and_each_job_is_done_once(redis_url: str) -> None:
@@ -214,6 +218,7 @@ def test_poison_jobs_are_dead_lettered_after_max_deliveries(redis_url: str) -> N
     assert result["status"] == "error" and result["error"]["type"] == "gave_up"
     dead = r.xrange(STREAM + ":dead")
     assert len(dead) == 1 and dead[0][1][b"reason"] == b"max_deliveries"
+    assert dead[0][1][b"why"].decode() == result["error"]["message"]  # delivered 2 times ...
     assert orjson.loads(dead[0][1][b"job"])["id"] == "poison"
     assert fine[0]["status"] == "ok"
     assert r.xlen(STREAM) == 0 and pending_count(r) == 0

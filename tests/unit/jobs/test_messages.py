@@ -16,11 +16,12 @@ from app.jobs.messages import error_result, parse_job
         ({b"job": b'{"id": "a", "instances": []}'}, "a", "is empty"),
         ({b"job": b'{"id": "a", "instances": [1, 2, 3]}'}, "a", "limit of 2"),
         ({b"job": b'{"id": "a"}'}, "a", 'missing field "instances"'),
-        ({b"job": b'{"id": "", "instances": [1]}'}, None, None),
-        ({b"job": b'{"id": 7, "instances": [1]}'}, None, None),
-        ({b"job": b'["id", "a"]'}, None, None),
-        ({b"job": b"\xff"}, None, None),
-        ({b"other": b"x"}, None, None),
+        ({b"job": b'{"id": "", "instances": [1]}'}, None, "has no 'id'"),
+        ({b"job": b'{"id": 7, "instances": [1]}'}, None, "has no 'id'"),
+        ({b"job": b'["id", "a"]'}, None, "a JSON object whose 'id' is a string"),
+        ({b"job": b"\xff"}, None, "'job' is not JSON: str is not valid UTF-8"),
+        ({b"job": b'{"id": "a", "instances": [NaN]}'}, None, "'job' is not JSON: unexpected"),
+        ({b"other": b"x"}, None, "no 'job' field"),
     ],
 )
 def test_parse_job(fields: dict[bytes, bytes], job_id: str | None, error: str | None) -> None:
