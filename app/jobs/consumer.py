@@ -192,8 +192,8 @@ class JobWorker:
     async def _run_job(self, job: Job) -> None:
         try:
             if job.id is None:
-                why = job.error.message if job.error is not None else "no id"
-                await self._finish(job, None, dead=("no_id", why))
+                assert job.error is not None  # parse_job says why an entry has no id
+                await self._finish(job, None, dead=("no_id", job.error.message))
             elif job.error is not None:
                 await self._finish(job, error_result(job.id, job.error.type, job.error.message))
             else:
