@@ -74,3 +74,25 @@ def test_unknown_models_are_explained(tmp_path: Path) -> None:
 
 def _not_model() -> int:
     return 3
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
+def test_a_file_of_another_kind_is_named_for_what_it_holds(tmp_path: Path) -> None:
+    """torch's own words for these ("an internal miniz error ... corrupted", "check the
+    warnings above") name no cause; the archive's members do."""
+    linear = torch.nn.Linear(4, 2)
+    torch.save(linear.state_dict(), tmp_path / "weights.pt")
+    torch.save(linear.state_dict(), tmp_path / "weights.pt2")
+    torch.jit.script(linear).save(str(tmp_path / "scripted.pt2"))
+    program = torch.export.export(linear, (torch.zeros(2, 4),),
+                                  dynamic_shapes={"input": {0: torch.export.Dim("batch")}})
+    torch.export.save(program, tmp_path / "exported.pt")
+    said = {
+        "weights.pt": "is not a TorchScript file: it holds a torch.save checkpoint",
+        "weights.pt2": "is not a torch.export program: it holds a torch.save checkpoint",
+        "scripted.pt2": "it holds a TorchScript module: name it .pt",
+        "exported.pt": "it holds a torch.export program: name it .pt2",
+    }
+    for name, message in said.items():
+        with pytest.raises(ModelLoadError, match=message):
+            load_handler(str(tmp_path / name))
