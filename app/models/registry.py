@@ -91,27 +91,35 @@ def _require(path: Path, kind: str) -> None:
 
 
 def _not_a_model(path: Path, kind: str, exc: Exception) -> ModelLoadError:
-    """Why ``path`` did not load: what it holds instead, where the archive tells (torch's own
-    words there, "an internal miniz error", "check the warnings above", name no cause)."""
-    return ModelLoadError(f"{path} is not a {kind}: {_holds(path) or first_line(exc)}")
+    """Why ``path`` did not load: what it holds instead, where the archive tells another kind
+    (torch's own words there, "an internal miniz error", "check the warnings above", name no
+    cause); else torch's."""
+    held = _held(path)
+    if held is None:
+        return ModelLoadError(f"{path} is not a {kind}: {first_line(exc)}")
+    if held[0] == kind:  # the right kind, broken or needing what is not here (a custom op)
+        return ModelLoadError(f"{path}: the {kind} did not load: {first_line(exc)}")
+    return ModelLoadError(f"{path} is not a {kind}: {held[1]}")
 
 
-def _holds(path: Path) -> str | None:
-    """What a zip archive torch wrote holds, by its members' names, with what to do."""
+def _held(path: Path) -> tuple[str, str] | None:
+    """The kind of model a zip archive torch wrote holds, by its members' names, and what to
+    do with it."""
     try:
         with zipfile.ZipFile(path) as archive:
             names = [name.partition("/")[2] for name in archive.namelist()]
     except (OSError, zipfile.BadZipFile):
         return None
     if "constants.pkl" in names and any(name.startswith("code/") for name in names):
-        return "it holds a TorchScript module: name it .pt"
+        return "TorchScript file", "it holds a TorchScript module: name it .pt"
     if "models/model.json" in names:
-        return "it holds a torch.export program: name it .pt2"
+        return "torch.export program", "it holds a torch.export program: name it .pt2"
     if "data.pkl" in names:
-        return ("it holds a torch.save checkpoint (weights or a pickled module), which names "
-                "no code to run: save the model with torch.jit.save(torch.jit.script(model), "
-                "'m.pt') or torch.export.save(torch.export.export(model, (example,)), 'm.pt2'), "
-                "or serve its code as module:callable")
+        return "checkpoint", (
+            "it holds a torch.save checkpoint (weights or a pickled module), which names no "
+            "code to run: save the model with torch.jit.save(torch.jit.script(model), 'm.pt') "
+            "or torch.export.save(torch.export.export(model, (example,)), 'm.pt2'), or serve "
+            "its code as module:callable")
     return None
 
 

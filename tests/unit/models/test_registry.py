@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,11 @@ def test_a_file_of_another_kind_is_named_for_what_it_holds(tmp_path: Path) -> No
     for name, message in said.items():
         with pytest.raises(ModelLoadError, match=message):
             load_handler(str(tmp_path / name))
+    # The right kind that does not load (here a member cut short) keeps torch's words.
+    broken = tmp_path / "broken.pt"
+    with zipfile.ZipFile(tmp_path / "scripted.pt2") as whole, zipfile.ZipFile(broken, "w") as cut:
+        for item in whole.infolist():
+            data = whole.read(item)
+            cut.writestr(item, data[:8] if item.filename.endswith("/data.pkl") else data)
+    with pytest.raises(ModelLoadError, match="broken.pt: the TorchScript file did not load: "):
+        load_handler(str(broken))
