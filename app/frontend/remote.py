@@ -88,7 +88,7 @@ class RemoteRepository:
     def __init__(self, service: RemoteService) -> None:
         self._service = service
         self._models: dict[tuple[str, str], RemoteModel] = {}
-        self.moves = 0  # how many snapshots changed where names route (the request path looks)
+        self.moves = 0  # snapshots taken, each may move where names route (requests look)
         # (name, model setting, the handler sent) -> the handler made from them (None: none
         # could be), and those being made
         self._handlers: dict[HandlerKey, ModelHandler | None] = {}

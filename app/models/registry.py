@@ -82,6 +82,10 @@ def _from_callable(spec: str) -> ModelHandler:
     raise ModelLoadError(f"{spec!r} returned {type(obj).__name__}, not an nn.Module or handler")
 
 
+# The kinds of model file, as messages name them and ``_held`` tells them apart.
+TORCHSCRIPT, EXPORTED = "TorchScript file", "torch.export program"
+
+
 def _require(path: Path, kind: str) -> None:
     """The file exists and is a zip archive, as TorchScript and torch.export files are."""
     if not path.is_file():
@@ -111,9 +115,9 @@ def _held(path: Path) -> tuple[str, str] | None:
     except (OSError, zipfile.BadZipFile):
         return None
     if "constants.pkl" in names and any(name.startswith("code/") for name in names):
-        return "TorchScript file", "it holds a TorchScript module: name it .pt"
+        return TORCHSCRIPT, "it holds a TorchScript module: name it .pt"
     if "models/model.json" in names:
-        return "torch.export program", "it holds a torch.export program: name it .pt2"
+        return EXPORTED, "it holds a torch.export program: name it .pt2"
     if "data.pkl" in names:
         return "checkpoint", (
             "it holds a torch.save checkpoint (weights or a pickled module), which names no "
@@ -124,13 +128,13 @@ def _held(path: Path) -> tuple[str, str] | None:
 
 
 def _torchscript(path: Path) -> ModelHandler:
-    _require(path, "TorchScript file")
+    _require(path, TORCHSCRIPT)
     import torch
 
     try:
         probe: Any = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, ValueError, ...
-        raise _not_a_model(path, "TorchScript file", exc) from exc
+        raise _not_a_model(path, TORCHSCRIPT, exc) from exc
     shape = getattr(probe, "input_shape", None)
 
     def build(device: torch.device) -> torch.nn.Module:
@@ -142,13 +146,13 @@ def _torchscript(path: Path) -> ModelHandler:
 
 def _exported(path: Path) -> ModelHandler:
     """A ``torch.export`` program: its one input's shape gives the per-item shape."""
-    _require(path, "torch.export program")
+    _require(path, EXPORTED)
     import torch
 
     try:
         program = torch.export.load(str(path))
     except Exception as exc:  # noqa: BLE001
-        raise _not_a_model(path, "torch.export program", exc) from exc
+        raise _not_a_model(path, EXPORTED, exc) from exc
     user_inputs = set(program.graph_signature.user_inputs)
     shapes = [
         node.meta["val"].shape
