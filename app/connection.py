@@ -36,17 +36,18 @@ log = logging.getLogger("batchserve")
 # The most bytes a request line and its headers may take (uvicorn sets no bound: a client could
 # make the server hold gigabytes of one header). Past Node's 16 KiB and nginx's 32 KiB.
 MAX_HEAD_BYTES = 64 * 1024
+# How long a connection between requests is still read once the server shuts down: a request
+# waiting in its socket, or sent meanwhile by a client in mid-exchange, is answered, not reset.
+# The exit waits that long more where a connection is idle.
+LAST_READ_S = 0.25
 
 
 class OneWriteProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with ``HeadHeld`` for every request, a bound on how
-    long a request may take to arrive, and one on the size of its head: a client that stalls in
-    its headers or body is answered 408, one whose headers pass ``MAX_HEAD_BYTES`` 431, and its
-    connection closed, one that pipelines has its reads paused past ``PIPELINE_LIMIT``
-    waiting requests, and one that stops taking its answer is reset, so slow or hostile
-    clients cannot hold the server's connections or memory (``protocol_for`` sets the time
-    bound). A request that asks to upgrade (h2c) is answered in HTTP/1.1 with its body, as RFC
-    9110 lets a server do."""
+    """uvicorn's httptools protocol with ``HeadHeld`` for every request and the bounds the
+    module names (``protocol_for`` sets the time bound), which a slow or hostile client cannot
+    pass to hold the server's connections or memory. A request that asks to upgrade (h2c) is
+    answered in HTTP/1.1 with its body, as RFC 9110 lets a server do. At shutdown a connection
+    between requests is read a moment more before it closes (``shutdown``)."""
 
     read_timeout_s: float | None = None
     stall_s: float | None = None  # read_timeout_s, SLOW_LINK_S at least (app/flow.py)
@@ -65,6 +66,7 @@ class OneWriteProtocol(HttpToolsProtocol):
     # waits for its data). ``_bodied``: the read being parsed held some of the body.
     _trailing: int | None = None
     _bodied = False
+    _last = False  # the connection closes after the request under way, or the next one
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -184,6 +186,8 @@ class OneWriteProtocol(HttpToolsProtocol):
             return
         super().on_headers_complete()
         cycle = self.cycle
+        if self._last:
+            cycle.keep_alive = False
         held = cycle.transport = HeadHeld(self.transport, cycle)  # type: ignore[assignment]
         cycle.on_response = held.done
         if upgrade:
@@ -207,6 +211,16 @@ class OneWriteProtocol(HttpToolsProtocol):
         # would hold this protocol and its last request for keep_alive_s.
         self._unset_keepalive_if_required()
         super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        """uvicorn closes a connection between requests at once, resetting a request its client
+        has sent by then: here the connection is read ``LAST_READ_S`` more, such a request
+        answered (503 ``draining``) with ``Connection: close`` as one under way is, then closed."""
+        self._last = True
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False
+        else:
+            self.loop.call_later(LAST_READ_S, super().shutdown)
 
     def _stalled(self) -> None:
         """The client took none of its answer for ``read_timeout_s`` or 5 s (app/flow.py)."""

@@ -162,6 +162,42 @@ async def test_a_client_gone_between_head_and_body_gets_nothing_written() -> Non
     assert transport.writes == []
 
 
+async def test_a_request_sent_as_the_server_shuts_down_is_answered_then_closed() -> None:
+    """uvicorn's shutdown closes a connection between requests at once: a request its client
+    had just sent (in the socket, read in the loop's next pass) was reset, unanswered."""
+    protocol, transport = connect(OneWriteProtocol, answer)
+    await wait_until(lambda: protocol.cycle.response_complete, "the first answer")
+    protocol.shutdown()
+    assert "close" not in transport.events
+    protocol.data_received(POST)
+    await wait_until(lambda: "close" in transport.events, "the connection closed")
+    first, last = transport.writes
+    assert first.startswith(b"HTTP/1.1 200 OK") and b"connection: close" not in first
+    assert last.startswith(b"HTTP/1.1 200 OK") and b"connection: close\r\n" in last
+    assert last.endswith(BODY) and transport.events[-1] == "close"
+
+
+async def test_at_shutdown_an_idle_connection_closes_and_one_under_way_after_its_answer(
+        ) -> None:
+    idle, idle_transport = connect(OneWriteProtocol, answer)
+    await wait_until(lambda: idle.cycle.response_complete, "the answer")
+    go_on = asyncio.Event()
+
+    async def held(scope: Any, receive: Any, send: Any) -> None:
+        await go_on.wait()
+        await answer(scope, receive, send)
+
+    busy, busy_transport = connect(OneWriteProtocol, held)
+    idle.shutdown()
+    busy.shutdown()
+    await wait_until(lambda: "close" in idle_transport.events, "the idle connection closed")
+    assert busy_transport.events == []
+    go_on.set()
+    await wait_until(lambda: "close" in busy_transport.events, "the busy one closed")
+    (written,) = busy_transport.writes
+    assert b"connection: close\r\n" in written and written.endswith(BODY)
+
+
 @pytest.mark.parametrize("request_bytes", [
     b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-le",  # stalled in its headers
     b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{\"inst",  # in its body
