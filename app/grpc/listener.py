@@ -54,6 +54,9 @@ def reserved(host: str, port: int) -> Iterator[socket.socket | None]:
 def _bind(host: str, port: int, shared: bool) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
+        # As the HTTP port's (socket.create_server) and gRPC's own: a port whose last server's
+        # connections wait out TIME_WAIT (up to a minute after a restart) is free to take.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if shared:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
