@@ -95,7 +95,9 @@ def log_access(level: int, client: str | None, method: str, path: str, status: i
     and at info a server writes one a request."""
     if not log.isEnabledFor(level):
         return
-    message = f'{client or "-"} "{method} {path}" {status} {duration_ms:.1f}ms'
+    shown = "-" if client is None else client if _plain(client) else f'"{_quoted(client)}"'
+    message = (f'{shown} "{method} {path if _plain(path) else _quoted(path)}" {status} '
+               f'{duration_ms:.1f}ms')
     writer = _sole_writer(level)
     formatter = writer.formatter if writer is not None else None
     if writer is not None and isinstance(formatter, TextFormatter):
@@ -109,6 +111,18 @@ def log_access(level: int, client: str | None, method: str, path: str, status: i
                                     {"request_id": request_id.get(), **fields}), level)
         return
     log.log(level, "%s", message, extra=fields)
+
+
+def _plain(text: str) -> bool:
+    """Whether ``text`` goes in the text line as it is: nothing in it could end its field."""
+    return '"' not in text and "\\" not in text and " " not in text
+
+
+def _quoted(text: str) -> str:
+    """``text`` with its quotes and backslashes escaped, as Apache's log writes them, so that a
+    path (a decoded %22) or a forwarded client address cannot end its field and forge the
+    fields after it; a backslash of its own no longer reads as escape_controls' ``\\n``."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _sole_writer(level: int) -> WriterHandler | None:

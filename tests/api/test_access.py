@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import pytest
 
@@ -106,3 +107,35 @@ async def test_a_filter_added_to_the_servers_handler_still_sees_each_line(
     access.log_access(logging.INFO, "::1", "GET", "/metrics", 200, 0.5)
     assert [line.split(": ", 1)[1] for line in handler._lines] == [
         '::1 "GET /metrics" 200 0.5ms\n']
+
+
+# The text line's fields, as a log reader takes them: client (bare, or quoted with escapes),
+# then "METHOD path" with escapes, status, duration.
+LINE = re.compile(r'(?P<client>[^ "]+|"(?:[^"\\]|\\.)*") "(?P<method>\S+) '
+                  r'(?P<path>(?:[^"\\]|\\.)*)" (?P<status>\S+) (?P<ms>[\d.]+)ms')
+
+
+@pytest.mark.parametrize(("client", "path"), [
+    ('1.2.3.4" "GET /admin" 200 0.1ms [x', "/predict"),  # X-Forwarded-For, trusted proxy's
+    ("10.0.0.1 evil", "/predict"),
+    ("::1", '/x" 200 0.1ms "'),  # a decoded %22
+    ("::1", "/a\\nCRITICAL forged"),  # a path's own backslash, not an escaped line break
+    ("::1", "/a b/c"),
+])
+async def test_no_path_or_client_ends_its_field_in_the_text_line(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, client: str,
+        path: str) -> None:
+    caplog.set_level(logging.INFO, logger="batchserve.access")
+    root, _ = isolated_logging(monkeypatch)
+    configure_logging("info", "text")
+    root.addHandler(caplog.handler)
+    access.log_access(logging.INFO, client, "POST", path, 404, 0.5)
+    (rec,) = [r for r in caplog.records if r.name == "batchserve.access"]
+    fields = LINE.fullmatch(rec.getMessage())
+    assert fields is not None, rec.getMessage()
+    client_field = fields["client"]
+    unescaped = {name: re.sub(r"\\(.)", r"\1", value) for name, value in {
+        **fields.groupdict(), "client": client_field[1:-1] if client_field[0] == '"'
+        else client_field}.items()}
+    assert unescaped["client"] == client
+    assert (unescaped["method"], unescaped["path"], unescaped["status"]) == ("POST", path, "404")
