@@ -121,7 +121,8 @@ def _plain(text: str) -> bool:
 def _quoted(text: str) -> str:
     """``text`` with its quotes and backslashes escaped, as Apache's log writes them, so that a
     path (a decoded %22) or a forwarded client address cannot end its field and forge the
-    fields after it; a backslash of its own no longer reads as escape_controls' ``\\n``."""
+    fields after it, and a backslash of its own cannot read as one of escape_controls'
+    escapes (``\\n``)."""
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
