@@ -22,7 +22,7 @@ REQUEST_ID_HEADER = b"x-request-id"
 # logged at debug level only.
 HEALTH_PATHS = frozenset({"/health_check", "/v2/health/ready", "/v2/health/live"})
 
-_SANE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+_SANE = re.compile(r"[A-Za-z0-9._:\-]{1,128}")  # whole: a "$" lets a trailing "\n" through
 
 log = logging.getLogger("batchserve.access")
 
@@ -36,7 +36,7 @@ class RequestIds:
         self._counter = itertools.count(1)
 
     def take(self, given: str | None) -> str:
-        if given is not None and _SANE.match(given):
+        if given is not None and _SANE.fullmatch(given):
             return given
         return f"{self._prefix}{next(self._counter):016x}"
 

@@ -139,3 +139,13 @@ async def test_no_path_or_client_ends_its_field_in_the_text_line(
         else client_field}.items()}
     assert unescaped["client"] == client
     assert (unescaped["method"], unescaped["path"], unescaped["status"]) == ("POST", path, "404")
+
+
+@pytest.mark.parametrize("given", ["abc\n", "abc\r\n", "", "a" * 129, "a b"])
+async def test_an_id_a_client_gives_is_its_own_only_whole_and_sane(given: str) -> None:
+    """A gRPC stream's request ``id`` (any protobuf string) reached the log's ``[id]`` prefix
+    with its line break: one record, two lines."""
+    ids = access.RequestIds()
+    assert ids.take("abc-1.2:3") == "abc-1.2:3"
+    taken = ids.take(given)
+    assert taken != given and taken.isalnum()
