@@ -12,6 +12,7 @@ over its predecessor's, with the connections waiting in it.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 
@@ -55,10 +56,13 @@ def for_frontends(sock: socket.socket, count: int) -> list[socket.socket]:
                  "SO_REUSEPORT): each connection goes to the one that accepts it first")
         return [sock] * count
     siblings: list[socket.socket] = []
+    dual = sock.family == socket.AF_INET6 and not sock.getsockopt(socket.IPPROTO_IPV6,
+                                                                  socket.IPV6_V6ONLY)
     try:
         for _ in range(count - 1):
             siblings.append(socket.create_server(sock.getsockname(), family=sock.family,
-                                                 backlog=BACKLOG, reuse_port=True))
+                                                 backlog=BACKLOG, reuse_port=True,
+                                                 dualstack_ipv6=dual))
     except OSError as exc:
         for sibling in siblings:
             sibling.close()
@@ -73,15 +77,28 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def dual_stack(host: str) -> bool:
+    """Whether ``host`` is the IPv6 wildcard (``::``) on a system that can take IPv4 on it: it
+    is then bound to take both, as uvicorn and gRPC core (the gRPC port) bind it, where
+    ``socket.create_server`` binds it for IPv6 alone and refused IPv4 clients (a dual-stack
+    cluster's probes) that the gRPC port on the same host took."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:  # a name
+        return False
+    return address.version == 6 and address.is_unspecified and socket.has_dualstack_ipv6()
+
+
 def _listen(host: str, port: int, group: bool) -> socket.socket:
     """Bound here for every front end; ConfigError if it cannot be. A group's first socket is
     bound without ``SO_REUSEPORT`` first, so that a port another program (or another
     batchserve) listens on is refused rather than shared."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    dual = dual_stack(host)
     try:
         if group and port:
-            socket.create_server((host, port), family=family).close()
+            socket.create_server((host, port), family=family, dualstack_ipv6=dual).close()
         return socket.create_server((host, port), family=family, backlog=BACKLOG,
-                                    reuse_port=group)
+                                    reuse_port=group, dualstack_ipv6=dual)
     except OSError as exc:
         raise ConfigError(f"cannot listen on {host}:{port}: {os_reason(exc)}") from None

@@ -8,11 +8,12 @@ import logging
 import socket
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from typing import Any
 
 import pytest
 
 from app.errors import ConfigError
-from app.listening import for_frontends, listening_socket
+from app.listening import dual_stack, for_frontends, listening_socket
 
 
 def reuses_port(sock: socket.socket) -> bool:
@@ -89,6 +90,55 @@ def test_one_front_end_or_one_process_gets_the_socket_as_it_is() -> None:
     sock = listening_socket("127.0.0.1", 0, None, group=False)
     with closing_all(for_frontends(sock, 1)) as socks:
         assert socks == [sock] and not reuses_port(sock)
+
+
+def v6_only(sock: socket.socket) -> bool:
+    return bool(sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY))
+
+
+def test_only_the_ipv6_wildcard_is_bound_for_both_families() -> None:
+    assert dual_stack("::") is dual_stack("0:0:0:0:0:0:0:0") is socket.has_dualstack_ipv6()
+    assert not any(dual_stack(host) for host in ("::1", "0.0.0.0", "127.0.0.1", "localhost"))
+
+
+@pytest.mark.parametrize("frontends", [1, 3])
+def test_the_ipv6_wildcard_takes_ipv4_clients_too(
+        monkeypatch: pytest.MonkeyPatch, frontends: int) -> None:
+    """``--host ::`` binds every front end's socket for IPv6 and IPv4 alike (IPV6_V6ONLY off),
+    as uvicorn and the gRPC port on the same host bind it; ``socket.create_server`` alone
+    bound it for IPv6, and IPv4 clients were refused. Bound on ::1 in its stead here (tests
+    listen on loopback alone): the option is what the wildcard would have."""
+    real = socket.socket
+    bound: list[tuple[str, bool]] = []  # each address asked for, IPV6_V6ONLY as it was bound
+
+    class OnLoopback(real):  # type: ignore[misc, valid-type]
+        """Bound on ::1 when asked for ::, and saying it is on :: with the option it was bound
+        with (binding ::1 turns IPV6_V6ONLY on)."""
+        wildcard: tuple[str, bool] | None = None
+
+        def bind(self, address: tuple[Any, ...]) -> None:
+            bound.append((address[0], v6_only(self)))
+            if address[0] == "::":
+                self.wildcard = bound[-1]
+            super().bind(("::1" if self.wildcard else address[0], *address[1:]))
+
+        def getsockname(self) -> Any:
+            name = super().getsockname()
+            return ("::", *name[1:]) if self.wildcard else name
+
+        def getsockopt(self, level: int, option: int, *rest: Any) -> Any:
+            if self.wildcard and (level, option) == (socket.IPPROTO_IPV6, socket.IPV6_V6ONLY):
+                return int(self.wildcard[1])
+            return super().getsockopt(level, option, *rest)
+
+    monkeypatch.setattr(socket, "socket", OnLoopback)
+    sock = listening_socket("::", 0, None, group=frontends > 1)
+    with closing_all(for_frontends(sock, frontends)) as socks:
+        assert len(set(socks)) == frontends
+        assert bound == [("::", not socket.has_dualstack_ipv6())] * frontends
+    bound.clear()
+    listening_socket("::1", 0, None, group=False).close()  # an address: as it was
+    assert bound == [("::1", True)]
 
 
 def test_a_port_another_group_listens_on_is_refused_not_joined() -> None:
