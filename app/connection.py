@@ -24,10 +24,10 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from app.api.inference import CUT_OFF
 from app.facade import Refusals
 from app.flow import ConnectionFlow, reset
-from app.framing import Body, FramingError, body_of, unknown_coding
+from app.framing import Body, FramingError, body_of, head_size, unknown_coding
 from app.head_held import HeadHeld
 from app.logs import INVALID_HTTP, STALLED
-from app.refused import over_connections, refusal
+from app.refused import over_connections, parser_said, refusal
 from app.values import SLOW_LINK_S
 
 log = logging.getLogger("batchserve")
@@ -125,7 +125,7 @@ class OneWriteProtocol(HttpToolsProtocol):
             if self.transport.is_closing():  # refused in a callback (on_headers_complete)
                 return
             self.logger.warning(INVALID_HTTP)
-            self.send_400_response(_said(exc))
+            self.send_400_response(parser_said(exc))
         except httptools.HttpParserUpgrade as upgrade:
             if self._should_upgrade():
                 self.handle_websocket_upgrade()
@@ -168,7 +168,7 @@ class OneWriteProtocol(HttpToolsProtocol):
         # A head that ends in the read that took the count past the bound: that read may hold
         # a body or further requests too, so the head's own size decides.
         if (self._head_bytes > MAX_HEAD_BYTES
-                and _head_size(self.url, self.headers) > MAX_HEAD_BYTES):
+                and head_size(self.url, self.headers) > MAX_HEAD_BYTES):
             self._refuse_head()
             raise Refused  # stops the parser: nothing of this request reaches the app
         coding = unknown_coding(self.headers)
@@ -287,21 +287,6 @@ class OneWriteProtocol(HttpToolsProtocol):
 class Refused(Exception):
     """A request's head is refused: over ``MAX_HEAD_BYTES``, or a transfer coding not served
     (raised inside the parser's callback)."""
-
-
-def _said(exc: httptools.HttpParserError) -> str:
-    """What the parser found wrong, in a client's terms where llhttp's are its own."""
-    if isinstance(exc.__context__, httptools.HttpParserInvalidURLError):  # "User callback error"
-        return f"its target is not a path: {exc.__context__}"
-    if str(exc) == "Pause on PRI/Upgrade":  # HTTP/2's preface: h2c with prior knowledge, gRPC
-        return "it is HTTP/2; this port serves HTTP/1.1 (gRPC has a port of its own, grpc_port)"
-    return str(exc)
-
-
-def _head_size(url: bytes, headers: list[tuple[bytes, bytes]]) -> int:
-    """About the bytes of a request's head: its target and headers, with their separators
-    (the method and version lines' few bytes left out)."""
-    return len(url) + sum(len(name) + len(value) + 4 for name, value in headers)
 
 
 def protocol_for(read_timeout_s: float, count_refusal: Refusals | None = None

@@ -106,3 +106,9 @@ def unknown_coding(headers: Sequence[tuple[bytes, bytes]]) -> bytes | None:
                 if coding != b"chunked":
                     return coding
     return None
+
+
+def head_size(url: bytes, headers: Sequence[tuple[bytes, bytes]]) -> int:
+    """About the bytes of a request's head: its target and headers, with their separators
+    (the method and version lines' few bytes left out)."""
+    return len(url) + sum(len(name) + len(value) + 4 for name, value in headers)

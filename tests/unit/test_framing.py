@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.framing import MAX_LINE, Body, FramingError, body_of, decimal, unknown_coding
+from app.framing import MAX_LINE, Body, FramingError, body_of, decimal, head_size, unknown_coding
 
 CHUNKED = b"4\r\nWiki\r\n7;ext=1\r\npedia i\r\nB\r\nn \r\nchunks.\r\n0\r\nTrailer: x\r\n\r\n"
 
@@ -76,3 +76,9 @@ def test_a_stated_number_is_ascii_digits_int64_holds(text: bytes | str, value: i
 def test_a_transfer_coding_other_than_chunked_is_named(
         headers: list[tuple[bytes, bytes]], coding: bytes | None) -> None:
     assert unknown_coding(headers) == coding
+
+
+def test_a_heads_size_counts_its_target_and_each_header_with_separators() -> None:
+    # "/p" (2) + "a: bc\r\n" (1 + 2 + 4) + "host: x\r\n" (4 + 1 + 4)
+    assert head_size(b"/p", [(b"a", b"bc"), (b"host", b"x")]) == 18
+    assert head_size(b"/", []) == 1
