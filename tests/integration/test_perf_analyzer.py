@@ -67,10 +67,11 @@ def input_data(path: Path, wrong: bool = False) -> Path:
     return path
 
 
-def perf_analyzer(server: LiveServer, data: Path, fmt: str, concurrency: int,
+def perf_analyzer(server: LiveServer, data: Path | str, fmt: str, concurrency: int,
                   protocol: str = "http", *extra: str) -> subprocess.CompletedProcess[str]:
     """One run; over gRPC the tensors are always raw (``fmt`` applies to HTTP, but for
-    ``streaming``: ModelStreamInfer's calls); ``extra``: more of its options."""
+    ``streaming``: ModelStreamInfer's calls); ``data``: a file, or its ``zero`` or ``random``;
+    ``extra``: more of its options."""
     url = server.url.removeprefix("http://") if protocol == "http" else server.grpc_url
     assert url is not None
     return run_perf_analyzer(url, data, fmt, concurrency, protocol, *extra)
@@ -86,7 +87,7 @@ WINDOWS = ["--measurement-mode", "count_windows", "--measurement-request-count",
 MEASURED = 3 * 40  # the fewest answers a run counts
 
 
-def run_perf_analyzer(url: str, data: Path, fmt: str, concurrency: int,
+def run_perf_analyzer(url: str, data: Path | str, fmt: str, concurrency: int,
                       protocol: str, *extra: str) -> subprocess.CompletedProcess[str]:
     """A run against ``url`` (host:port) in ``protocol`` of ``MEASURED`` answers or more."""
     formats = ["--input-tensor-format", fmt, "--output-tensor-format", fmt] \
@@ -129,6 +130,20 @@ def test_perf_analyzer_drives_the_server(server: LiveServer, tmp_path: Path, pro
     # It read our statistics extension: the requests the server answered in its windows
     # (those in flight at a window's edge fall on either side of it).
     assert server_side(proc.stdout) >= MEASURED // 2
+    assert sample(registry, "batchserve_requests_total", status="200", protocol=protocol) \
+        - before >= MEASURED
+
+
+@pytest.mark.parametrize(("protocol", "fmt"), [("http", "binary"), ("http", "json"),
+                                               ("grpc", "binary")])
+def test_its_generated_zeros_are_served(server: LiveServer, protocol: str, fmt: str) -> None:
+    """``--input-data zero``, no file: what docs/v2.md gives for a float model, whose rows its
+    default random bits fill with NaN and infinities now and then (refused, as any request
+    holding them is)."""
+    registry = server.app.state.service.metrics.registry
+    before = sample(registry, "batchserve_requests_total", status="200", protocol=protocol)
+    proc = perf_analyzer(server, "zero", fmt, 2, protocol)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert sample(registry, "batchserve_requests_total", status="200", protocol=protocol) \
         - before >= MEASURED
 
