@@ -1,4 +1,5 @@
-"""An HTTP/1.1 request body's framing (``Content-Length`` or chunked), read from raw bytes.
+"""An HTTP/1.1 request body's framing (``Content-Length`` or chunked), read from raw bytes, and
+the numbers a request states (``decimal``) and its head's size (``head_size``).
 
 llhttp (through httptools) ends a request that asks to ``Upgrade`` (``Upgrade: h2c``, sent by
 ``curl --http2`` and by Spring's RestClient) at its headers, since what follows would be another
