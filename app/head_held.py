@@ -22,14 +22,15 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 class HeadHeld:
     """A cycle's transport: the response's head (uvicorn's one write at ``http.response.start``)
-    waits for the next write, the body's, and both go out in one ``writelines``; a head with
+    waits for the next write, the body's, and both go out in one ``writelines`` (with
+    ``Connection: close`` added where the request's body will never come); a head with
     nothing written after it (HEAD, an empty body) goes when the response completes
     (``done``, the cycle's ``on_response``) or the connection closes. What the cycle writes
     once its connection is closing is dropped: its client is gone, or the connection was
     closed under it (a 400 for a request pipelined after it, a 408), and a write to the closed
     socket would raise. Anything else goes to the real transport."""
 
-    __slots__ = ("transport", "cycle", "on_response", "head")
+    __slots__ = ("transport", "cycle", "on_response", "head", "expecting")
 
     def __init__(self, transport: Any, cycle: RequestResponseCycle) -> None:
         self.transport = transport
@@ -39,13 +40,25 @@ class HeadHeld:
         self.cycle: RequestResponseCycle | None = cycle
         self.on_response = cycle.on_response
         self.head: bytes | None = None
+        # The request's client waits for ``100 Continue`` before it sends the body
+        # (``Expect: 100-continue``), and none has been sent
+        self.expecting: bool = cycle.waiting_for_100_continue
 
     def write(self, data: bytes) -> None:
         cycle = self.cycle
         if cycle is not None and cycle.response_started:
             self.cycle = None
+            if self.expecting and cycle.more_body and cycle.keep_alive:
+                # Answered before the body its client waits to send: the client sends none,
+                # and a connection read on would take its next request for that body. Closed
+                # after the answer, which says so (RFC 9110, 10.1.1); uvicorn's head ends in
+                # its blank line.
+                cycle.keep_alive = False
+                data = data[:-2] + b"connection: close\r\n\r\n"
             self.head = data
             return
+        if cycle is not None:  # before the head: uvicorn's ``100 Continue``
+            self.expecting = False
         head, self.head = self.head, None
         transport = self.transport
         if transport.is_closing():

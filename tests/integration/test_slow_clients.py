@@ -64,6 +64,36 @@ def test_a_stalled_request_is_answered_408_and_closed(sent: bytes, frontends: st
                           timeout=10).status_code == 200
 
 
+@pytest.mark.parametrize("frontends", ["1", "2"])
+def test_an_answer_before_the_body_a_client_waits_to_send_closes_the_connection(
+        frontends: str) -> None:
+    """A client that sent ``Expect: 100-continue`` and is answered before its body was asked
+    for sends none: the answer says ``Connection: close`` and the connection closes at once,
+    not after ``read_timeout_s`` with the client's next request taken for that body. Asked for
+    (``100 Continue``), the body is read and the connection serves on."""
+    with serve("--model", "linear", "--devices", "cpu", "--read-timeout-s", "600",
+               "--frontends", frontends) as (_, url):
+        wait_ready(url)
+        for path, length, status in [(b"/models/nope/predict", b"100", b"404"),
+                                     (b"/v2/models/nope/infer", b"100", b"404"),
+                                     (b"/predict", b"100000000000", b"413")]:
+            sock = raw(url)
+            sock.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                         b"Content-Length: " + length + b"\r\n\r\n")
+            head = read_all(sock).split(b"\r\n\r\n")[0]  # returns once the server closes
+            sock.close()
+            assert head.startswith(b"HTTP/1.1 " + status) and b"\r\nconnection: close" in head
+        sock = raw(url)
+        body = b'{"instances": [[1, 2, 3, 4]]}'
+        sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body))
+        assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body + b"GET /health_check HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answers = read_all(sock)
+        sock.close()
+        assert answers.count(b"HTTP/1.1 200 OK\r\n") == 2 and b'"predictions"' in answers
+
+
 def test_an_idle_connection_is_kept_keep_alive_s_then_closed() -> None:
     """A gateway reuses its connections: one idle past uvicorn's own 5 s still takes a request
     when ``keep_alive_s`` says 8, and is closed once idle for that long (the answer whole)."""

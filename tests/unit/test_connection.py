@@ -162,6 +162,45 @@ async def test_a_client_gone_between_head_and_body_gets_nothing_written() -> Non
     assert transport.writes == []
 
 
+async def refuse(scope: Any, receive: Any, send: Any) -> None:
+    """An answer given without reading the body (a 404 for an unknown model, a 413)."""
+    await send({"type": "http.response.start", "status": 404,
+                "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"{}"})
+
+
+EXPECTING = (b"POST /predict HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\n"
+             b"content-length: 2\r\n\r\n")
+
+
+async def test_an_answer_before_the_body_a_client_waits_to_send_closes_the_connection() -> None:
+    """A client that sent ``Expect: 100-continue`` and got a final answer instead sends no
+    body: read on, the connection would take its next request for that body and answer it
+    nothing till the read timeout. The answer says ``Connection: close`` (RFC 9110, 10.1.1)
+    and the connection closes after it; the answer is uvicorn's otherwise."""
+    theirs = await exchange(HttpToolsProtocol, refuse, EXPECTING)
+    ours = await exchange(OneWriteProtocol, refuse, EXPECTING)
+    assert "close" not in theirs.events  # uvicorn would wait for the body
+    (written,) = ours.writes
+    assert written == b"".join(theirs.writes).replace(
+        b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n", 1)
+    assert ours.events[-1] == "close"
+
+
+async def test_a_body_sent_after_100_continue_or_without_waiting_keeps_the_connection() -> None:
+    """The same request whose body the app reads (after ``100 Continue``), or whose client sent
+    it without waiting: the connection stays open for the next request."""
+    protocol, transport = connect(OneWriteProtocol, answer, EXPECTING)
+    await wait_until(lambda: transport.writes, "the 100 Continue")
+    assert transport.writes == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+    protocol.data_received(b"{}")
+    await wait_until(lambda: protocol.cycle.response_complete, "the answer")
+    sent_anyway = await exchange(OneWriteProtocol, refuse, EXPECTING + b"{}")
+    for events in (transport.events, sent_anyway.events):
+        assert "close" not in events and b"connection: close" not in events[-1]
+        assert events[-1].startswith(b"HTTP/1.1 ")
+
+
 async def test_a_request_sent_as_the_server_shuts_down_is_answered_then_closed() -> None:
     """uvicorn's shutdown closes a connection between requests at once: a request its client
     had just sent (in the socket, read in the loop's next pass) was reset, unanswered."""
