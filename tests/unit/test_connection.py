@@ -201,6 +201,25 @@ async def test_a_body_sent_after_100_continue_or_without_waiting_keeps_the_conne
         assert events[-1].startswith(b"HTTP/1.1 ")
 
 
+async def test_an_http_1_0_client_is_sent_no_100_continue() -> None:
+    """It knows no 1xx answer and would take one for its answer: its ``Expect`` is ignored
+    (RFC 9110, 10.1.1), and the body is read when it comes."""
+    asking = asyncio.Event()
+
+    async def reads(scope: Any, receive: Any, send: Any) -> None:
+        asking.set()  # receive, next in this step, writes any 100 Continue before it waits
+        await answer(scope, receive, send)
+
+    request = EXPECTING.replace(b"HTTP/1.1", b"HTTP/1.0")
+    protocol, transport = connect(OneWriteProtocol, reads, request)
+    await asking.wait()
+    assert transport.events == []
+    protocol.data_received(b"{}")
+    await wait_until(lambda: "close" in transport.events, "the answer")
+    (written,) = transport.writes
+    assert written.startswith(b"HTTP/1.1 200 OK") and written.endswith(BODY)
+
+
 async def test_a_request_sent_as_the_server_shuts_down_is_answered_then_closed() -> None:
     """uvicorn's shutdown closes a connection between requests at once: a request its client
     had just sent (in the socket, read in the loop's next pass) was reset, unanswered."""
