@@ -188,8 +188,6 @@ class OneWriteProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if self._last:
             cycle.keep_alive = False
-        if cycle.scope["http_version"] == "1.0":  # knows no 100 Continue (RFC 9110, 10.1.1)
-            cycle.waiting_for_100_continue = False
         held = cycle.transport = HeadHeld(self.transport, cycle)  # type: ignore[assignment]
         cycle.on_response = held.done
         if upgrade:

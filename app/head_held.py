@@ -23,7 +23,8 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 class HeadHeld:
     """A cycle's transport: the response's head (uvicorn's one write at ``http.response.start``)
     waits for the next write, the body's, and both go out in one ``writelines`` (with
-    ``Connection: close`` added where the request's body will never come); a head with
+    ``Connection: close`` added where the request's body will never come: ``Expect:
+    100-continue`` answered before it was asked for); a head with
     nothing written after it (HEAD, an empty body) goes when the response completes
     (``done``, the cycle's ``on_response``) or the connection closes. What the cycle writes
     once its connection is closing is dropped: its client is gone, or the connection was
@@ -41,7 +42,11 @@ class HeadHeld:
         self.on_response = cycle.on_response
         self.head: bytes | None = None
         # The request's client waits for ``100 Continue`` before it sends the body
-        # (``Expect: 100-continue``), and none has been sent
+        # (``Expect: 100-continue``), and none has been sent. An HTTP/1.0 client knows no 1xx
+        # answer and would take one for its answer: its expectation is ignored (RFC 9110,
+        # 10.1.1), so uvicorn sends none.
+        if cycle.scope["http_version"] == "1.0":
+            cycle.waiting_for_100_continue = False
         self.expecting: bool = cycle.waiting_for_100_continue
 
     def write(self, data: bytes) -> None:
