@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import signal
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 
 import uvicorn
 
+from app.accepting import Acceptor
 from app.config import Settings, drain_limit_s
 from app.connection import protocol_for
 from app.errors import ConfigError
@@ -85,12 +87,24 @@ class DrainingServer(uvicorn.Server):
         self._frozen = False
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
+        """uvicorn's start, its sockets accepted by an ``Acceptor`` each (all connections
+        waiting at once; uvloop's server takes one a pass of the loop: app/accepting.py)."""
+        await super().startup([] if sockets else sockets)
+        if self.started and sockets:
+            # uvicorn types them as asyncio's Servers, and calls close and wait_closed alone
+            self.servers = [Acceptor(sock, self._protocol) for sock in sockets]  # type: ignore[misc]
         if self.started and not self.should_exit and self.grpc is not None:
             try:
                 await self.grpc.start()
             except ConfigError as exc:
                 self.stop_fatally(exc.message)
+
+    def _protocol(self) -> asyncio.Protocol:
+        """A connection's protocol, as uvicorn's start makes one for its own servers."""
+        config = self.config
+        protocol: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
+            config=config, server_state=self.server_state, app_state=self.lifespan.state)
+        return protocol
 
     def stop_fatally(self, reason: str) -> None:
         """Start could not finish: say why in one critical line, stop, exit 1."""

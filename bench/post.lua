@@ -20,6 +20,8 @@ else
   wrk.body = f:read("*a")
   f:close()
   wrk.headers["Content-Type"] = "application/json"
+  -- A new connection a request ($BENCH_CLOSE set): what accepting costs.
+  if os.getenv("BENCH_CLOSE") then wrk.headers["Connection"] = "close" end
   -- The Open Inference Protocol's binary tensors: a JSON header of this many bytes, then data.
   local header_length = os.getenv("BENCH_HEADER_LENGTH")
   if header_length then

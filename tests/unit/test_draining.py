@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import uvicorn
 
 from app import draining
+from app.accepting import Acceptor
 from app.draining import DrainingServer
 
 pytestmark = pytest.mark.asyncio
@@ -152,3 +155,30 @@ async def test_only_a_front_end_takes_the_device_process_asks() -> None:
                                    draining.END_DRAIN: signal.SIG_DFL})
         assert taken == expected
         assert signal.getsignal(draining.DRAIN) == signal.SIG_DFL
+
+
+async def test_its_sockets_are_served_by_acceptors_and_closed_at_shutdown() -> None:
+    """Each socket the server is given is accepted by an Acceptor (app/accepting.py), whose
+    connections uvicorn's protocol serves; shutdown closes the port."""
+
+    async def hello(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"hi"})
+
+    config = uvicorn.Config(app=hello, lifespan="off", log_config=None)
+    config.load()
+    server = DrainingServer(config, Service(False, "ready"), 35.0)
+    server.lifespan = config.lifespan_class(config)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    await server.startup([listener])
+    assert [type(s) for s in server.servers] == [Acceptor]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    answer = await reader.read()
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and answer.endswith(b"hi")
+    await server.shutdown([listener])
+    with pytest.raises(ConnectionRefusedError):
+        await asyncio.open_connection("127.0.0.1", port)

@@ -32,6 +32,7 @@ LAYERS = [
      "app.refused",
      "app.flow",
      "app.head_held",
+     "app.accepting",
      "app.draining", "app.cli", "app.__main__", "app"],
 ]
 
