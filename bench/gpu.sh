@@ -64,7 +64,9 @@
 #       bash bench/gpu.sh  (~5 minutes)
 #       if time is left: one process at c=256 (at 630b9d8 5,499 req/s, p99 515 ms, the mean
 #       about 46, against the first GPU run's 8,506 on an H100; on the CPU box this build does
-#       1.18 x that build's req/s and shows no such tail): against that build on this machine,
+#       1.18 x that build's req/s; that tail was likely wrk's four threads connecting to a busy
+#       server, which then accepted one connection a pass of its loop: on the CPU box wrk -t4
+#       read a p99 of 1.1 s before fad443b, 50 ms since): against that build on this machine,
 #       then profiled
 #       TESTS= CURVES=c1 C1_CONCURRENCY=256 C1_FRONTENDS=1 OUT=$OUT bash bench/gpu.sh  (~1 min)
 #       TESTS= PROFILE=1 FRONTENDS=1 CURVES=mlp-json OUT=$OUT bash bench/gpu.sh  (~1 minute)
