@@ -226,11 +226,12 @@ class CallLimit:
 
 
 def method_table(servicer: Any, limit: CallLimit, service: ServiceDescriptor = SERVICE,
-                 messages: ModuleType = pb) -> grpc.GenericRpcHandler:
-    """``service`` as gRPC serves it: each method it declares, answered by the servicer's method
-    of that name, its calls counted against ``limit`` (a stream of requests counts each one
-    itself), its messages (de)serialized by their generated classes in ``messages``; a request
-    that does not parse reaches the method as ``Malformed``."""
+                 messages: ModuleType = pb) -> dict[str, grpc.RpcMethodHandler]:
+    """``service``'s methods as gRPC serves them (``add_registered_method_handlers``): each
+    method it declares, answered by the servicer's method of that name, its calls counted
+    against ``limit`` (a stream of requests counts each one itself), its messages
+    (de)serialized by their generated classes in ``messages``; a request that does not parse
+    reaches the method as ``Malformed``."""
     handlers = {}
     for method in service.methods:
         handler = getattr(servicer, method.name)
@@ -244,4 +245,4 @@ def method_table(servicer: Any, limit: CallLimit, service: ServiceDescriptor = S
             handler,
             request_deserializer=_parser(getattr(messages, method.input_type.name)),
             response_serializer=getattr(messages, method.output_type.name).SerializeToString)
-    return grpc.method_handlers_generic_handler(service.full_name, handlers)
+    return handlers

@@ -23,7 +23,7 @@ from app.asks import Ask
 from app.config import Settings
 from app.errors import ConfigError, os_reason
 from app.facade import refusals
-from app.grpc.calls import CallLimit, method_table
+from app.grpc.calls import SERVICE, CallLimit, method_table
 from app.grpc.control import Control
 from app.grpc.healthcheck import HEALTH, HealthServicer
 from app.grpc.service import InferenceServicer
@@ -100,9 +100,14 @@ class GrpcListener:
         ], maximum_concurrent_rpcs=2 * settings.max_connections)
         # Calls past this get RESOURCE_EXHAUSTED, as connections past it get 503 over HTTP.
         limit = CallLimit(settings.max_connections, refusals(self.service.unknown, "grpc"))
-        server.add_generic_rpc_handlers((
-            method_table(InferenceServicer(self.service, control, limit), limit),
-            method_table(HealthServicer(control), limit, HEALTH, health_pb2)))
+        # Registered, not generic: grpcio's asyncio server takes a method's next call only once
+        # its last was handed over, a pass of a busy loop or more each; a registered method has
+        # its own such turn, so a health check does not wait behind a burst of inference calls
+        # (docs/grpc.md).
+        server.add_registered_method_handlers(
+            SERVICE.full_name, method_table(InferenceServicer(self.service, control, limit), limit))
+        server.add_registered_method_handlers(
+            HEALTH.full_name, method_table(HealthServicer(control), limit, HEALTH, health_pb2))
         where = address(settings.host, settings.grpc_port)
         try:
             server.add_insecure_port(where)

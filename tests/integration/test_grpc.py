@@ -141,6 +141,51 @@ def test_the_health_service_answers_per_model(server: LiveServer) -> None:
     assert first.status == serving
 
 
+@pytest.mark.asyncio
+async def test_a_health_check_is_not_taken_behind_a_burst_of_inference_calls(
+        server: LiveServer) -> None:
+    """grpcio's asyncio server takes a method's next call only once its last was handed over, a
+    pass of the event loop or more each: a health check sent after 40 inference calls, while
+    every pass of the server's loop takes 5 ms at least, is taken in its own method's turn
+    (registered methods, app/grpc/listener.py) and answered before most of them; as one of
+    the generic handler's calls it waited behind all 40."""
+    assert server.grpc_url is not None
+    loop = server.app.state.service._loop
+    busy = threading.Event()
+    busy.set()
+
+    def hold() -> None:
+        if busy.is_set():
+            time.sleep(0.005)
+            loop.call_soon(hold)
+
+    request = pb.ModelInferRequest(model_name="linear")
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4],
+                       contents=pb.InferTensorContents(fp32_contents=[1.0, 2.0, 3.0, 4.0]))
+    finished: list[str] = []
+    async with grpc.aio.insecure_channel(server.grpc_url) as channel:
+        infer, health = GRPCInferenceServiceStub(channel), health_pb2_grpc.HealthStub(channel)
+
+        async def call(what: str) -> None:
+            if what == "infer":
+                await infer.ModelInfer(request, timeout=60)
+            else:
+                await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=60)
+            finished.append(what)
+
+        await call("check")  # the channel is up
+        finished.clear()
+        loop.call_soon_threadsafe(hold)
+        try:
+            infers = [asyncio.create_task(call("infer")) for _ in range(40)]
+            await asyncio.sleep(0.1)  # all 40 sent before the check
+            await asyncio.gather(*infers, call("check"))
+        finally:
+            busy.clear()
+    assert finished.count("infer") == 40
+    assert finished.index("check") < 20
+
+
 @pytest.mark.parametrize(("build", "message"), [
     (lambda r: r.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 3],
                             contents=pb.InferTensorContents(fp32_contents=[0.0] * 3)),
