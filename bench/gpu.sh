@@ -59,7 +59,9 @@
 #       (since 8688f06 a front end holds its message a pass from 8 requests waiting, not 16:
 #       N=8 against 630b9d8's 48,451 req/s and against 630b9d8 itself on the same machine,
 #       and 10 and 12, where 16 seldom held one; 6 is what `auto` picks under a CPU quota of
-#       8, which the server's 7.1 cores at both N=8 and N=14 there suggest: bench.cores prints it)
+#       8, which the server's 7.1 cores at both N=8 and N=14 there suggest: bench.cores prints it;
+#       since fad443b each wrk run's connections are also accepted at once, not one a loop pass,
+#       which shortens each run's start: the ab ratio holds both changes)
 #       TESTS= CURVES="pinned sync prompt mlp-json-c512" ALT_WORKLOADS=mlp OUT=$OUT \
 #       bash bench/gpu.sh  (~5 minutes)
 #       if time is left: one process at c=256 (at 630b9d8 5,499 req/s, p99 515 ms, the mean
