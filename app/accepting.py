@@ -4,11 +4,11 @@ the socket readable.
 uvicorn serves a socket through the event loop's own server, and uvloop's (libuv's, since its
 1.45) accepts one connection each time the socket polls readable: one a pass of the loop. A busy
 loop's pass takes tens of milliseconds, so a burst of new connections to a busy server waited a
-pass each: 200 health probes opened at once next to 256 busy keep-alive clients (one process,
-`linear`) were answered in 0.80 s (median) and up to 1.62 s, against 60 ms on the idle server
-(`python -m bench.accepts`, docs/operations.md). The standard library's loop accepts all that
-wait (up to its backlog), as ``Acceptor`` does; each connection, Nagle's algorithm off as
-uvloop's server sets it, is then the loop's, through ``connect_accepted_socket``.
+pass for each connection ahead of it: up to 1.7 s for the last of 200 health probes beside 256
+busy clients (`python -m bench.accepts`; the figures: docs/operations.md, "Overload"). The
+standard library's loop accepts all that wait (up to its backlog), as ``Acceptor`` does; each
+connection, Nagle's algorithm off as uvloop's server sets it, is then the loop's, through
+``connect_accepted_socket``.
 
 Out of descriptors (EMFILE, ENFILE) the connections waiting are closed unanswered, with a
 descriptor held in reserve for it, as libuv does, rather than left to hang in the backlog.

@@ -89,7 +89,7 @@ class DrainingServer(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's start, its sockets accepted by an ``Acceptor`` each (all connections
         waiting at once; uvloop's server takes one a pass of the loop: app/accepting.py)."""
-        await super().startup([] if sockets else sockets)
+        await super().startup(None if sockets is None else [])  # uvicorn serves none itself
         if self.started and sockets:
             # uvicorn types them as asyncio's Servers, and calls close and wait_closed alone
             self.servers = [Acceptor(sock, self._protocol) for sock in sockets]  # type: ignore[misc]
