@@ -30,7 +30,7 @@ from app.tasks import Background
 log = logging.getLogger("batchserve.frontend")
 
 GONE = "the device process has stopped"
-BUSY_AT = 8  # requests waiting here from which a message waits a pass for more (app/links.py)
+BUSY_AT = 16  # requests waiting here from which a message waits a pass for more (app/links.py)
 
 
 @dataclass(eq=False, slots=True)
