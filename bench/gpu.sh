@@ -57,10 +57,13 @@
 #   front ends; one process at c=256 against the first GPU run's build (c1: at 630b9d8 5,499
 #   req/s, p99 515 ms, likely wrk's connections accepted one a loop pass, fad443b since):
 #       (here: python -m bench.carry --base 31e352c)
-#       TESTS= FRONTENDS=8,12 CURVES="mlp-json ab paced prompt c1" AB_WORKLOADS=mlp-json \
-#       ALT_WORKLOADS=mlp C1_CONCURRENCY=256 C1_FRONTENDS=1 OUT=$OUT bash bench/gpu.sh (~5 min)
-#       TESTS= CURVES="pinned sync mlp-json-c512" ALT_WORKLOADS=mlp OUT=$OUT \
-#       bash bench/gpu.sh  (~4 minutes)
+#       TESTS= FRONTENDS=8,12 CURVES="mlp-json ab paced prompt mlp-json-c512 c1" \
+#       AB_WORKLOADS=mlp-json ALT_WORKLOADS=mlp C1_CONCURRENCY=256 C1_FRONTENDS=1 \
+#       OUT=$OUT bash bench/gpu.sh  (~5 minutes; a CPU dry run without c512: 188 s)
+#       (c512: if c=512 on one server serves many more requests a second than c=256, c=256's
+#       bound is the round trip: each front end's connections moving in lock step)
+#       CURVES="pinned sync" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh  (~5 minutes: the
+#       default tests, every module with CUDA paths, then the two points)
 #   3:  (here: python -m bench.carry --base COMMIT)
 #       TESTS= CURVES="ab" OUT=$OUT bash bench/gpu.sh                      (~4 minutes)
 #   4:  TESTS= CURVES="writes paced" OUT=$OUT bash bench/gpu.sh            (~6 minutes)
