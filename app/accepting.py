@@ -40,6 +40,8 @@ class Acceptor:
         self._loop = asyncio.get_running_loop()
         self._reserve: int | None = os.open(os.devnull, os.O_RDONLY)
         self._tasks: set[asyncio.Task[None]] = set()
+        # Nagle's algorithm off on TCP: small answers not held for an acknowledgement.
+        self._nodelay = sock.family != socket.AF_UNIX
         sock.setblocking(False)
         self._loop.add_reader(sock.fileno(), self._accept)
 
@@ -55,7 +57,7 @@ class Acceptor:
                 if exc.errno in (errno.EMFILE, errno.ENFILE):
                     self._shed()
                 return  # anything else (ENOBUFS, ENOMEM...): again when next readable
-            if conn.family != socket.AF_UNIX:  # small answers not held for an acknowledgement
+            if self._nodelay:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             task = self._loop.create_task(self._serve(conn))
             self._tasks.add(task)
