@@ -8,13 +8,14 @@ GPU's busy share where the devices are CUDA, where a request's time went in the 
 /metrics), and the CPU a request of the front ends together (``fe us``; with N=1 the one
 process) and of the device process (``dev us``): which side bounds a curve that stops rising;
 and the requests a message from the front ends carried (``req/msg``), which sets most of what
-a request costs the device process; and the least and most busy front end's cores (``fe
-cores``: uneven when the connections are). ``--offline`` adds the model called in-process at
-the max batch (bench.run's ceiling), before the curve and after it, and the ratios against the
-higher reading. ``--base DIR`` runs each point on that checkout too, in turn with this build,
-and gives this build's ratio to it (an A/B on a lent GPU: bench.carry --base packs the base).
-``--pin-device-cores K`` keeps the device process's threads on K cores of their own and the
-front ends and wrk off them (``pin``).
+a request costs the device process; the least and most busy front end's cores (``fe
+cores``: uneven when the connections are); and wrk's cores, its threads together (``wrk
+cores``: near ``--threads``, the client is the bound). ``--offline`` adds the model called
+in-process at the max batch (bench.run's ceiling), before the curve and after it, and the
+ratios against the higher reading. ``--base DIR`` runs each point on that checkout too, in
+turn with this build, and gives this build's ratio to it (an A/B on a lent GPU: bench.carry
+--base packs the base). ``--pin-device-cores K`` keeps the device process's threads on K cores
+of their own and the front ends and wrk off them (``pin``).
 
     python -m bench.frontends --workload linear --frontends 1,2 --concurrency 64
     python -m bench.frontends --workload mlp --instances 32 --binary --devices cuda \\
@@ -89,6 +90,8 @@ class Point:
     # The least and the most busy front end, in cores: an uneven spread of the connections
     # shows as one near 1.0 while another idles (docs/frontends.md, "Listening sockets").
     frontend_cores: tuple[float, float] = (0.0, 0.0)
+    # wrk's cores, all its threads together: near its thread count, the client is the bound.
+    client_cores: float = 0.0
     build: str = "this"  # or "base": the checkout of --base
 
 
@@ -266,7 +269,8 @@ def measure(args: argparse.Namespace, frontends: int, check: bool,
                           (loop1 - loop0) * per_request, sm.mean,
                           server_s * 1e3, queue_s * 1e3, batch_s * 1e3,
                           (cpu1 - cpu0) * per_request - device_us, device_us, per_message,
-                          (min(each), max(each)), "base" if base else "this")
+                          (min(each), max(each)), r["cpu_s"] / (t1 - t0),
+                          "base" if base else "this")
             print(row(point), flush=True)
             points.append(point)
             if args.profile is not None:
@@ -292,7 +296,7 @@ def profile_point(args: argparse.Namespace, name: str, pids: list[int],
 HEAD = (f"{'front ends':>10}{'conc':>6}{'req/s':>10}{'items/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
         f"{'errors':>8}{'batch':>7}{'cores':>7}{'loop us':>8}{'GPU busy':>9}"
         f"{'srv ms':>8}{'queue ms':>9}{'batch ms':>9}{'fe us':>7}{'dev us':>7}{'req/msg':>8}"
-        f"{'fe cores':>11}")
+        f"{'fe cores':>11}{'wrk cores':>10}")
 
 
 def row(p: Point) -> str:
@@ -305,7 +309,8 @@ def row(p: Point) -> str:
             f"{p.frontend_us:>7.0f}{p.device_us:>7.0f}"
             + (f"{p.per_message:>8.1f}" if p.per_message else f"{'-':>8}")
             + (f"{p.frontend_cores[0]:>6.2f}-{p.frontend_cores[1]:.2f}" if p.per_message
-               else f"{'-':>11}"))
+               else f"{'-':>11}")
+            + f"{p.client_cores:>10.2f}")
 
 
 def alone(args: argparse.Namespace, when: str) -> float:

@@ -284,16 +284,25 @@ def run_wrk(url: str, body_file: str, concurrency: int, seconds: float,
     """wrk with bench/post.lua: the one body in ``body_file``, or with ``many`` one of its lines
     per request; its JSON summary. ``env``: more for post.lua (BENCH_HEADER_LENGTH); ``cpus``:
     the cores wrk runs on ("0,1,2"), set by a Python that then becomes wrk (no taskset needed
-    on a bare GPU box: the cores carry over the exec)."""
+    on a bare GPU box: the cores carry over the exec). The summary's ``cpu_s``: wrk's CPU
+    seconds, user and system (is the client the bound?)."""
     cmd = ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{max(1, round(seconds))}s",
            "--timeout", "30s", "-s", str(HERE / "post.lua"), url + path]
     if cpus is not None:
         cmd = [sys.executable, "-c", ON_CORES, cpus, *cmd]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True,
-                         env={**os.environ, BODIES_ENV if many else BODY_ENV: body_file,
-                              **(env or {})}).stdout
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, BODIES_ENV if many else BODY_ENV: body_file,
+                                 **(env or {})})
+    assert proc.stdout is not None
+    with proc.stdout:
+        out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)  # wrk's own CPU, not other children's
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, cmd, out)
     line = next(ln for ln in out.splitlines() if ln.startswith("BENCH_JSON "))
     result: dict[str, Any] = json.loads(line.removeprefix("BENCH_JSON "))
+    result["cpu_s"] = usage.ru_utime + usage.ru_stime
     return result
 
 
