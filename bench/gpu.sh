@@ -19,11 +19,12 @@
 # the GIL, printed by bench.gil_share; on mlp with 32 synthetic front ends, its event loop's
 # CPU a message by step, bench/steps.py; and bench.gil_switch on mlp and minilm: a batch's
 # time next to a thread that holds the GIL, by switch interval, and where it let the GIL go,
-# eager and as graphs); "switch" (about 3 minutes), mlp JSON and minilm at POINT_FRONTENDS
-# front ends with the device process's GIL switch interval at the server's (100 us, 5 while a
-# device thread launches and waits) and at 100 throughout (bench/switch.py), alternating, two
-# rounds (the device loop's CPU a message that no step accounts for, 85.8 us on the H200
-# against 22.5 on the CPU box, may be GIL hand-offs at 5 us); "ab" (about 2 minutes a
+# eager and as graphs); "switch" (about 3 minutes, half with ALT_WORKLOADS=mlp),
+# ALT_WORKLOADS at POINT_FRONTENDS front ends with the device process's GIL switch interval at
+# the server's (100 us, 5 while a device thread launches and waits) and at 100 throughout
+# (bench/switch.py), alternating, two rounds (the device loop's CPU a message that no step
+# accounts for, 85.8 us on the H200 against 22.5 on the CPU box, may be GIL hand-offs at 5
+# us); "ab" (about 2 minutes a
 # workload), AB_WORKLOADS at POINT_FRONTENDS front ends, this build and the base that
 # `python -m bench.carry --base COMMIT` packed, in turn, two rounds; "sync" (about 3
 # minutes, half with ALT_WORKLOADS=mlp), ALT_WORKLOADS (mlp JSON and minilm unless set) at
@@ -62,8 +63,9 @@
 #       OUT=$OUT bash bench/gpu.sh  (~5 minutes; a CPU dry run without c512: 188 s)
 #       (c512: if c=512 on one server serves many more requests a second than c=256, c=256's
 #       bound is the round trip: each front end's connections moving in lock step)
-#       CURVES="pinned sync" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh  (~5 minutes: the
-#       default tests, every module with CUDA paths, then the two points)
+#       CURVES="switch sync pinned" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh  (~6.5
+#       minutes: the default tests, every module with CUDA paths, then the three A/Bs; switch
+#       first: the H200's 85.8 us a message may be the launch's 5 us GIL hand-offs)
 #   3:  (here: python -m bench.carry --base COMMIT)
 #       TESTS= CURVES="ab" OUT=$OUT bash bench/gpu.sh                      (~4 minutes)
 #   4:  TESTS= CURVES="writes paced" OUT=$OUT bash bench/gpu.sh            (~6 minutes)
@@ -96,7 +98,7 @@ POINT_FRONTENDS=${POINT_FRONTENDS:-8}  # front ends of the single points (the cu
 C1_FRONTENDS=${C1_FRONTENDS:-1 auto}  # this build's front ends in the c=1 comparison
 C1_CONCURRENCY=${C1_CONCURRENCY:-1}  # its concurrency (256: one process's ceiling against it)
 AB_WORKLOADS=${AB_WORKLOADS:-minilm mlp-json}  # ab's: mlp-json, mlp-binary32, minilm
-ALT_WORKLOADS=${ALT_WORKLOADS:-mlp minilm}  # sync, writes, paced, prompt, pinned: mlp JSON, minilm
+ALT_WORKLOADS=${ALT_WORKLOADS:-mlp minilm}  # switch, sync, writes, paced, prompt, pinned
 PIN_CORES=${PIN_CORES:-2}  # pinned's: the device process's cores
 GRAPH_INSTANCES=${GRAPH_INSTANCES:-32}  # the device process alone with CUDA graphs: items a request
 OUT=${OUT:?OUT: where the logs and results go}
@@ -188,15 +190,19 @@ point_limit() {  # seconds a single point may take: minilm captures 99 CUDA grap
 
 switch_sweep() {  # the device process's GIL switch interval (bench/switch.py): an A/B
   [[ " $CURVES " == *" switch "* ]] || return 0
-  # the server's (100 us, a launch and wait at 5) against 100 throughout (no shorter launch),
-  # alternating, two rounds
+  # ALT_WORKLOADS at the server's (100 us, a launch and wait at 5) against 100 throughout (no
+  # shorter launch), alternating, two rounds
+  local batch us=100
   for round in 1 2; do
-    for at in "mlp 256 100 5" "mlp 256 100 100" "minilm 128 100 5" "minilm 128 100 100"; do
-      read -r workload batch us launch <<< "$at"
-      run_frontends "$workload, N=$POINT_FRONTENDS, c=256: switch $us us, launch $launch us" \
-        "$(point_limit "$workload")" --frontends "$POINT_FRONTENDS" --workload "$workload" \
-        --max-batch-size "$batch" --concurrency 256 --switch-interval-us "$us" \
-        --launch-switch-us "$launch" --out "$OUT/switch-$workload-$us-$launch-$round.json"
+    for workload in $ALT_WORKLOADS; do
+      batch=256
+      [ "$workload" = minilm ] && batch=128
+      for launch in 5 100; do
+        run_frontends "$workload, N=$POINT_FRONTENDS, c=256: switch $us us, launch $launch us" \
+          "$(point_limit "$workload")" --frontends "$POINT_FRONTENDS" --workload "$workload" \
+          --max-batch-size "$batch" --concurrency 256 --switch-interval-us "$us" \
+          --launch-switch-us "$launch" --out "$OUT/switch-$workload-$us-$launch-$round.json"
+      done
     done
   done
 }
