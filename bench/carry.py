@@ -48,8 +48,8 @@ OUT = Path(".carry")
 # version does (uvloop, pygments); wheels of them would not fit the 64 MiB.
 ON_DEVICE = {"torch", "numpy", "transformers", "tokenizers", "safetensors", "huggingface-hub",
              "uvloop", "pygments"}
-ROOTS = ["batchserve[jobs,otel]", "pytest", "pytest-asyncio", "asgi-lifespan", "httpx",
-         "nvidia-ml-py", "py-spy"]  # py-spy: the device process's profile (bench.frontends)
+ROOTS = ["batchserve[jobs,otel]", "pytest", "pytest-asyncio", "pytest-xdist", "asgi-lifespan",
+         "httpx", "nvidia-ml-py", "py-spy"]  # py-spy: the device process's profile
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64"]
 LUAJIT = "libluajit-5.1.so.2"

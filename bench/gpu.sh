@@ -47,8 +47,9 @@
 # records: one process at c=256 read 3.8 k req/s profiled). Profiles go to $OUT/profiles.tgz,
 # the results to $OUT/results.tgz. Needs .carry/ from `python -m bench.carry` (made here, named
 # in the device call's carry). A cold start of the machine takes about a minute more.
-#   1:  CURVES="mlp-json mlp-binary32 minilm" OUT=$OUT bash bench/gpu.sh (~8.5 minutes: the
-#       tests took 127 s on the H200 on 2026-11-30, the curves 380 s)
+#   1:  CURVES="mlp-json mlp-binary32 minilm" OUT=$OUT bash bench/gpu.sh (~8.5 minutes with
+#       the tests in one process: 127 s on the H200 on 2026-11-30, the curves 380 s; the tests
+#       now run in TEST_WORKERS=4 processes, not yet timed there: each part prints its seconds)
 #   2:  TESTS= CURVES="c1 pinned sync" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh  (~4 min)
 #   2026-12-04 at 31e352c (186 s, tests/unit/test_repository.py 37 passed): mlp JSON N=6-12,
 #   profiled; against 630b9d8 at N=8 0.891 x, 30 requests a message against 20-23: the hold
@@ -100,6 +101,7 @@ C1_CONCURRENCY=${C1_CONCURRENCY:-1}  # its concurrency (256: one process's ceili
 AB_WORKLOADS=${AB_WORKLOADS:-minilm mlp-json}  # ab's: mlp-json, mlp-binary32, minilm
 ALT_WORKLOADS=${ALT_WORKLOADS:-mlp minilm}  # switch, sync, writes, paced, prompt, pinned
 PIN_CORES=${PIN_CORES:-2}  # pinned's: the device process's cores
+TEST_WORKERS=${TEST_WORKERS:-4}  # pytest-xdist's processes for the tests
 GRAPH_INSTANCES=${GRAPH_INSTANCES:-32}  # the device process alone with CUDA graphs: items a request
 OUT=${OUT:?OUT: where the logs and results go}
 mkdir -p "$OUT"
@@ -124,10 +126,11 @@ export PATH=$PWD/.carry/bin:$PATH LD_LIBRARY_PATH=$PWD/.carry/lib HF_HUB_OFFLINE
 run_frontends() {  # what it is, seconds it may take, then bench.frontends flags
   local what=$1 limit=$2
   shift 2
+  local started=$SECONDS
   echo "== $what"
   timeout "$limit" "$PY" -m bench.frontends --devices "$DEVICES" \
     --seconds "$SECONDS_PER_POINT" --warmup-s 1 --threads 4 "$@"
-  echo "== exit $?"
+  echo "== exit $? ($((SECONDS - started)) s)"
 }
 
 curve() {  # name, seconds it may take, flags: N = FRONTENDS, with the model alone
@@ -288,10 +291,13 @@ main() {
     # The MiniLM weights travel stored as float16 (bench/carry.py): sentence-transformers would
     # compute in float16 from them, so the parity test against it is left to CI.
     # shellcheck disable=SC2086 # $TESTS: paths, word-split on purpose
-    timeout 200 "$PY" -m pytest -q -p no:cacheprovider -W default \
+    local started=$SECONDS workers=()
+    # in TEST_WORKERS processes, a module each at a time, as make test runs them in two
+    "$PY" -c 'import xdist' 2>/dev/null && workers=(-n "$TEST_WORKERS" --dist loadfile)
+    timeout 200 "$PY" -m pytest -q -p no:cacheprovider -W default "${workers[@]}" \
       --continue-on-collection-errors --junitxml="$OUT/tests.xml" $TESTS \
       --deselect tests/unit/models/test_minilm.py::test_minilm_matches_sentence_transformers
-    echo "== tests exit $?"
+    echo "== tests exit $? ($((SECONDS - started)) s)"
   fi
 
   local profile=() json_limit=130
@@ -339,6 +345,7 @@ main() {
   # now, against those bench.cores printed first
   echo "== CPU cgroup after the runs"
   "$PY" -m bench.cores --cgroup
+  echo "== gpu.sh: $SECONDS s in all, the install included"
 }
 
 main 2>&1 | tee -a "$OUT/gpu.log"
