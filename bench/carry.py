@@ -60,8 +60,9 @@ FIRST_GPU_BUILD = "eecdc23"  # the build of the first GPU run (its c=1 p50: issu
 def pins() -> list[str]:
     """``name==version`` for every package ROOTS need on CPython 3.12 on Linux, as this
     environment has it, not descending into ON_DEVICE."""
-    env = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.3",
-           "sys_platform": "linux", "platform_system": "Linux"}
+    env = {**{key: str(value) for key, value in default_environment().items()},
+           "python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
+           "platform_system": "Linux"}
     todo = [Requirement(name) for name in ROOTS]
     found: dict[str, str] = {}
     while todo:
