@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run, in one command on a lent GPU machine (docs/benchmarks.md, "GPU"): a core's speed
-# alone and with every core busy (bench/cores.py: whether the cores slow each other down), the
-# tests with CUDA present, then the front-end curve (docs/frontends.md): N = 1, 2, 4, 8, 14
+# alone and with every core busy (bench/cores.py: whether the cores slow each other down), a
+# body's parse both ways (bench/parse.py), the tests with CUDA present, then the front-end curve (docs/frontends.md): N = 1, 2, 4, 8, 14
 # front ends at c=256 on mlp (1 JSON instance a request; 32 instances as v2 binary tensors) and
 # minilm, each with the model alone at its batch limit and the GPU's busy share, at the server's
 # default cuda_graphs (auto: on for both; docs/cuda-graphs.md). The whole took 374 s on an
@@ -285,6 +285,10 @@ main() {
   # request, came to 7.1 cores at 8 front ends and 7.2 at 14, wrk's beside it: a quota of 8
   # would explain why 14 gave no more)
   timeout 45 "$PY" -m bench.cores
+  # a body's parse both ways on this box's cores (about 10 s): at 31e352c numpy's cast and range
+  # check in the dense parse held as many of a front end's GIL samples as simdjson's parse
+  echo "== a /predict and a v2 body to rows, the general parse against the dense one"
+  timeout 45 "$PY" -m bench.parse
 
   if [ -n "$TESTS" ]; then
     echo "== tests: $TESTS (devices auto: CUDA where present)"
