@@ -275,8 +275,8 @@ print(json.dumps({"instances": [instance_for("mlp", 0)]}))')
 main() {
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total \
     --format=csv
-  "$PY" -c 'import os, sys, torch; print(sys.version.split()[0], "torch", torch.__version__,
-    "cuda", torch.cuda.is_available(), "cores", os.cpu_count())'
+  "$PY" -c 'import os, sys, numpy, torch; print(sys.version.split()[0], "torch", torch.__version__,
+    "numpy", numpy.__version__, "cuda", torch.cuda.is_available(), "cores", os.cpu_count())'
   # whether the cores are physical or hyperthreads: a front end's CPU a request depends on it
   command -v lscpu >/dev/null && lscpu | grep -E \
     '^(Model name|CPU\(s\)|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|NUMA node\(s\)):'
