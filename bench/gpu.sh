@@ -191,6 +191,10 @@ point_limit() {  # seconds a single point may take: minilm captures 99 CUDA grap
   if [ "$1" = minilm ]; then echo 90; else echo 60; fi
 }
 
+batch_for() {  # a workload's --max-batch-size in the single points: minilm's 128, mlp's 256
+  if [ "$1" = minilm ]; then echo 128; else echo 256; fi
+}
+
 switch_sweep() {  # the device process's GIL switch interval (bench/switch.py): an A/B
   [[ " $CURVES " == *" switch "* ]] || return 0
   # ALT_WORKLOADS at the server's (100 us, a launch and wait at 5) against 100 throughout (no
@@ -198,8 +202,7 @@ switch_sweep() {  # the device process's GIL switch interval (bench/switch.py): 
   local batch us=100
   for round in 1 2; do
     for workload in $ALT_WORKLOADS; do
-      batch=256
-      [ "$workload" = minilm ] && batch=128
+      batch=$(batch_for "$workload")
       for launch in 5 100; do
         run_frontends "$workload, N=$POINT_FRONTENDS, c=256: switch $us us, launch $launch us" \
           "$(point_limit "$workload")" --frontends "$POINT_FRONTENDS" --workload "$workload" \
@@ -216,8 +219,7 @@ alternating() {  # CURVE FLAG: ALT_WORKLOADS at POINT_FRONTENDS as the server ru
   [[ " $CURVES " == *" $curve "* ]] || return 0
   for round in 1 2; do
     for workload in $ALT_WORKLOADS; do
-      batch=256
-      [ "$workload" = minilm ] && batch=128
+      batch=$(batch_for "$workload")
       for set in - "$flag"; do
         with=("$set") label=$set
         [ "$set" = - ] && with=() label="as served"
