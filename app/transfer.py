@@ -2,11 +2,11 @@
 
 On the CPU everything happens inside ``launch``. On CUDA (in the spirit of SPDL's transfer stage)
 ``launch`` only enqueues work and returns: the collated batch is copied from pinned host memory to
-the device on a copy-in stream, the forward runs on a compute stream once that copy's event
-fired, and the outputs are copied back into pinned host memory on a copy-out stream once the
-compute event fired. ``Launch.wait`` blocks on the last event and splits the outputs. So while
-batch N computes, the device thread collects batch N+1 and enqueues its copy-in, and batch N-1's
-copy-out and scatter overlap batch N's compute.
+the device on a copy-in stream, the forward runs on a compute stream once that copy's event fired,
+and the outputs are copied back into pinned host memory on a copy-out stream once the compute event
+fired. ``Launch.wait`` sleeps until the last event fired and splits the outputs. So while batch N
+computes, the device thread collects batch N+1 and enqueues its copy-in, and batch N-1's copy-out
+and scatter overlap batch N's compute.
 
 Memory safety across streams: tensors made on one stream and used on another are marked with
 ``record_stream`` so the caching allocator does not hand their memory out again before the other
@@ -180,7 +180,10 @@ def _stream(device: torch.device) -> torch.cuda.Stream:
 
 
 def _event(timing: bool = False) -> torch.cuda.Event:
-    return torch.cuda.Event(enable_timing=timing)  # type: ignore[no-untyped-call]
+    """An event whose ``synchronize`` sleeps until the device is done, where CUDA's default with
+    one context spins: a spinning wait holds a core for as long as a batch is in flight, a core
+    the front ends and the device process's event loop need (docs/frontends.md)."""
+    return torch.cuda.Event(enable_timing=timing, blocking=True)  # type: ignore[no-untyped-call]
 
 
 def _recorded(tensor: torch.Tensor, stream: torch.cuda.Stream) -> torch.Tensor:

@@ -29,8 +29,9 @@
 # `python -m bench.carry --base COMMIT` packed, in turn, two rounds; "sync" (about 3
 # minutes, half with ALT_WORKLOADS=mlp), ALT_WORKLOADS (mlp JSON and minilm unless set) at
 # POINT_FRONTENDS with the device threads' wait for a batch
-# spinning (CUDA's default with one context) and asleep (bench/switch.py), alternating, two
-# rounds (a spinning wait holds a core the front ends could use); "writes" (about 3 minutes),
+# asleep (the server's) and spinning (CUDA's default with one context; bench/switch.py),
+# alternating, two rounds (a spinning wait holds a core the front ends could use; asleep
+# 1.12 x at N=8 on the H200 on 2026-12-04); "writes" (about 3 minutes),
 # the same with the device process's writes to the front ends letting the GIL go (os.writev,
 # bench/switch.py) against uvloop's, which holds it; "paced" (about 3 minutes), the same with
 # each front end's message waiting while the device process has not read its last one
@@ -335,8 +336,8 @@ main() {
   point minilm-profile 75 --workload minilm --max-batch-size 128 --concurrency 256 \
     --profile "$OUT/profiles"
   switch_sweep
-  # a device thread's wait for its batch asleep, not spinning (CUDA's default)
-  alternating sync --blocking-sync
+  # a device thread's wait for its batch spinning (CUDA's default), not asleep as the server's
+  alternating sync --spinning-sync
   # the device process's writes to the front ends letting the GIL go (os.writev)
   alternating writes --gil-free-writes
   # each front end's message waiting while the device process has not read its last one

@@ -1,14 +1,14 @@
 """``python -m bench.switch US LAUNCH_US SYNC WRITES FRONTENDS serve ...``: batchserve with the
 GIL's switch interval at US microseconds in its main process (the device process, with front
 ends), and at LAUNCH_US while a device thread launches a CUDA batch and waits for it (``-`` for
-either: the server's own), with SYNC ``blocking`` its CUDA events made with ``blocking=True``
-(``-``: as the server makes them), with WRITES ``gil-free`` its messages to the front ends
-written by ``os.writev``, which lets the GIL go during the system call (``-``: uvloop's write,
-which holds it), and with FRONTENDS ``paced`` each front end run as bench/paced.py (its
-messages wait while the device process has not read the last one), ``prompt`` as
-bench/prompt.py (each message sent at its pass's end, however busy the front end), for
-``python -m bench.frontends --switch-interval-us / --launch-switch-us / --blocking-sync /
---gil-free-writes / --paced-frontends / --prompt-frontends``.
+either: the server's own), with SYNC ``spinning`` its CUDA events made without ``blocking=True``
+(``-``: as the server makes them, blocking), with WRITES ``gil-free`` its messages to the front
+ends written by ``os.writev``, which lets the GIL go during the system call (``-``: uvloop's
+write, which holds it), and with FRONTENDS ``paced`` each front end run as bench/paced.py (its
+messages wait while the device process has not read the last one), ``prompt`` as bench/prompt.py
+(each message sent at its pass's end, however busy the front end), for ``python -m bench.frontends
+--switch-interval-us / --launch-switch-us / --spinning-sync / --gil-free-writes /
+--paced-frontends / --prompt-frontends``.
 
 The device process's event loop and device threads share one GIL; a device thread that lets it
 go inside a torch call waits up to one interval to win it back from a busy loop
@@ -17,11 +17,11 @@ interval set before it), and 5 us for a CUDA launch and wait (``launching``; a L
 100 or more turns that off): this runs it otherwise, to see on a GPU whether the waits or the
 switches cost more.
 
-A device thread waits for a batch in ``Event.synchronize``, without the GIL. With one CUDA
-context and more cores than that, CUDA's default is to spin there: a core busy for as long as a
-batch is in flight. A blocking event sleeps instead and is woken, later by a wake-up's time:
-whether the core or the wake-up counts more on a box whose cores the front ends use is what
-``blocking`` measures.
+A device thread waits for a batch in ``Event.synchronize``, without the GIL. The server's
+events are blocking: the thread sleeps and is woken, later by a wake-up's time. With one CUDA
+context and more cores than that, CUDA's default is to spin there instead: a core busy for as
+long as a batch is in flight. Whether the core or the wake-up counts more on a box whose cores
+the front ends use is what ``spinning`` measures.
 
 A write to a front end asleep in ``epoll`` wakes it, 5-20 us of kernel time on the CPU box,
 through which uvloop holds the GIL: in ``bench.device --profile`` a quarter of the device
@@ -43,8 +43,8 @@ from app import links, process, supervisor, transfer
 from app.cli import main
 
 
-def blocking_event(timing: bool = False) -> torch.cuda.Event:
-    return torch.cuda.Event(enable_timing=timing, blocking=True)  # type: ignore[no-untyped-call]
+def spinning_event(timing: bool = False) -> torch.cuda.Event:
+    return torch.cuda.Event(enable_timing=timing)  # type: ignore[no-untyped-call]
 
 
 IOV_MAX = os.sysconf("SC_IOV_MAX")  # the most buffers one ``os.writev`` takes
@@ -80,8 +80,8 @@ if __name__ == "__main__":
         sys.setswitchinterval(float(interval) / 1e6)
     if launch != "-":
         process.launching.interval_s = float(launch) / 1e6
-    if sync == "blocking":
-        transfer._event = blocking_event  # every launch's events (app/transfer.py)
+    if sync == "spinning":
+        transfer._event = spinning_event  # every launch's events (app/transfer.py)
     if writes == "gil-free":
         links.Outbox._write = gil_free_write  # type: ignore[method-assign]
     if frontends in ("paced", "prompt"):

@@ -7,6 +7,7 @@ import ctypes
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +93,26 @@ def test_cuda_launches_overlap_and_match_the_cpu() -> None:
         np.testing.assert_allclose(np.stack(results), reference(handler, data),
                                    rtol=1e-3, atol=1e-4)
 
+
+
+@pytest.mark.gpu
+@gpu
+def test_a_cuda_wait_sleeps_while_the_batch_computes() -> None:
+    """The device thread's wait for a batch leaves its core to the others (app/transfer.py):
+    CUDA's default with one context would spin through the whole batch."""
+    def forward(batch: torch.Tensor) -> torch.Tensor:
+        torch.cuda._sleep(1_000_000_000)  # type: ignore[no-untyped-call]  # ~0.5 s of cycles
+        return batch * 2
+
+    handler = TensorHandler("slow", lambda d: forward, (4,))
+    launch = DeviceExecutor(torch.device("cuda", 0)).launch(handler, forward,
+                                                            [np.ones(4, np.float32)])
+    wall, cpu = time.perf_counter(), time.thread_time()
+    results, _ = launch.wait()
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    np.testing.assert_array_equal(results[0], np.full(4, 2, np.float32))
+    assert wall > 0.05
+    assert cpu < wall / 4
 
 def interval_seen(device: torch.device) -> tuple[float, float]:
     """The GIL switch interval inside a forward launched on ``device``, and after its wait."""
