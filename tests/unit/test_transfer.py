@@ -100,13 +100,18 @@ def test_cuda_launches_overlap_and_match_the_cpu() -> None:
 def test_a_cuda_wait_sleeps_while_the_batch_computes() -> None:
     """The device thread's wait for a batch leaves its core to the others (app/transfer.py):
     CUDA's default with one context would spin through the whole batch."""
+    cycles = [0]
+
     def forward(batch: torch.Tensor) -> torch.Tensor:
-        torch.cuda._sleep(1_000_000_000)  # type: ignore[no-untyped-call]  # ~0.5 s of cycles
+        torch.cuda._sleep(cycles[0])  # type: ignore[no-untyped-call]
         return batch * 2
 
     handler = TensorHandler("slow", lambda d: forward, (4,))
-    launch = DeviceExecutor(torch.device("cuda", 0)).launch(handler, forward,
-                                                            [np.ones(4, np.float32)])
+    executor = DeviceExecutor(torch.device("cuda", 0))
+    # a first batch takes its pinned blocks, whose allocation waits for the device
+    executor.launch(handler, forward, [np.ones(4, np.float32)]).wait()
+    cycles[0] = 1_000_000_000  # ~0.5 s
+    launch = executor.launch(handler, forward, [np.ones(4, np.float32)])
     wall, cpu = time.perf_counter(), time.thread_time()
     results, _ = launch.wait()
     wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
