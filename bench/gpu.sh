@@ -48,31 +48,20 @@
 # records: one process at c=256 read 3.8 k req/s profiled). Profiles go to $OUT/profiles.tgz,
 # the results to $OUT/results.tgz. Needs .carry/ from `python -m bench.carry` (made here, named
 # in the device call's carry). A cold start of the machine takes about a minute more.
-#   1:  CURVES="mlp-json mlp-binary32 minilm" OUT=$OUT bash bench/gpu.sh (~8.5 minutes with
-#       the tests in one process: 127 s on the H200 on 2026-11-30, the curves 380 s; the tests
-#       now run in TEST_WORKERS=4 processes, not yet timed there: each part prints its seconds)
-#   2:  TESTS= CURVES="c1 pinned sync" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh  (~4 min)
-#   2026-12-04 at 31e352c (186 s, tests/unit/test_repository.py 37 passed): mlp JSON N=6-12,
-#   profiled; against 630b9d8 at N=8 0.891 x, 30 requests a message against 20-23: the hold
-#   from 8 requests waiting (8688f06), since back at 16 (docs/benchmarks.md, docs/frontends.md).
-#   next: the hold at 16 against 31e352c's 8 alone (ab), and against front ends that hold only
-#   while the device process has not read their last message (paced) or never (prompt), at 8
-#   front ends; one process at c=256 against the first GPU run's build (c1: at 630b9d8 5,499
-#   req/s, p99 515 ms, likely wrk's connections accepted one a loop pass, fad443b since):
-#       (here: python -m bench.carry --base 31e352c)
-#       TESTS= FRONTENDS=8,12 CURVES="mlp-json ab paced prompt mlp-json-c512 c1" \
-#       AB_WORKLOADS=mlp-json ALT_WORKLOADS=mlp C1_CONCURRENCY=256 C1_FRONTENDS=1 \
-#       OUT=$OUT bash bench/gpu.sh  (~5 minutes; a CPU dry run without c512: 188 s)
-#       (c512: if c=512 on one server serves many more requests a second than c=256, c=256's
-#       bound is the round trip: each front end's connections moving in lock step)
-#       CURVES="switch sync pinned" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh  (~6.5
-#       minutes: the default tests, every module with CUDA paths, then the three A/Bs; switch
-#       first: the H200's 85.8 us a message may be the launch's 5 us GIL hand-offs)
+#   1:  CURVES="mlp-json mlp-binary32 minilm" OUT=$OUT bash bench/gpu.sh (~7.6 minutes by its
+#       parts: the tests in TEST_WORKERS=4 processes 39 s on the H200 on 2026-12-04, the curves
+#       380 s on 2026-11-30; not yet timed as one call: each part prints its seconds)
+#       then at once, on the same machine:
+#       TESTS= FRONTENDS=10,12 CURVES="mlp-json switch" ALT_WORKLOADS=mlp OUT=$OUT \
+#       bash bench/gpu.sh  (~2.5 minutes: past 8 front ends on this box; the GIL switch A/B)
+#   2026-12-04, two boxes (docs/benchmarks.md): at 10292e2 `TESTS= CURVES="ab paced prompt sync
+#   mlp-json-c512" AB_WORKLOADS=mlp-json ALT_WORKLOADS=mlp` (328 s) and at 98f05a1 `CURVES="sync
+#   c1" ALT_WORKLOADS="mlp minilm"` (303 s): asleep against spinning 1.15/1.10 x and 1.04/1.00 x
+#   on mlp JSON, minilm 0.97/0.95 x; paced, prompt and the hold at 16 no gain; c=512 1.24 x c=256.
+#   2:  TESTS= CURVES="pinned writes" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh  (~3 min)
 #   3:  (here: python -m bench.carry --base COMMIT)
 #       TESTS= CURVES="ab" OUT=$OUT bash bench/gpu.sh                      (~4 minutes)
-#   4:  TESTS= CURVES="writes paced" OUT=$OUT bash bench/gpu.sh            (~6 minutes)
-#       TESTS= CURVES="prompt" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh  (~1.5 minutes)
-#   5:  TESTS= CURVES="minilm-eager device" OUT=$OUT bash bench/gpu.sh     (~4 minutes)
+#   4:  TESTS= CURVES="minilm-eager device" OUT=$OUT bash bench/gpu.sh     (~4 minutes)
 # What ran before a timeout stays in $OUT/gpu.log. The tests are the modules with CUDA tests
 # and the API's predict path (TESTS="tests/unit tests/api": all of them, ~2 minutes).
 #
