@@ -52,13 +52,14 @@
 #       parts: the tests in TEST_WORKERS=4 processes 39 s on the H200 on 2026-12-04, the curves
 #       380 s on 2026-11-30; not yet timed as one call: each part prints its seconds)
 #       then at once, on the same machine:
-#       TESTS= FRONTENDS=10,12 CURVES="mlp-json switch" ALT_WORKLOADS=mlp OUT=$OUT \
-#       bash bench/gpu.sh  (~2.5 minutes: past 8 front ends on this box; the GIL switch A/B)
+#       TESTS= FRONTENDS=10,12 CURVES="mlp-json sync" ALT_WORKLOADS=minilm OUT=$OUT \
+#       bash bench/gpu.sh  (~3 minutes: past 8 front ends on this box; minilm's waits asleep
+#       against spinning a third time: 0.97 and 0.95 x on 2026-12-04)
 #   2026-12-04, two boxes (docs/benchmarks.md): at 10292e2 `TESTS= CURVES="ab paced prompt sync
 #   mlp-json-c512" AB_WORKLOADS=mlp-json ALT_WORKLOADS=mlp` (328 s) and at 98f05a1 `CURVES="sync
 #   c1" ALT_WORKLOADS="mlp minilm"` (303 s): asleep against spinning 1.15/1.10 x and 1.04/1.00 x
 #   on mlp JSON, minilm 0.97/0.95 x; paced, prompt and the hold at 16 no gain; c=512 1.24 x c=256.
-#   2:  TESTS= CURVES="pinned writes" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh  (~3 min)
+#   2:  TESTS= CURVES="pinned writes switch" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh (~4.5 min)
 #   3:  (here: python -m bench.carry --base COMMIT)
 #       TESTS= CURVES="ab" OUT=$OUT bash bench/gpu.sh                      (~4 minutes)
 #   4:  TESTS= CURVES="minilm-eager device" OUT=$OUT bash bench/gpu.sh     (~4 minutes)
