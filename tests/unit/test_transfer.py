@@ -94,7 +94,6 @@ def test_cuda_launches_overlap_and_match_the_cpu() -> None:
                                    rtol=1e-3, atol=1e-4)
 
 
-
 @pytest.mark.gpu
 @gpu
 def test_a_cuda_wait_sleeps_while_the_batch_computes() -> None:
@@ -108,7 +107,8 @@ def test_a_cuda_wait_sleeps_while_the_batch_computes() -> None:
 
     handler = TensorHandler("slow", lambda d: forward, (4,))
     executor = DeviceExecutor(torch.device("cuda", 0))
-    # a first batch takes its pinned blocks, whose allocation waits for the device
+    # a first batch makes the executor's pinned host and device blocks: allocating them can
+    # wait for the device, which would time the batch inside ``launch``, not ``wait``
     executor.launch(handler, forward, [np.ones(4, np.float32)]).wait()
     cycles[0] = 1_000_000_000  # ~0.5 s
     launch = executor.launch(handler, forward, [np.ones(4, np.float32)])
@@ -118,6 +118,7 @@ def test_a_cuda_wait_sleeps_while_the_batch_computes() -> None:
     np.testing.assert_array_equal(results[0], np.full(4, 2, np.float32))
     assert wall > 0.05
     assert cpu < wall / 4
+
 
 def interval_seen(device: torch.device) -> tuple[float, float]:
     """The GIL switch interval inside a forward launched on ``device``, and after its wait."""
