@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU run, in one command on a lent GPU machine (docs/benchmarks.md, "GPU"): a core's speed
 # alone and with every core busy (bench/cores.py: whether the cores slow each other down), a
-# body's parse both ways (bench/parse.py), the tests with CUDA present, then the front-end curve (docs/frontends.md): N = 1, 2, 4, 8, 14
-# front ends at c=256 on mlp (1 JSON instance a request; 32 instances as v2 binary tensors) and
-# minilm, each with the model alone at its batch limit and the GPU's busy share, at the server's
-# default cuda_graphs (auto: on for both; docs/cuda-graphs.md). The whole took 374 s on an
-# H200 (2026-11-28, the machine's start not counted; its tests 38 s), before the finer CUDA
-# graph buckets: each minilm server now captures 99 graphs, not 40 (not timed on a GPU yet).
+# body's parse both ways (bench/parse.py), the tests with CUDA present, then the front-end
+# curve (docs/frontends.md): N = 1, 2, 4, 8, 14 front ends at c=256 on mlp (1 JSON instance a
+# request; 32 instances as v2 binary tensors) and minilm, each with the model alone at its batch
+# limit and the GPU's busy share, at the server's default cuda_graphs (auto: on for both;
+# docs/cuda-graphs.md). Its parts on an H200, the machine's start not counted: the curves 380 s
+# (2026-11-30, each minilm server capturing 99 graphs), the tests 39 s in 4 processes and the
+# install, bench.cores and bench.parse about 35 s (2026-12-04): not yet timed as one call.
 #
 # Single points at POINT_FRONTENDS front ends, run only when CURVES names them (their model
 # alone is their workload's curve's): mlp-json-long-launch and minilm-long-launch (a CUDA
