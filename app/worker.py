@@ -154,7 +154,7 @@ class DeviceWorker:
                 slot = self._choose()
                 if slot is None:
                     if flights:
-                        self._complete(flights.pop(0))
+                        self._settle(flights)
                     elif self._stopping:
                         break
                     else:
@@ -261,6 +261,11 @@ class DeviceWorker:
             return failed
         flight.groups.append((items, launch))
         return 0
+
+    def _settle(self, flights: list[Launched]) -> None:
+        """Nothing is queued: wait for the oldest batch in flight and send its results
+        (bench/nap.py measures sleeping on the bell first, for work that may come meanwhile)."""
+        self._complete(flights.pop(0))
 
     def _complete(self, flight: Launched) -> None:
         """Wait for the batch's device work, split the outputs and send every result. The model

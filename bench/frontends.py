@@ -208,8 +208,8 @@ def profiled(into: Path | None, pid: int, seconds: float, name: str) -> Iterator
 def switched(args: argparse.Namespace) -> bool:
     """Whether the server runs with bench/switch.py's settings."""
     return (args.switch_interval_us, args.launch_switch_us, args.spinning_sync,
-            args.gil_free_writes, args.paced_frontends, args.prompt_frontends
-            ) != (None, None, False, False, False, False)
+            args.napping_waits, args.gil_free_writes, args.paced_frontends,
+            args.prompt_frontends) != (None, None, False, False, False, False, False)
 
 
 def wait_for_frontends(url: str, count: int, timeout_s: float = 120) -> None:
@@ -235,7 +235,7 @@ def measure(args: argparse.Namespace, frontends: int, check: bool,
     if switched(args):
         launcher = ("-m", "bench.switch", *(str(us) if us is not None else "-" for us in (
             args.switch_interval_us, args.launch_switch_us)),
-            "spinning" if args.spinning_sync else "-",
+            "spinning" if args.spinning_sync else "napping" if args.napping_waits else "-",
             "gil-free" if args.gil_free_writes else "-",
             "paced" if args.paced_frontends else "prompt" if args.prompt_frontends else "-")
     with server_process(flags, str(base) if base else None, launcher) as (url, pid), body(
@@ -388,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spinning-sync", action="store_true",
                    help="the device threads wait for a CUDA batch spinning (CUDA's default), "
                         "not asleep as the server's do (bench/switch.py)")
+    p.add_argument("--napping-waits", action="store_true",
+                   help="with a batch in flight and nothing queued, the device threads nap on "
+                        "their bell before waiting for it (bench/nap.py)")
     p.add_argument("--gil-free-writes", action="store_true",
                    help="the device process writes to the front ends with os.writev, which "
                         "lets the GIL go during the call (bench/switch.py)")

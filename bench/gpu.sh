@@ -32,7 +32,10 @@
 # POINT_FRONTENDS with the device threads' wait for a batch
 # asleep (the server's) and spinning (CUDA's default with one context; bench/switch.py),
 # alternating, two rounds (a spinning wait holds a core the front ends could use; asleep
-# 1.12 x at N=8 on the H200 on 2026-12-04); "writes" (about 3 minutes),
+# 1.12 x at N=8 on the H200 on 2026-12-04); "nap" (about 3 minutes, half with
+# ALT_WORKLOADS=mlp), the same with device threads that, with a batch in flight and nothing
+# queued, nap on their bell before its wait, so work that comes meanwhile is launched at once
+# (bench/nap.py); "writes" (about 3 minutes),
 # the same with the device process's writes to the front ends letting the GIL go (os.writev,
 # bench/switch.py) against uvloop's, which holds it; "paced" (about 3 minutes), the same with
 # each front end's message waiting while the device process has not read its last one
@@ -53,14 +56,16 @@
 #       parts: the tests in TEST_WORKERS=4 processes 39 s on the H200 on 2026-12-04, the curves
 #       380 s on 2026-11-30; not yet timed as one call: each part prints its seconds)
 #       then at once, on the same machine:
-#       TESTS= FRONTENDS=10,12 CURVES="mlp-json sync" ALT_WORKLOADS=minilm OUT=$OUT \
-#       bash bench/gpu.sh  (~3 minutes: past 8 front ends on this box; minilm's waits asleep
-#       against spinning a third time: 0.97 and 0.95 x on 2026-12-04)
+#       TESTS= FRONTENDS=10,12 CURVES="mlp-json nap" ALT_WORKLOADS=mlp OUT=$OUT \
+#       bash bench/gpu.sh  (~2.5 minutes: past 8 front ends on this box; device threads that
+#       nap on their bell before a batch's wait, bench/nap.py)
 #   2026-12-04, two boxes (docs/benchmarks.md): at 10292e2 `TESTS= CURVES="ab paced prompt sync
 #   mlp-json-c512" AB_WORKLOADS=mlp-json ALT_WORKLOADS=mlp` (328 s) and at 98f05a1 `CURVES="sync
 #   c1" ALT_WORKLOADS="mlp minilm"` (303 s): asleep against spinning 1.15/1.10 x and 1.04/1.00 x
 #   on mlp JSON, minilm 0.97/0.95 x; paced, prompt and the hold at 16 no gain; c=512 1.24 x c=256.
 #   2:  TESTS= CURVES="pinned writes switch" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh (~4.5 min)
+#       TESTS= CURVES="sync" ALT_WORKLOADS=minilm OUT=$OUT bash bench/gpu.sh  (~2 minutes:
+#       minilm's waits asleep against spinning a third time: 0.97 and 0.95 x on 2026-12-04)
 #   3:  (here: python -m bench.carry --base COMMIT)
 #       TESTS= CURVES="ab" OUT=$OUT bash bench/gpu.sh                      (~4 minutes)
 #   4:  TESTS= CURVES="minilm-eager device" OUT=$OUT bash bench/gpu.sh     (~4 minutes)
@@ -329,6 +334,8 @@ main() {
   switch_sweep
   # a device thread's wait for its batch spinning (CUDA's default), not asleep as the server's
   alternating sync --spinning-sync
+  # with a batch in flight and nothing queued, a nap on the bell before the batch's wait
+  alternating nap --napping-waits
   # the device process's writes to the front ends letting the GIL go (os.writev)
   alternating writes --gil-free-writes
   # each front end's message waiting while the device process has not read its last one

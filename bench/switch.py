@@ -2,13 +2,14 @@
 GIL's switch interval at US microseconds in its main process (the device process, with front
 ends), and at LAUNCH_US while a device thread launches a CUDA batch and waits for it (``-`` for
 either: the server's own), with SYNC ``spinning`` its CUDA events made without ``blocking=True``
-(``-``: as the server makes them, blocking), with WRITES ``gil-free`` its messages to the front
+(``-``: as the server makes them, blocking) or ``napping`` its device threads napping on their
+bell before a batch's wait (bench/nap.py), with WRITES ``gil-free`` its messages to the front
 ends written by ``os.writev``, which lets the GIL go during the system call (``-``: uvloop's
 write, which holds it), and with FRONTENDS ``paced`` each front end run as bench/paced.py (its
 messages wait while the device process has not read the last one), ``prompt`` as bench/prompt.py
 (each message sent at its pass's end, however busy the front end), for ``python -m bench.frontends
---switch-interval-us / --launch-switch-us / --spinning-sync / --gil-free-writes /
---paced-frontends / --prompt-frontends``.
+--switch-interval-us / --launch-switch-us / --spinning-sync / --napping-waits /
+--gil-free-writes / --paced-frontends / --prompt-frontends``.
 
 The device process's event loop and device threads share one GIL; a device thread that lets it
 go inside a torch call waits up to one interval to win it back from a busy loop
@@ -41,6 +42,7 @@ import torch
 
 from app import links, process, supervisor, transfer
 from app.cli import main
+from bench import nap
 
 
 def spinning_event(timing: bool = False) -> torch.cuda.Event:
@@ -82,6 +84,8 @@ if __name__ == "__main__":
         process.launching.interval_s = float(launch) / 1e6
     if sync == "spinning":
         transfer._event = spinning_event  # every launch's events (app/transfer.py)
+    if sync == "napping":
+        nap.install()
     if writes == "gil-free":
         links.Outbox._write = gil_free_write  # type: ignore[method-assign]
     if frontends in ("paced", "prompt"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,8 +21,10 @@ from app.models.base import ModelHandler, Tensors
 from app.pending import PendingItem, PendingRequest
 from app.report import BatchReport
 from app.served import ServedModel
+from app.transfer import DeviceExecutor, Launch
 from app.warmup import warm_replica
 from app.worker import DeviceWorker, WorkerState
+from bench import nap
 from tests.conftest import wait_until
 from tests.fakes import (
     CrashingHandler,
@@ -320,3 +323,51 @@ async def test_ready_is_reported_once_started() -> None:
     async with device() as h:
         await wait_until(lambda: h.states, "state reported")
         assert h.states == [WorkerState.READY]
+
+
+class Gate:
+    """A CUDA event's stand-in for a launch: ``synchronize`` waits till the test opens it."""
+
+    def __init__(self, open_: bool = False) -> None:
+        self.opened = threading.Event()
+        if open_:
+            self.opened.set()
+
+    def synchronize(self) -> None:
+        assert self.opened.wait(30), "the test never opened the gate"
+
+
+async def test_bench_nap_launches_what_comes_while_a_batch_is_in_flight(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/nap.py: with a batch in flight (its launch pending, as on CUDA) and nothing queued,
+    the thread naps on its bell before that batch's wait, so a request that comes meanwhile is
+    launched before the batch is done; its results and the batch's all arrive."""
+    monkeypatch.setattr(DeviceWorker, "_settle", nap.napping_settle)
+    monkeypatch.setattr(DeviceWorker, "_complete", nap.timed_complete)
+    gates = [Gate(open_=True), Gate()]  # the first batch done at once, the second held
+    launched: list[float] = []
+    real = DeviceExecutor.launch
+
+    def pending_launch(self: DeviceExecutor, handler: ModelHandler, replica: Any,
+                       data: list[Any], rows: int | None = None) -> Launch:
+        launch = real(self, handler, replica, data, rows)
+        launch.done = gates.pop(0) if gates else Gate(open_=True)  # type: ignore[assignment]
+        if not launched:  # the first batch's time: the nap before the next one's wait is
+            launch.cpu_seconds = 60.0  # 0.8 of it, unless work rings first
+        launched.extend(float(x) for x in data)
+        return launch
+
+    monkeypatch.setattr(DeviceExecutor, "launch", pending_launch)
+    held = gates[1]
+    async with device(EchoHandler()) as h:
+        h.put("echo", 1.0)
+        await h.settled(1)
+        h.put("echo", 2.0)  # its batch stays in flight; the thread naps before its wait
+        await wait_until(lambda: launched == [1.0, 2.0] and h.worker.bell.asleep
+                         and len(h.results()) == 1, "a nap while 2.0's batch computes")
+        h.put("echo", 3.0)
+        await wait_until(lambda: 3.0 in launched, "3.0 launched while 2.0's batch computes")
+        assert not held.opened.is_set() and len(h.results()) == 1
+        held.opened.set()
+        results = await h.settled(3)
+        assert {k: float(v) for k, v in results.items()} == {1.0: 2.0, 2.0: 4.0, 3.0: 6.0}
