@@ -207,9 +207,9 @@ def profiled(into: Path | None, pid: int, seconds: float, name: str) -> Iterator
 
 def switched(args: argparse.Namespace) -> bool:
     """Whether the server runs with bench/switch.py's settings."""
-    return (args.switch_interval_us, args.launch_switch_us, args.spinning_sync,
-            args.napping_waits, args.gil_free_writes, args.paced_frontends,
-            args.prompt_frontends) != (None, None, False, False, False, False, False)
+    return any(value is not None and value is not False for value in (
+        args.switch_interval_us, args.launch_switch_us, args.spinning_sync, args.napping_waits,
+        args.gil_free_writes, args.paced_frontends, args.prompt_frontends))
 
 
 def wait_for_frontends(url: str, count: int, timeout_s: float = 120) -> None:

@@ -20,6 +20,7 @@ from app.metrics import Metrics
 from app.models.base import ModelHandler, Tensors
 from app.pending import PendingItem, PendingRequest
 from app.report import BatchReport
+from app.scheduler.cost import CostModel
 from app.served import ServedModel
 from app.transfer import DeviceExecutor, Launch
 from app.warmup import warm_replica
@@ -343,17 +344,18 @@ async def test_bench_nap_launches_what_comes_while_a_batch_is_in_flight(
     the thread naps on its bell before that batch's wait, so a request that comes meanwhile is
     launched before the batch is done; its results and the batch's all arrive."""
     monkeypatch.setattr(DeviceWorker, "_settle", nap.napping_settle)
-    monkeypatch.setattr(DeviceWorker, "_complete", nap.timed_complete)
     gates = [Gate(open_=True), Gate()]  # the first batch done at once, the second held
     launched: list[float] = []
     real = DeviceExecutor.launch
+    # the second batch's predicted time: the nap before its wait is 0.8 of it, unless work
+    # rings first; the others' none
+    monkeypatch.setattr(CostModel, "predict",
+                        lambda self, work: 60.0 if launched == [1.0, 2.0] else 0.0)
 
     def pending_launch(self: DeviceExecutor, handler: ModelHandler, replica: Any,
                        data: list[Any], rows: int | None = None) -> Launch:
         launch = real(self, handler, replica, data, rows)
         launch.done = gates.pop(0) if gates else Gate(open_=True)  # type: ignore[assignment]
-        if not launched:  # the first batch's time: the nap before the next one's wait is
-            launch.cpu_seconds = 60.0  # 0.8 of it, unless work rings first
         launched.extend(float(x) for x in data)
         return launch
 
