@@ -56,9 +56,10 @@
 #       parts: the tests in TEST_WORKERS=4 processes 39 s on the H200 on 2026-12-04, the curves
 #       380 s on 2026-11-30; not yet timed as one call: each part prints its seconds)
 #       then at once, on the same machine:
-#       TESTS= FRONTENDS=10,12 CURVES="mlp-json nap" ALT_WORKLOADS=mlp OUT=$OUT \
-#       bash bench/gpu.sh  (~2.5 minutes: past 8 front ends on this box; device threads that
-#       nap on their bell before a batch's wait, bench/nap.py)
+#       TESTS= FRONTENDS=8,10,12 CURVES="mlp-json nap" ALT_WORKLOADS=mlp OUT=$OUT \
+#       bash bench/gpu.sh  (~3 minutes: past 8 front ends on this box, 8 again so that the
+#       three are one run's; device threads that nap on their bell before a batch's wait,
+#       bench/nap.py)
 #   2026-12-04, two boxes (docs/benchmarks.md): at 10292e2 `TESTS= CURVES="ab paced prompt sync
 #   mlp-json-c512" AB_WORKLOADS=mlp-json ALT_WORKLOADS=mlp` (328 s) and at 98f05a1 `CURVES="sync
 #   c1" ALT_WORKLOADS="mlp minilm"` (303 s): asleep against spinning 1.15/1.10 x and 1.04/1.00 x
