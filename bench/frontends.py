@@ -238,9 +238,12 @@ def measure(args: argparse.Namespace, frontends: int, check: bool,
             "spinning" if args.spinning_sync else "napping" if args.napping_waits else "-",
             "gil-free" if args.gil_free_writes else "-",
             "paced" if args.paced_frontends else "prompt" if args.prompt_frontends else "-")
+    started = time.monotonic()
     with server_process(flags, str(base) if base else None, launcher) as (url, pid), body(
             args.workload, args.instances, args.binary) as (path_file, path, env):
         wait_for_frontends(url, frontends)
+        # A server's start (a text model's CUDA graphs are captured in it): a part of a run's time
+        print(f"  served {time.monotonic() - started:.1f} s after its start", flush=True)
         if check:
             check_answers(url, args.workload, args.model)
         cpus = pin(tree(pid), args.pin_device_cores) if args.pin_device_cores else None
