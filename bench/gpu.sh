@@ -6,8 +6,9 @@
 # request; 32 instances as v2 binary tensors) and minilm, each with the model alone at its batch
 # limit and the GPU's busy share, at the server's default cuda_graphs (auto: on for both;
 # docs/cuda-graphs.md). Its parts on an H200, the machine's start not counted: the curves 380 s
-# (2026-11-30, each minilm server capturing 99 graphs), the tests 39 s in 4 processes and the
-# install, bench.cores and bench.parse about 35 s (2026-12-04): not yet timed as one call.
+# (2026-11-30, each minilm server capturing 99 graphs: a point 30 s against mlp's 14; each
+# server's start is printed, "served N s after its start"), the tests 39 s in 4 processes and
+# the install, bench.cores and bench.parse about 35 s (2026-12-04): not yet timed as one call.
 #
 # Single points at POINT_FRONTENDS front ends, run only when CURVES names them (their model
 # alone is their workload's curve's): mlp-json-long-launch and minilm-long-launch (a CUDA
