@@ -209,7 +209,7 @@ def switched(args: argparse.Namespace) -> bool:
     """Whether the server runs with bench/switch.py's settings."""
     return any(value is not None and value is not False for value in (
         args.switch_interval_us, args.launch_switch_us, args.spinning_sync, args.napping_waits,
-        args.gil_free_writes, args.paced_frontends, args.prompt_frontends))
+        args.gil_free_writes))
 
 
 def wait_for_frontends(url: str, count: int, timeout_s: float = 120) -> None:
@@ -236,8 +236,7 @@ def measure(args: argparse.Namespace, frontends: int, check: bool,
         launcher = ("-m", "bench.switch", *(str(us) if us is not None else "-" for us in (
             args.switch_interval_us, args.launch_switch_us)),
             "spinning" if args.spinning_sync else "napping" if args.napping_waits else "-",
-            "gil-free" if args.gil_free_writes else "-",
-            "paced" if args.paced_frontends else "prompt" if args.prompt_frontends else "-")
+            "gil-free" if args.gil_free_writes else "-")
     started = time.monotonic()
     with server_process(flags, str(base) if base else None, launcher) as (url, pid), body(
             args.workload, args.instances, args.binary) as (path_file, path, env):
@@ -397,12 +396,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gil-free-writes", action="store_true",
                    help="the device process writes to the front ends with os.writev, which "
                         "lets the GIL go during the call (bench/switch.py)")
-    p.add_argument("--paced-frontends", action="store_true",
-                   help="each front end's message waits while the device process has not "
-                        "read its last one (bench/paced.py)")
-    p.add_argument("--prompt-frontends", action="store_true",
-                   help="each front end's message goes at the end of its pass, never waiting a "
-                        "pass for more while the front end is busy (bench/prompt.py)")
     p.add_argument("--pin-device-cores", type=int, default=0, metavar="K",
                    help="the device process's threads on the last K cores, the front ends and "
                         "wrk on the others (0: where the kernel puts them)")
@@ -414,9 +407,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="record the device process and a front end with py-spy at each point, "
                         "in a run after the measured one, into this folder")
     args = p.parse_args(argv)
-    if args.paced_frontends and args.prompt_frontends:
-        p.error("--paced-frontends and --prompt-frontends are two ways to run the front ends: "
-                "one at a time")
     if args.base is not None and switched(args):
         p.error("--base runs the base's own server: not with bench/switch.py's settings")
     if args.base is not None and not (args.base / "app" / "__main__.py").is_file():

@@ -38,11 +38,7 @@
 # queued, nap on their bell before its wait, so work that comes meanwhile is launched at once
 # (bench/nap.py); "writes" (about 3 minutes),
 # the same with the device process's writes to the front ends letting the GIL go (os.writev,
-# bench/switch.py) against uvloop's, which holds it; "paced" (about 3 minutes), the same with
-# each front end's message waiting while the device process has not read its last one
-# (bench/paced.py: fewer, larger messages where it is behind); "prompt" (about 3 minutes), the
-# same with each front end's message sent at its pass's end even when 8 or more of its
-# requests wait (bench/prompt.py: does that wait lengthen the round trip at N=8?); "pinned"
+# bench/switch.py) against uvloop's, which holds it; "pinned"
 # (about 3 minutes), the same with the device process's threads on PIN_CORES of their own and
 # the front ends and wrk on the others (bench.frontends --pin-device-cores: does it cost 19-20
 # us a request at N=8, against 12.9 alone, because the front ends take its cores?); "c1"
@@ -64,7 +60,9 @@
 #   2026-12-04, two boxes (docs/benchmarks.md): at 10292e2 `TESTS= CURVES="ab paced prompt sync
 #   mlp-json-c512" AB_WORKLOADS=mlp-json ALT_WORKLOADS=mlp` (328 s) and at 98f05a1 `CURVES="sync
 #   c1" ALT_WORKLOADS="mlp minilm"` (303 s): asleep against spinning 1.15/1.10 x and 1.04/1.00 x
-#   on mlp JSON, minilm 0.97/0.95 x; paced, prompt and the hold at 16 no gain; c=512 1.24 x c=256.
+#   on mlp JSON, minilm 0.97/0.95 x; paced, prompt and the hold at 16 no gain (paced and prompt's
+#   front ends, bench/paced.py and bench/prompt.py, removed since: `git show ba42404:bench/paced.py`);
+#   c=512 1.24 x c=256.
 #   2:  TESTS= CURVES="pinned writes switch" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh (~4.5 min)
 #       TESTS= CURVES="sync" ALT_WORKLOADS=minilm OUT=$OUT bash bench/gpu.sh  (~2 minutes:
 #       minilm's waits asleep against spinning a third time: 0.97 and 0.95 x on 2026-12-04)
@@ -98,7 +96,7 @@ POINT_FRONTENDS=${POINT_FRONTENDS:-8}  # front ends of the single points (the cu
 C1_FRONTENDS=${C1_FRONTENDS:-1 auto}  # this build's front ends in the c=1 comparison
 C1_CONCURRENCY=${C1_CONCURRENCY:-1}  # its concurrency (256: one process's ceiling against it)
 AB_WORKLOADS=${AB_WORKLOADS:-minilm mlp-json}  # ab's: mlp-json, mlp-binary32, minilm
-ALT_WORKLOADS=${ALT_WORKLOADS:-mlp minilm}  # switch, sync, writes, paced, prompt, pinned
+ALT_WORKLOADS=${ALT_WORKLOADS:-mlp minilm}  # switch, sync, nap, writes, pinned
 PIN_CORES=${PIN_CORES:-2}  # pinned's: the device process's cores
 TEST_WORKERS=${TEST_WORKERS:-4}  # pytest-xdist's processes for the tests
 GRAPH_INSTANCES=${GRAPH_INSTANCES:-32}  # the device process alone with CUDA graphs: items a request
@@ -340,10 +338,6 @@ main() {
   alternating nap --napping-waits
   # the device process's writes to the front ends letting the GIL go (os.writev)
   alternating writes --gil-free-writes
-  # each front end's message waiting while the device process has not read its last one
-  alternating paced --paced-frontends
-  # each front end's message sent at its pass's end, never waiting a pass while it is busy
-  alternating prompt --prompt-frontends
   # the device process on cores of its own, the front ends and wrk on the others
   alternating pinned "--pin-device-cores=$PIN_CORES"
   ab_compare

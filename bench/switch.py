@@ -1,15 +1,12 @@
-"""``python -m bench.switch US LAUNCH_US SYNC WRITES FRONTENDS serve ...``: batchserve with the
+"""``python -m bench.switch US LAUNCH_US SYNC WRITES serve ...``: batchserve with the
 GIL's switch interval at US microseconds in its main process (the device process, with front
 ends), and at LAUNCH_US while a device thread launches a CUDA batch and waits for it (``-`` for
 either: the server's own), with SYNC ``spinning`` its CUDA events made without ``blocking=True``
 (``-``: as the server makes them, blocking) or ``napping`` its device threads napping on their
 bell before a batch's wait (bench/nap.py), with WRITES ``gil-free`` its messages to the front
 ends written by ``os.writev``, which lets the GIL go during the system call (``-``: uvloop's
-write, which holds it), and with FRONTENDS ``paced`` each front end run as bench/paced.py (its
-messages wait while the device process has not read the last one), ``prompt`` as bench/prompt.py
-(each message sent at its pass's end, however busy the front end), for ``python -m bench.frontends
---switch-interval-us / --launch-switch-us / --spinning-sync / --napping-waits /
---gil-free-writes / --paced-frontends / --prompt-frontends``.
+write, which holds it), for ``python -m bench.frontends --switch-interval-us /
+--launch-switch-us / --spinning-sync / --napping-waits / --gil-free-writes``.
 
 The device process's event loop and device threads share one GIL; a device thread that lets it
 go inside a torch call waits up to one interval to win it back from a busy loop
@@ -40,7 +37,7 @@ from typing import Any
 
 import torch
 
-from app import links, process, supervisor, transfer
+from app import links, process, transfer
 from app.cli import main
 from bench import nap
 
@@ -77,7 +74,7 @@ def gil_free_write(outbox: links.Outbox, parts: list[Any]) -> None:
 
 
 if __name__ == "__main__":
-    interval, launch, sync, writes, frontends = sys.argv[1:6]
+    interval, launch, sync, writes = sys.argv[1:5]
     if interval != "-":
         sys.setswitchinterval(float(interval) / 1e6)
     if launch != "-":
@@ -88,6 +85,4 @@ if __name__ == "__main__":
         nap.install()
     if writes == "gil-free":
         links.Outbox._write = gil_free_write  # type: ignore[method-assign]
-    if frontends in ("paced", "prompt"):
-        supervisor.FRONTEND_MODULE = f"bench.{frontends}"
-    sys.exit(main(sys.argv[6:]))
+    sys.exit(main(sys.argv[5:]))

@@ -4,7 +4,6 @@ message whole, however its bytes arrive."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 from typing import Any
 
@@ -13,7 +12,6 @@ import pytest
 import uvloop
 
 from app import links, wire
-from bench import paced
 from bench.switch import gil_free_write
 from tests.unit.test_wire import decoded
 
@@ -285,55 +283,3 @@ def test_an_outbox_to_a_closed_peer_lets_its_transport_report_the_loss(
         return transport_a.is_closing()
 
     assert (uvloop.run(run()) if loop == "uvloop" else asyncio.run(run())) is True
-
-
-def test_a_paced_outbox_waits_while_its_peer_has_not_read_the_last_message(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """bench/paced.py's front end: a message goes at once while the peer has read everything,
-    waits (gathering what later passes add) while it has not, and goes when the peer speaks,
-    or after ``PACE_S`` without a word."""
-    monkeypatch.setattr(links.Outbox, "_send", paced.paced_send)
-    monkeypatch.setattr(paced, "PACE_S", 60.0)  # until told otherwise, only the peer sends
-
-    def arrived(peer: socket.socket) -> list[Any]:
-        """What the peer holds unread, read now, as messages."""
-        data = b""
-        with contextlib.suppress(BlockingIOError):
-            while chunk := peer.recv(1 << 20, socket.MSG_DONTWAIT):
-                data += chunk
-        box = inbox()
-        feed(box, data, 10**9)
-        return list(box._messages)
-
-    async def run() -> list[list[Any]]:
-        a, peer = socket.socketpair()
-        _, transport = await links.connect(a)
-        outbox, seen = links.Outbox(transport), []
-        outbox.add("cancel", 1)
-        await asyncio.sleep(0)  # nothing unread: it goes
-        for rid in (2, 3):  # the peer has not read 1: these wait
-            outbox.add("cancel", rid)
-            await asyncio.sleep(0)
-        seen.append(arrived(peer))  # the peer reads 1
-        paced.peer_spoke(outbox)  # and answers: what waits goes
-        await asyncio.sleep(0)
-        monkeypatch.setattr(paced, "PACE_S", 1.0)
-        outbox.add("cancel", 4)  # unread again: waits, then goes after PACE_S alone
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        seen.append(arrived(peer))
-        later: list[Any] = []
-        for _ in range(300):  # the wait's end, however slow the box
-            await asyncio.sleep(0.1)
-            later += arrived(peer)
-            if later:
-                break
-        seen.append(later)
-        transport.close()
-        peer.close()
-        return seen
-
-    first, second, third = uvloop.run(run())
-    assert first == [{"cancel": [1]}]
-    assert second == [{"cancel": [2, 3]}]
-    assert third == [{"cancel": [4]}]
