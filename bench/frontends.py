@@ -237,12 +237,14 @@ def measure(args: argparse.Namespace, frontends: int, check: bool,
             args.switch_interval_us, args.launch_switch_us)),
             "spinning" if args.spinning_sync else "napping" if args.napping_waits else "-",
             "gil-free" if args.gil_free_writes else "-")
-    started = time.monotonic()
-    with server_process(flags, str(base) if base else None, launcher) as (url, pid), body(
+    started, times = time.monotonic(), {}
+    with server_process(flags, str(base) if base else None, launcher, times) as (url, pid), body(
             args.workload, args.instances, args.binary) as (path_file, path, env):
         wait_for_frontends(url, frontends)
-        # A server's start (a text model's CUDA graphs are captured in it): a part of a run's time
-        print(f"  served {time.monotonic() - started:.1f} s after its start", flush=True)
+        # A server's start, a part of a run's time: up (its front ends answering), then its
+        # model loaded and warm (a text model's CUDA graphs are captured in that part)
+        print(f"  served {time.monotonic() - started:.1f} s after its start (answered after "
+              f"{times['answered']:.1f} s, ready after {times['ready']:.1f})", flush=True)
         if check:
             check_answers(url, args.workload, args.model)
         cpus = pin(tree(pid), args.pin_device_cores) if args.pin_device_cores else None

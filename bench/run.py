@@ -185,23 +185,29 @@ def server(workload: str, max_batch: int, args: argparse.Namespace) -> Iterator[
 
 @contextmanager
 def server_process(flags: list[str], cwd: str | None = None,
-                   launcher: tuple[str, ...] = ("-m", "app")) -> Iterator[tuple[str, int]]:
+                   launcher: tuple[str, ...] = ("-m", "app"),
+                   times: dict[str, float] | None = None) -> Iterator[tuple[str, int]]:
     """``batchserve serve FLAGS`` on a free loopback port, ready: (url, pid). ``cwd``: the
     checkout whose server runs (default: this one); ``launcher``: what runs it, after the
-    Python interpreter (a module that wraps the CLI, as bench.loop_profile does)."""
+    Python interpreter (a module that wraps the CLI, as bench.loop_profile does); ``times``:
+    see ``listening``."""
     cmd = [sys.executable, *launcher, "serve", "--log-level", "warning", *flags]
     env = {"HF_HUB_OFFLINE": "1", "BATCHSERVE_GRPC_PORT": "0"}  # gRPC: only where flags ask
-    with listening(cmd, "/health_check", env, cwd=cwd) as started:
+    with listening(cmd, "/health_check", env, cwd=cwd, times=times) as started:
         yield started
 
 
 @contextmanager
 def listening(cmd: list[str], ready_path: str, env: dict[str, str],
-              inherit: bool = True, cwd: str | None = None) -> Iterator[tuple[str, int]]:
+              inherit: bool = True, cwd: str | None = None,
+              times: dict[str, float] | None = None) -> Iterator[tuple[str, int]]:
     """``cmd`` serving on a free loopback port, with ``env`` added to the environment: (url,
     pid) once ``GET ready_path`` answers 200; terminated on exit. With ``inherit`` the bound
     socket is passed (``--fd N``, as batchserve takes it); else the port is (``--port N``):
-    uvicorn's own ``--fd`` takes any socket for a Unix one and leaves Nagle's algorithm on."""
+    uvicorn's own ``--fd`` takes any socket for a Unix one and leaves Nagle's algorithm on.
+    ``times`` gets the seconds from the start to the first answer of any status
+    (``answered``: the server up, its model perhaps still loading) and to the 200
+    (``ready``)."""
     import socket
 
     sock = socket.socket()
@@ -219,11 +225,16 @@ def listening(cmd: list[str], ready_path: str, env: dict[str, str],
     proc = subprocess.Popen([*cmd, *where], pass_fds=fds, env={**os.environ, **env}, cwd=cwd)
     sock.close()
     url = f"http://127.0.0.1:{port}"
+    times = {} if times is None else times
     try:
-        deadline = time.monotonic() + 120
+        started = time.monotonic()
+        deadline = started + 120
         while True:
             try:
-                if httpx.get(url + ready_path, timeout=2).status_code == 200:
+                status = httpx.get(url + ready_path, timeout=2).status_code
+                times.setdefault("answered", time.monotonic() - started)
+                if status == 200:
+                    times["ready"] = time.monotonic() - started
                     break
             except httpx.TransportError:
                 pass
