@@ -19,7 +19,7 @@ from app.errors import InvalidInput, PayloadTooLarge, ServeError
 from app.models.builtin import linear_handler
 from app.models.signature import DATATYPES, TensorSpec
 from app.models.tensor import TensorHandler
-from app.payload import dense_instances, instances_of, may_hold_booleans, parse_json
+from app.payload import DenseRows, dense_instances, instances_of, may_hold_booleans, parse_json
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -123,6 +123,17 @@ def test_dense_instances_take_flat_numbers(instances: list[Any]) -> None:
         dense = dense_instances(body, 3, max_instances=4)
         assert dense is not None
         assert np.array_equal(np.stack(dense), np.asarray(instances, dtype=np.float32))
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 8, 9])
+def test_dense_rows_of_an_array_are_its_rows_as_views(n: int) -> None:
+    """By index below eight rows, by iteration from there: the same rows either way."""
+    array = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+    rows = DenseRows.of(array)
+    assert type(rows) is DenseRows and len(rows) == n
+    for row, expected in zip(rows, array, strict=True):
+        assert row.shape == (3,) and np.array_equal(row, expected)
+        assert np.shares_memory(row, array)
 
 
 def test_a_tensor_model_takes_dense_rows_as_they_are(linear: TensorHandler) -> None:

@@ -108,7 +108,7 @@ def rows_of(array: np.ndarray, name: str, datatype: str) -> list[Any]:
     # Cast from JSON's or gRPC's typed numbers (binary data is a read-only view of the body):
     # finite float32 rows of their own, which a tensor model's decode takes as they are.
     if array.dtype == np.float32 and array.flags.writeable:
-        return DenseRows(array)
+        return DenseRows.of(array)
     return list(array)
 
 
