@@ -1,0 +1,156 @@
+"""``python -m bench.instructions``: the instructions a front end runs a request, counted by
+valgrind's callgrind: a measure of small changes that does not move with this box's speed.
+
+The server runs with two front ends (``--frontends 2``), each under callgrind with its counting
+off (``--instr-atstart=no``); the device process runs as usual. After a warm-up, counting is
+turned on and zeroed in both, ``--requests`` requests go over ``--connections`` keep-alive
+connections (spread over the two front ends as the kernel puts them), and the counts are
+dumped: their sum over the requests is a front end's instructions a request, its HTTP, parse,
+hop and answer. The same build read the same within 0.4 % over runs (2026-12-04, mlp, 640
+requests, 32 connections), where requests a second here move by a third within an hour.
+
+Instructions are not time: a change that trades instructions for cache misses, or for system
+calls (whose kernel side is not counted), shows only in a timed run. Message sizes depend on
+timing, which callgrind slows some 50 times, so what a front end spends a message is counted
+at callgrind's pace, not the server's. ``--base DIR`` counts another checkout (a ``git
+worktree``) in turn, and the ratio. Needs valgrind (``callgrind_control`` on the PATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench.run import instance_for, server_process
+
+# Run as ``python -c`` in the server's checkout: its front ends start under callgrind.
+SERVE = """
+import os, subprocess, sys
+popen = subprocess.Popen
+class Counted(popen):
+    def __init__(self, args, *rest, **kwargs):
+        if isinstance(args, list) and "app.frontend.entry" in args:
+            out = os.environ["BENCH_CALLGRIND_OUT"]
+            args = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--log-file=" + out
+                    + "/valgrind.%p", "--callgrind-out-file=" + out + "/fe.%p", *args]
+        super().__init__(args, *rest, **kwargs)
+subprocess.Popen = Counted
+from app.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def post(port: int, body: bytes, count: int, connections: int) -> int:
+    """``count`` POST /predict over ``connections`` keep-alive connections; the 200s."""
+    answered = [0] * connections
+
+    def client(index: int) -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+        for _ in range(count // connections):
+            connection.request("POST", "/predict", body, {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            response.read()
+            answered[index] += response.status == 200
+        connection.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(connections)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(answered)
+
+
+def frontends(pid: int) -> list[int]:
+    """The server's front ends: its children running under valgrind."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if "valgrind" in Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(child))
+    return found
+
+
+def control(pids: list[int], *flags: str) -> None:
+    for pid in pids:
+        subprocess.run(["callgrind_control", *flags, str(pid)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def counted(out: Path) -> int:
+    """The instructions in the dumps ``callgrind_control -d`` wrote (``fe.PID.N``)."""
+    total = 0
+    for dump in out.glob("fe.*.*"):
+        for line in dump.read_text(errors="replace").splitlines():
+            if line.startswith(("summary:", "totals:")):
+                total += int(line.split()[1])
+                break
+    return total
+
+
+def measure(args: argparse.Namespace, checkout: Path | None, body: bytes) -> float:
+    """A front end's instructions a request, on ``checkout`` (None: this one)."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder)
+        os.environ["BENCH_CALLGRIND_OUT"] = folder  # the server's environment is this one's
+        flags = ["--model", args.workload, "--devices", "cpu", "--max-batch-size", "32",
+                 "--frontends", "2", "--frontend-timeout-s", "600", "--torch-threads", "1"]
+        with server_process(flags, str(checkout) if checkout else None,
+                            ("-c", SERVE)) as (url, pid):
+            port = int(url.rsplit(":", 1)[1])
+            deadline = time.monotonic() + 120
+            while len(pids := frontends(pid)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.5)
+            post(port, body, args.connections * 4, args.connections)  # warm-up
+            control(pids, "-i", "on")
+            control(pids, "-z")
+            ok = post(port, body, args.requests, args.connections)
+            control(pids, "-d")
+            total = counted(out)
+    if ok != args.requests:
+        raise SystemExit(f"bench: {ok} of {args.requests} requests answered 200")
+    return total / int(args.requests)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.instructions",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=("linear", "mlp"), default="mlp")
+    parser.add_argument("--requests", type=int, default=640)
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--base", type=Path, default=None,
+                        help="a checkout to count in turn with this one, and the ratio")
+    args = parser.parse_args(argv)
+    if shutil.which("callgrind_control") is None:
+        parser.error("needs valgrind (callgrind_control), e.g. apt-get install valgrind")
+    if args.requests % args.connections:
+        parser.error("--requests must be a multiple of --connections")
+    body = json.dumps({"instances": [instance_for(args.workload, 0)]}).encode()
+    builds = [args.base, None] if args.base else [None]
+    counts: dict[str, list[float]] = {}
+    for round_ in range(args.rounds):
+        for build in builds if round_ % 2 == 0 else builds[::-1]:
+            name = str(build) if build else "this build"
+            counts.setdefault(name, []).append(measure(args, build, body))
+            print(f"round {round_ + 1}: {name}: {counts[name][-1]:,.0f} instructions a "
+                  "request in the front ends", flush=True)
+    medians = {name: statistics.median(values) for name, values in counts.items()}
+    for name, value in medians.items():
+        print(f"{name}: median {value:,.0f}")
+    if args.base:
+        print(f"this build over the base: {medians['this build'] / medians[str(args.base)]:.3f} x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
