@@ -6,14 +6,17 @@ off (``--instr-atstart=no``); the device process runs as usual. After a warm-up,
 turned on and zeroed in both, ``--requests`` requests go over ``--connections`` keep-alive
 connections (spread over the two front ends as the kernel puts them), and the counts are
 dumped: their sum over the requests is a front end's instructions a request, its HTTP, parse,
-hop and answer. The same build read the same within 0.4 % over runs (2026-12-04, mlp, 640
-requests, 32 connections), where requests a second here move by a third within an hour.
+hop and answer. On this box (2026-12-04, mlp) a build read the same within 0.2 % over runs at
+one connection (every message one request) and within about 1 % at 32 (messages of several,
+as many as timing gives), where requests a second move by a third within an hour.
 
 Instructions are not time: a change that trades instructions for cache misses, or for system
-calls (whose kernel side is not counted), shows only in a timed run. Message sizes depend on
-timing, which callgrind slows some 50 times, so what a front end spends a message is counted
-at callgrind's pace, not the server's. ``--base DIR`` counts another checkout (a ``git
-worktree``) in turn, and the ratio. Needs valgrind (``callgrind_control`` on the PATH).
+calls (whose kernel side is not counted), shows only in a timed run. Under callgrind a request
+takes some 50 times as long: the front ends run with no disconnect watch (each request would
+pass its 20 ms and start one, which at the server's pace few do), and what a front end spends a
+message is counted at the message sizes callgrind's pace gives. ``--base DIR`` counts another
+checkout (a ``git worktree``) in turn, and the ratio. Needs valgrind (``callgrind_control`` on
+the PATH).
 """
 
 from __future__ import annotations
@@ -32,16 +35,25 @@ from pathlib import Path
 
 from bench.run import instance_for, server_process
 
+# A front end whose requests start no disconnect watch (the module's docstring says why).
+FRONTEND = """
+import runpy, app.api.inference
+app.api.inference.WATCH_AFTER_S = 3600.0
+runpy.run_module("app.frontend.entry", run_name="__main__")
+"""
+
 # Run as ``python -c`` in the server's checkout: its front ends start under callgrind.
-SERVE = """
+SERVE = f"""
 import os, subprocess, sys
 popen = subprocess.Popen
 class Counted(popen):
     def __init__(self, args, *rest, **kwargs):
         if isinstance(args, list) and "app.frontend.entry" in args:
             out = os.environ["BENCH_CALLGRIND_OUT"]
+            at = args.index("app.frontend.entry")
             args = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--log-file=" + out
-                    + "/valgrind.%p", "--callgrind-out-file=" + out + "/fe.%p", *args]
+                    + "/valgrind.%p", "--callgrind-out-file=" + out + "/fe.%p", *args[:at - 1],
+                    "-c", {FRONTEND!r}, *args[at + 1:]]
         super().__init__(args, *rest, **kwargs)
 subprocess.Popen = Counted
 from app.cli import main
