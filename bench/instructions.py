@@ -128,6 +128,10 @@ def measure(args: argparse.Namespace, checkout: Path | None, body: bytes) -> flo
             ok = post(port, body, args.requests, args.connections)
             control(pids, "-d")
             total = counted(out)
+        if args.keep is not None:  # the measured dumps, for callgrind_annotate
+            args.keep.mkdir(parents=True, exist_ok=True)
+            for dump in out.glob("fe.*.*"):
+                shutil.copy(dump, args.keep / f"{'base-' if checkout else ''}{dump.name}")
     if ok != args.requests:
         raise SystemExit(f"bench: {ok} of {args.requests} requests answered 200")
     return total / int(args.requests)
@@ -142,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--base", type=Path, default=None,
                         help="a checkout to count in turn with this one, and the ratio")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="copy the measured dumps here (callgrind_annotate FILE: where a "
+                             "front end's instructions go, by C function)")
     args = parser.parse_args(argv)
     if shutil.which("callgrind_control") is None:
         parser.error("needs valgrind (callgrind_control), e.g. apt-get install valgrind")
