@@ -9,6 +9,7 @@ import numpy as np
 import orjson
 import simdjson
 
+from app.arrays import listed_rows
 from app.errors import InvalidInput, PayloadTooLarge
 
 
@@ -30,11 +31,8 @@ class DenseRows(list[np.ndarray]):
 
     @classmethod
     def of(cls, array: np.ndarray) -> DenseRows:
-        """``array``'s rows. ``list(array)`` reads an ndarray by index until an IndexError,
-        whose message numpy formats: below eight rows that costs more than the rows (one row:
-        0.85 against 0.53 us), so those are taken by index."""
-        n = len(array)
-        return cls([array[i] for i in range(n)] if n < 8 else array)
+        """``array``'s rows (``listed_rows``)."""
+        return cls(listed_rows(array))
 
 
 def dense_instances(body: bytes, width: int, max_instances: int) -> DenseRows | None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import app.wire as wire
-from app.arrays import Results
+from app.arrays import Results, listed_rows
 from app.asks import Asked, Replied
 from app.errors import Relayed, Unavailable
 from app.links import Inbox, Outbox
@@ -162,7 +162,7 @@ class DeviceLink:
         # One-row requests answered together: their ids, and their rows as one block.
         for rids, block in zip(message.get("rows", ()), wire.values_of(message, "rows"),
                                strict=True):
-            for rid, row in zip(rids, block, strict=True):
+            for rid, row in zip(rids, listed_rows(block), strict=True):
                 future = self._answered(rid)
                 if future is not None:
                     future.set_result([row])

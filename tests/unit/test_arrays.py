@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from app.arrays import concat_held, copy_held, join_rows, stack_rows
+from app.arrays import concat_held, copy_held, join_rows, listed_rows, stack_rows
 
 
 @pytest.mark.parametrize("rows", [
@@ -99,3 +99,14 @@ def test_the_copies_keep_the_gil() -> None:
         waiter.join()
         sys.setswitchinterval(interval)
     assert np.array_equal(out.reshape(32, -1)[:, 0], np.arange(32))
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (1, 3), (7, 3), (8, 3), (9, 3), (2, 4, 5)])
+def test_listed_rows_are_the_arrays_rows_as_views(shape: tuple[int, ...]) -> None:
+    """By index below eight rows, by iteration from there: the rows ``list`` gives."""
+    array = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    rows = listed_rows(array)
+    assert type(rows) is list and len(rows) == shape[0]
+    for row, expected in zip(rows, list(array), strict=True):
+        assert row.shape == shape[1:] and np.array_equal(row, expected)
+        assert np.shares_memory(row, array)
