@@ -237,7 +237,7 @@ def measure(args: argparse.Namespace, frontends: int, check: bool,
             args.switch_interval_us, args.launch_switch_us)),
             "spinning" if args.spinning_sync else "napping" if args.napping_waits else "-",
             "gil-free" if args.gil_free_writes else "-")
-    started, times = time.monotonic(), {}
+    started, times = time.monotonic(), dict[str, float]()
     with server_process(flags, str(base) if base else None, launcher, times) as (url, pid), body(
             args.workload, args.instances, args.binary) as (path_file, path, env):
         wait_for_frontends(url, frontends)

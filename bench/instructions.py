@@ -33,6 +33,7 @@ import threading
 import time
 from pathlib import Path
 
+from bench.frontends import tree
 from bench.run import instance_for, server_process
 
 # A front end whose requests start no disconnect watch (the module's docstring says why).
@@ -84,12 +85,8 @@ def post(port: int, body: bytes, count: int, connections: int) -> int:
 
 def frontends(pid: int) -> list[int]:
     """The server's front ends: its children running under valgrind."""
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            if "valgrind" in Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace"):
-                found.append(int(child))
-    return found
+    return [child for child in tree(pid)[1:]
+            if b"valgrind" in Path(f"/proc/{child}/cmdline").read_bytes()]
 
 
 def control(pids: list[int], *flags: str) -> None:
