@@ -49,7 +49,8 @@ def short(path: str) -> str:
 
 def report(stats_path: str, requests: int, top: int) -> str:
     rows = []
-    for (file, line, name), (_, calls, own, total, _) in pstats.Stats(stats_path).stats.items():
+    stats = pstats.Stats(stats_path).stats  # type: ignore[attr-defined]
+    for (file, line, name), (_, calls, own, total, _) in stats.items():
         rows.append((calls / requests, own / requests * 1e6, total / requests * 1e6,
                      f"{short(file)}:{line}({name})"))
     rows.sort(key=lambda r: -r[1])
