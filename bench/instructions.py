@@ -24,7 +24,7 @@ loop: each front end counts the bytecodes its event loop's thread runs in each f
 requests), and the functions that run the most a request are printed with their calls (a
 coroutine's every resumption is one). Exact and repeatable like the instructions; C code called
 from Python (simdjson, numpy, uvloop) is not in it, and a bytecode's cost varies: a change that
-runs fewer can run as many instructions. On mlp (2026-12-05) about 3,600 opcodes and 126 calls a
+runs fewer can run as many instructions. On mlp (2026-12-04) about 3,600 opcodes and 126 calls a
 request, uvicorn's ``send`` the most of them (11 %).
 """
 
