@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The GPU run, in one command on a lent GPU machine (docs/benchmarks.md, "GPU"): a core's speed
 # alone and with every core busy (bench/cores.py: whether the cores slow each other down), a
-# body's parse both ways (bench/parse.py), the tests with CUDA present, then the front-end
-# curve (docs/frontends.md): N = 1, 2, 4, 8, 14 front ends at c=256 on mlp (1 JSON instance a
-# request; 32 instances as v2 binary tensors) and minilm, each with the model alone at its batch
-# limit and the GPU's busy share, at the server's default cuda_graphs (auto: on for both;
-# docs/cuda-graphs.md). Its parts on an H200, the machine's start not counted: the curves 380 s
-# (2026-11-30, each minilm server capturing 99 graphs: a point 30 s against mlp's 14; each
-# server's start is printed, "served N s after its start"), the tests 39 s in 4 processes and
-# the install, bench.cores and bench.parse about 35 s (2026-12-04): not yet timed as one call.
+# body's parse both ways (bench/parse.py), the tests with CUDA present, then the front-end curve
+# (docs/frontends.md): N = 1, 2, 4, 8, 14 front ends at c=256 on mlp (1 JSON instance a request,
+# and 12 there too; 32 instances as v2 binary tensors) and minilm, each with the model alone at
+# its batch limit and the GPU's busy share, at the server's default cuda_graphs (auto: on for
+# both; docs/cuda-graphs.md). Its parts on an H200, the machine's start not counted: the curves
+# 380 s (2026-11-30, each minilm server capturing 99 graphs: a point 30 s against mlp's 14; each
+# server's start is printed, "served N s after its start"), the tests 39 s in 4 processes and the
+# install, bench.cores and bench.parse about 35 s (2026-12-04): not yet timed as one call.
 #
 # Single points at POINT_FRONTENDS front ends, run only when CURVES names them (their model
 # alone is their workload's curve's): mlp-json-long-launch and minilm-long-launch (a CUDA
@@ -49,9 +49,10 @@
 # records: one process at c=256 read 3.8 k req/s profiled). Profiles go to $OUT/profiles.tgz,
 # the results to $OUT/results.tgz. Needs .carry/ from `python -m bench.carry` (made here, named
 # in the device call's carry). A cold start of the machine takes about a minute more.
-#   1:  CURVES="mlp-json mlp-binary32 minilm" OUT=$OUT bash bench/gpu.sh (~7.6 minutes by its
+#   1:  CURVES="mlp-json mlp-binary32 minilm" OUT=$OUT bash bench/gpu.sh (~7.8 minutes by its
 #       parts: the tests in TEST_WORKERS=4 processes 39 s on the H200 on 2026-12-04, the curves
-#       380 s on 2026-11-30; not yet timed as one call: each part prints its seconds)
+#       380 s on 2026-11-30 and mlp JSON's point at 12 since; not yet timed as one call: each
+#       part prints its seconds)
 #       then at once, on the same machine:
 #       TESTS= FRONTENDS=8,10,12 CURVES="mlp-json nap" ALT_WORKLOADS=mlp OUT=$OUT \
 #       bash bench/gpu.sh  (~3 minutes: past 8 front ends on this box, 8 again so that the
@@ -82,6 +83,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 PY=${PY:-python3}
 DEVICES=${DEVICES:-cuda}
+# mlp JSON's curve has 12 too, unless FRONTENDS is set: the 60,000 req/s target's likeliest N
+# (at 31e352c on the H200, 12 read 1.09 x 8; about 14 s more)
+JSON_FRONTENDS=${JSON_FRONTENDS:-${FRONTENDS:-1,2,4,8,12,14}}
 FRONTENDS=${FRONTENDS:-1,2,4,8,14}
 SECONDS_PER_POINT=${SECONDS_PER_POINT:-3}
 # The tests (empty: none): those with CUDA paths.
@@ -130,11 +134,13 @@ run_frontends() {  # what it is, seconds it may take, then bench.frontends flags
   echo "== exit $? ($((SECONDS - started)) s)"
 }
 
-curve() {  # name, seconds it may take, flags: N = FRONTENDS, with the model alone
-  local name=$1 limit=$2
+curve() {  # name, seconds it may take, flags: N = FRONTENDS (JSON_FRONTENDS for mlp-json),
+  # with the model alone
+  local name=$1 limit=$2 counts=$FRONTENDS
   shift 2
   [[ " $CURVES " == *" $name "* ]] || return 0
-  run_frontends "front-end curve: $name" "$limit" --frontends "$FRONTENDS" --offline \
+  [ "$name" = mlp-json ] && counts=$JSON_FRONTENDS
+  run_frontends "front-end curve: $name" "$limit" --frontends "$counts" --offline \
     --out "$OUT/frontends-$name.json" "$@"
 }
 
@@ -303,9 +309,9 @@ main() {
     echo "== tests exit $? ($((SECONDS - started)) s)"
   fi
 
-  local profile=() json_limit=130
+  local profile=() json_limit=150
   # each point run a second time under py-spy: about 5 s more a point
-  [ "$PROFILE" = 1 ] && profile=(--profile "$OUT/profiles") && json_limit=160
+  [ "$PROFILE" = 1 ] && profile=(--profile "$OUT/profiles") && json_limit=190
   curve mlp-json "$json_limit" --workload mlp --max-batch-size 256 --concurrency 256 "${profile[@]}"
   device_alone  # only when named: which thread holds the GIL
   curve mlp-binary32 130 --workload mlp --max-batch-size 256 --instances 32 --binary \
