@@ -29,6 +29,7 @@ LAYERS = [
     ["app.api", "app.grpc", "app.jobs", "app.snapshot"],
     ["app.main", "app.check", "app.bridge", "app.device_link", "app.frontend"],
     ["app.server", "app.supervisor", "app.listening", "app.frontend.entry", "app.connection",
+     "app.bounded",
      "app.refused",
      "app.flow",
      "app.head_held",
