@@ -50,8 +50,11 @@ class ConnectionFlow(FlowControl):
         self._unsent = 0  # the buffer's size when the timer was set
 
     def resume_reading(self) -> None:
-        if len(self._pipeline) < PIPELINE_LIMIT:
-            super().resume_reading()
+        """uvicorn's (its body here: called twice a request, a ``super()`` call each), unless
+        ``PIPELINE_LIMIT`` requests wait."""
+        if self.read_paused and len(self._pipeline) < PIPELINE_LIMIT:
+            self.read_paused = False
+            self._transport.resume_reading()
 
     def pause_writing(self) -> None:
         super().pause_writing()
