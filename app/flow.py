@@ -50,8 +50,8 @@ class ConnectionFlow(FlowControl):
         self._unsent = 0  # the buffer's size when the timer was set
 
     def resume_reading(self) -> None:
-        """uvicorn's (its body here: called twice a request, a ``super()`` call each), unless
-        ``PIPELINE_LIMIT`` requests wait."""
+        """uvicorn's (its body here: called two or three times a request, a ``super()`` call
+        each), unless ``PIPELINE_LIMIT`` requests wait."""
         if self.read_paused and len(self._pipeline) < PIPELINE_LIMIT:
             self.read_paused = False
             self._transport.resume_reading()

@@ -135,10 +135,10 @@ def control(pids: list[int], *flags: str) -> None:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def counted(out: Path) -> int:
+def counted(out: Path, dumps: str = "fe.*.*") -> int:
     """The instructions in the dumps ``callgrind_control -d`` wrote (``fe.PID.N``)."""
     total = 0
-    for dump in out.glob("fe.*.*"):
+    for dump in out.glob(dumps):
         for line in dump.read_text(errors="replace").splitlines():
             if line.startswith(("summary:", "totals:")):
                 total += int(line.split()[1])

@@ -34,7 +34,13 @@ from pathlib import Path
 from typing import Any
 
 import httptools
+import uvloop
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
 
+from app.connection import protocol_for
+from bench.instructions import control, counted
 from bench.run import instance_for
 
 BODY = json.dumps({"instances": [instance_for("mlp", 0)]}).encode()
@@ -135,12 +141,6 @@ class Bare(asyncio.Protocol):
 
 
 def protocol(name: str, loop: asyncio.AbstractEventLoop) -> asyncio.Protocol:
-    from uvicorn.config import Config
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    from uvicorn.server import ServerState
-
-    from app.connection import protocol_for
-
     if name == "bare":
         return Bare(raw, loop)
     config = Config(raw, log_config=None, ws="none", limit_concurrency=1000,
@@ -153,7 +153,7 @@ def protocol(name: str, loop: asyncio.AbstractEventLoop) -> asyncio.Protocol:
 async def serve(name: str, requests: int, rounds: int = 1) -> float:
     """``rounds`` of ``requests`` one after another on one connection; the CPU a request of
     the last, us. Between rounds (``rounds`` > 1) it says so on stdout and waits for a line on
-    stdin (``counted``)."""
+    stdin (``per_request``)."""
     loop = asyncio.get_running_loop()
     served, transport = protocol(name, loop), Transport()
     served.connection_made(transport)
@@ -169,7 +169,7 @@ async def serve(name: str, requests: int, rounds: int = 1) -> float:
     return (time.process_time() - started) / requests * 1e6
 
 
-def counted(name: str, requests: int) -> float:
+def per_request(name: str, requests: int) -> float:
     """``name``'s instructions a request under callgrind: counting on, after its imports and
     a first round, for a second round of ``requests``."""
     with tempfile.TemporaryDirectory() as folder:
@@ -181,32 +181,22 @@ def counted(name: str, requests: int) -> float:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         assert child.stdin is not None and child.stdout is not None
         child.stdout.readline()  # its first round is served
-        for flags in (["-i", "on"], ["-z"]):
-            subprocess.run(["callgrind_control", *flags, str(child.pid)], check=True,
-                           capture_output=True)
+        control([child.pid], "-i", "on")
+        control([child.pid], "-z")
         child.stdin.write("go\n")
         child.stdin.flush()
         child.stdout.readline()  # the counted round is served
-        subprocess.run(["callgrind_control", "-d", str(child.pid)], check=True,
-                       capture_output=True)
+        control([child.pid], "-d")
         child.stdin.write("go\n")
         child.stdin.close()
         child.wait(timeout=120)
-        total = 0
-        for dump in Path(folder).glob("out.*"):
-            for line in dump.read_text(errors="replace").splitlines():
-                if line.startswith(("summary:", "totals:")):
-                    total += int(line.split()[1])
-                    break
-    return total / requests
+        return counted(Path(folder), "out.*") / requests
 
 
 NAMES = ("batchserve", "uvicorn", "bare")
 
 
 def main(argv: list[str] | None = None) -> int:
-    import uvloop
-
     parser = argparse.ArgumentParser(prog="python -m bench.protocols",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--serve", nargs=2, metavar=("NAME", "REQUESTS"),
@@ -234,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.rounds})")
         return 0
     for name in names:
-        print(f"{name}: {counted(name, args.requests):,.0f} instructions a request", flush=True)
+        print(f"{name}: {per_request(name, args.requests):,.0f} instructions a request",
+              flush=True)
     return 0
 
 
