@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from starlette.responses import Response
 
 from app.api.inference import (
     NOTHING_ASKED,
     TIMEOUT_PARAMETER,
+    Answer,
     Asked,
     InferenceEndpoint,
     Serving,
@@ -59,9 +59,9 @@ def _parse(model: ModelFacade, body: bytes, _: dict[bytes, bytes]) -> tuple[list
     return instances, None, NOTHING_ASKED
 
 
-def _render(_: ModelFacade, results: Results, __: None) -> Response:
+def _render(_: ModelFacade, results: Results, __: None) -> Answer:
     content = orjson.dumps({"predictions": results}, option=orjson.OPT_SERIALIZE_NUMPY)
-    return Response(content, media_type="application/json")
+    return Answer(content, b"application/json")
 
 
 def routes(service: Serving, default_schema: dict[str, Any],

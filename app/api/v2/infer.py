@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from starlette.responses import Response
-
 from app.api.error_responses import V2
 from app.api.inference import (
     TIMEOUT_PARAMETER,
+    Answer,
     Asked,
     InferenceEndpoint,
     Serving,
@@ -93,13 +92,13 @@ def _parse(model: ModelFacade, body: bytes, headers: dict[bytes, bytes]
     return parsed.rows, parsed, Asked(parsed.priority, timeout_s)
 
 
-def _render(model: ModelFacade, results: Results, parsed: InferRequest) -> Response:
+def _render(model: ModelFacade, results: Results, parsed: InferRequest) -> Answer:
     content, json_length = encode_response(model.name, model.version, parsed,
                                            output_tensors(results))
     if json_length is None:
-        return Response(content, media_type="application/json")
-    return Response(content, media_type="application/octet-stream",
-                    headers={"Inference-Header-Content-Length": str(json_length)})
+        return Answer(content, b"application/json")
+    return Answer(content, b"application/octet-stream",
+                  ((b"inference-header-content-length", b"%d" % json_length),))
 
 
 _INFER_OPERATION = {
