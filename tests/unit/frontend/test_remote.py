@@ -1,6 +1,7 @@
-"""A front end's handlers (app/frontend/remote.py): the device process's own, sent without
+"""A front end's models (app/frontend/remote.py): the device process's handlers, sent without
 their module (``ModelHandler.for_frontends``), decode in a process that never imports torch;
-only handlers that give no such copy are built there from the model setting."""
+a front end makes each handler once, off its event loop, says what it lacks, and resolves a
+request's model as the device process's repository would."""
 
 from __future__ import annotations
 
@@ -19,12 +20,11 @@ import pytest
 import torch
 
 from app.config import BatchSettings
-from app.errors import Unavailable
-from app.frontend import remote
+from app.errors import NotFound, Unavailable
+from app.frontend import handlers, remote
 from app.frontend.remote import RemoteRepository
 from app.models.base import ModelHandler, sendable
 from app.models.registry import load_handler
-from app.models.tensor import TensorHandler
 from app.snapshot import ModelEntry, Snapshot
 from tests.conftest import WAIT_S, wait_until
 from tests.fakes import EchoHandler
@@ -94,32 +94,6 @@ def entry(spec: str, handler: bytes | None) -> ModelEntry:
     return ModelEntry("m", "1", spec, BatchSettings(), "ready", None, handler)
 
 
-def test_a_front_end_builds_a_handler_only_where_none_was_sent(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    built: list[str] = []
-
-    def build(spec: str, name: str | None = None) -> ModelHandler:
-        built.append(spec)
-        return load_handler(spec, name)
-
-    monkeypatch.setattr(remote, "load_handler", build)
-    sent = remote._handler(entry("linear", sendable(load_handler("linear"))))
-    assert isinstance(sent, TensorHandler) and sent.input_shape == (4,)
-    assert built == []
-    # a handler that cannot be read here (its class gone): built from the setting instead
-    assert isinstance(remote._handler(entry("linear", b"not a pickle")), TensorHandler)
-    assert built == ["linear"]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:  # tests.fakes imports torch: a front end that builds its handler computes on one thread
-        assert isinstance(remote._handler(entry("tests.fakes:EchoHandler", None)), EchoHandler)
-        assert torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(threads)
-    assert remote._handler(entry("tests.fakes:raising_factory", None)) is None  # logged
-    assert built == ["linear", "tests.fakes:EchoHandler", "tests.fakes:raising_factory"]
-
-
 class Service:
     """What RemoteRepository needs of a front end's service: the link's snapshot."""
 
@@ -145,7 +119,7 @@ async def test_a_handler_sent_again_in_a_later_snapshot_is_read_once(
     await making
     handler = repository.get("m").handler
     reads: list[bytes] = []
-    monkeypatch.setattr(remote.pickle, "loads", lambda data: reads.append(data))
+    monkeypatch.setattr(handlers.pickle, "loads", lambda data: reads.append(data))
     assert repository.update(service.link.snapshot) is None  # nothing to make
     assert repository.get("m").handler is handler and reads == []
     monkeypatch.undo()
@@ -172,7 +146,7 @@ async def test_a_handler_is_made_off_the_event_loop_and_its_model_reads_loading_
         assert gate.wait(WAIT_S)
         return load_handler(spec, name)
 
-    monkeypatch.setattr(remote, "load_handler", build)
+    monkeypatch.setattr(handlers, "load_handler", build)
     service = Service(entry("tests.fakes:EchoHandler", None))
     repository = RemoteRepository(service)  # type: ignore[arg-type]
     making = repository.update(service.link.snapshot)
@@ -201,7 +175,7 @@ async def test_a_front_end_reports_what_it_cannot_serve_once_started_and_when_it
         assert gate.wait(WAIT_S)
         return load_handler(spec, name)
 
-    monkeypatch.setattr(remote, "load_handler", build)
+    monkeypatch.setattr(handlers, "load_handler", build)
     service = Service(entry("tests.fakes:EchoHandler", None))
     sent: list[tuple[str, object]] = []
     service.link.send = lambda kind, entry: sent.append((kind, entry))
@@ -237,7 +211,7 @@ async def test_a_new_default_version_whose_handler_is_made_leaves_the_one_before
             assert gate.wait(WAIT_S)
         return load_handler(spec, name)
 
-    monkeypatch.setattr(remote, "load_handler", build)
+    monkeypatch.setattr(handlers, "load_handler", build)
     first = entry("linear", None)
     service = Service(first)
     repository = RemoteRepository(service)  # type: ignore[arg-type]
@@ -254,3 +228,43 @@ async def test_a_new_default_version_whose_handler_is_made_leaves_the_one_before
     gate.set()
     await making
     assert repository.get("m").version == "2" and repository.get("m", "1").version == "1"
+
+
+@pytest.mark.asyncio
+async def test_a_lookup_is_resolved_once_for_a_snapshot_and_again_for_each_new_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request's (name, version) found among the models is resolved once while the link
+    holds the same snapshot and models: again once it holds a new snapshot (the default
+    traffic moved, before ``update`` runs) or ``update`` made new models; what is not found is
+    resolved each time."""
+    first = entry("linear", None)
+    second = replace(first, version="2")
+    both = {"m": {"1": first, "2": second}}
+    service = Service(first)
+    service.link.snapshot = Snapshot(served=both, current={"m": "1"}, names=["m"])
+    repository = RemoteRepository(service)  # type: ignore[arg-type]
+    await cast(asyncio.Future[Any], repository.update(service.link.snapshot))
+    picked: list[tuple[str, str | None]] = []
+    pick = remote.pick
+
+    def counted(name: str, version: str | None, *rest: Any) -> ModelEntry:
+        picked.append((name, version))
+        return pick(name, version, *rest)
+
+    monkeypatch.setattr(remote, "pick", counted)
+    assert [repository.get("m").version for _ in range(3)] == ["1", "1", "1"]
+    assert repository.get("m", "2").version == "2" and repository.get("m", "2").version == "2"
+    assert picked == [("m", None), ("m", "2")]
+    held = repository.get("m")
+    assert repository.update(service.link.snapshot) is None  # new models, the same snapshot
+    assert repository.get("m") is repository._models[("m", "1")] is not held
+    service.link.snapshot = Snapshot(served=both, current={"m": "2"}, names=["m"])
+    assert repository.get("m").version == "2" and picked[2:] == [("m", None), ("m", None)]
+    only_first = Snapshot(served={"m": {"1": first}}, current={"m": "1"}, names=["m"])
+    service.link.snapshot = only_first
+    assert repository.update(only_first) is None  # version 1's handler: made before
+    assert repository.get("m").version == "1"
+    for _ in range(2):
+        with pytest.raises(NotFound, match="no version '2'"):
+            repository.get("m", "2")
+    assert picked[4:] == [("m", None), ("m", "2"), ("m", "2")]
