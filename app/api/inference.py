@@ -65,21 +65,6 @@ Parse = Callable[[ModelFacade, bytes, dict[bytes, bytes]], tuple[list[Any], Pars
 Render = Callable[[ModelFacade, Results, Parsed], Response]
 
 
-class Answer(Response):
-    """A 200 answer of ``body`` as ``media_type``, ``first`` headers before its length and type:
-    the headers Starlette's ``Response`` sends, set at once where it works them out from a
-    mapping and a media type each time (a front end's bytecodes a request 3,551 -> 3,405 on mlp,
-    its instructions 0.990 x: ``python -m bench.instructions``)."""
-
-    def __init__(self, body: bytes, media_type: bytes,
-                 first: tuple[tuple[bytes, bytes], ...] = ()) -> None:
-        self.status_code = 200
-        self.background = None
-        self.body = body
-        self.raw_headers = [*first, (b"content-length", b"%d" % len(body)),
-                            (b"content-type", media_type)]
-
-
 class Models(Protocol):
     moves: int  # changes when a name's default traffic may have moved
 

@@ -13,12 +13,12 @@ import orjson
 from app.api.inference import (
     NOTHING_ASKED,
     TIMEOUT_PARAMETER,
-    Answer,
     Asked,
     InferenceEndpoint,
     Serving,
     priority_parameter,
 )
+from app.api.rendered import Rendered
 from app.api.routing import RawRoute
 from app.arrays import Results
 from app.errors import InvalidInput
@@ -59,9 +59,9 @@ def _parse(model: ModelFacade, body: bytes, _: dict[bytes, bytes]) -> tuple[list
     return instances, None, NOTHING_ASKED
 
 
-def _render(_: ModelFacade, results: Results, __: None) -> Answer:
+def _render(_: ModelFacade, results: Results, __: None) -> Rendered:
     content = orjson.dumps({"predictions": results}, option=orjson.OPT_SERIALIZE_NUMPY)
-    return Answer(content, b"application/json")
+    return Rendered(content, b"application/json")
 
 
 def routes(service: Serving, default_schema: dict[str, Any],

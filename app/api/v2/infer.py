@@ -12,12 +12,12 @@ from typing import Any
 from app.api.error_responses import V2
 from app.api.inference import (
     TIMEOUT_PARAMETER,
-    Answer,
     Asked,
     InferenceEndpoint,
     Serving,
     priority_parameter,
 )
+from app.api.rendered import Rendered
 from app.api.routing import RawRoute
 from app.api.v2.codec import (
     HEADER_LENGTH,
@@ -92,12 +92,12 @@ def _parse(model: ModelFacade, body: bytes, headers: dict[bytes, bytes]
     return parsed.rows, parsed, Asked(parsed.priority, timeout_s)
 
 
-def _render(model: ModelFacade, results: Results, parsed: InferRequest) -> Answer:
+def _render(model: ModelFacade, results: Results, parsed: InferRequest) -> Rendered:
     content, json_length = encode_response(model.name, model.version, parsed,
                                            output_tensors(results))
     if json_length is None:
-        return Answer(content, b"application/json")
-    return Answer(content, b"application/octet-stream",
+        return Rendered(content, b"application/json")
+    return Rendered(content, b"application/octet-stream",
                   ((b"inference-header-content-length", b"%d" % json_length),))
 
 

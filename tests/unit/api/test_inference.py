@@ -1,6 +1,6 @@
-"""The request path's parts (app/api/inference.py): its disconnect watch (a client that leaves
-lets its request go, in the decode's wait or once queued; a cancel from elsewhere, a stop, stays
-one) and its answers (the head and body Starlette's Response would send)."""
+"""The disconnect watch of the request path (app/api/inference.py): a client that leaves lets
+its request go, in the decode's wait or once queued; a cancel from elsewhere (a stop) stays
+one."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from starlette.responses import Response
 
-from app.api.inference import WATCH_AFTER_S, Answer, DisconnectWatch
+from app.api.inference import WATCH_AFTER_S, DisconnectWatch
 
 pytestmark = pytest.mark.asyncio
 
@@ -106,30 +105,3 @@ async def test_a_watch_that_started_leaves_the_garbage_collector_nothing() -> No
     finally:
         gc.enable()
 
-
-async def sent(response: Response) -> list[dict[str, Any]]:
-    """The ASGI messages ``response`` sends."""
-    messages: list[dict[str, Any]] = []
-
-    async def send(message: dict[str, Any]) -> None:
-        messages.append(message)
-
-    async def receive() -> dict[str, Any]:
-        raise AssertionError("an answer reads nothing")
-
-    await response({"type": "http"}, receive, send)
-    return messages
-
-
-@pytest.mark.parametrize("media_type", ["application/json", "application/octet-stream"])
-async def test_an_answer_sends_what_starlettes_response_sends(media_type: str) -> None:
-    """The same status, headers (names, values, order) and body as Starlette's Response, with
-    and without a header of the protocol's before them."""
-    body = b'{"predictions": [[0.5, 1.25]]}'
-    assert await sent(Answer(body, media_type.encode())) == await sent(
-        Response(body, media_type=media_type))
-    first = ((b"inference-header-content-length", b"12"),)
-    starlettes = Response(body, media_type=media_type,
-                          headers={"Inference-Header-Content-Length": "12"})
-    assert await sent(Answer(body, media_type.encode(), first)) == await sent(starlettes)
-    assert Answer(body, media_type.encode(), first).headers["content-length"] == str(len(body))
