@@ -100,14 +100,13 @@ class RemoteRepository:
         self._found_in: Snapshot | None = None
 
     def get(self, name: str | None = None, version: str | None = None) -> RemoteModel:
-        snap = self._service.link.snapshot
+        snap, asked = self._service.link.snapshot, (name, version)
         if snap is self._found_in:
-            found = self._found.get((name, version))
+            found = self._found.get(asked)
             if found is not None:
                 return found
         else:
             self._found, self._found_in = {}, snap
-        asked = (name, version)
         if name is None:
             if snap.default is None:
                 raise NotFound(snap.default_error)
