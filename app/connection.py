@@ -30,6 +30,7 @@ from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavai
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from app.bounded import MAX_HEAD_BYTES, BoundedProtocol, Refused
+from app.cycle import Cycle
 from app.facade import Refusals
 from app.flow import ConnectionFlow
 from app.framing import FramingError, body_of, head_size, unknown_coding
@@ -190,7 +191,7 @@ class OneWriteProtocol(BoundedProtocol):
         else:
             app = self.app
         existing = self.cycle
-        cycle = self.cycle = RequestResponseCycle(
+        cycle = self.cycle = Cycle(
             scope=scope, transport=self.transport, flow=self.flow, logger=self.logger,
             access_logger=self.access_logger, access_log=self.access_log,
             default_headers=self.server_state.default_headers,

@@ -2,15 +2,15 @@
 
 uvicorn writes the status line and headers when the app sends ``http.response.start`` and the
 body at ``http.response.body``: two ``write`` calls, so two TCP segments and two wake-ups of the
-client for every answer. Here the head is formatted by uvicorn as usual but held until the body
+client for every answer. Here the head is formatted as uvicorn formats it but held until the body
 comes, and both go out in one ``writelines`` (one ``writev`` on uvloop, the body not copied):
 one wake-up of the client an answer, at no more CPU a request than uvicorn's two writes
 (docs/benchmarks.md, ``bench.floor --stacks``).
 
-uvicorn builds a request's ``RequestResponseCycle`` inside ``on_headers_complete``; the protocol
-(app/connection.py) gives that cycle a transport of its own, ``HeadHeld``, which tells the head
-by the cycle's ``response_started`` (set just before uvicorn writes it), so no message the app
-sends passes through a second ``send`` (one a message cost about 10 us a request there).
+The protocol (app/connection.py) builds each request's cycle (``Cycle``, app/cycle.py) with a
+transport of its own, ``HeadHeld``, which tells the head by the cycle's ``response_started``
+(set just before the cycle writes it), so no message the app sends passes through a second
+``send`` (one a message cost about 10 us a request there).
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ LAYERS = [
      "app.refused",
      "app.flow",
      "app.head_held",
+     "app.cycle",
      "app.accepting",
      "app.draining", "app.cli", "app.__main__", "app"],
 ]
