@@ -1,5 +1,5 @@
 """uvicorn's httptools protocol as batchserve serves HTTP with it: each answer in one write
-(``HeadHeld``, app/head_held.py), and bounds a slow, large or pipelining client cannot pass.
+(``Cycle``, app/cycle.py), and bounds a slow, large or pipelining client cannot pass.
 
 A request must arrive within ``read_timeout_s`` (408), its line and headers, and a chunked
 body's trailers, within ``MAX_HEAD_BYTES`` (431), in no transfer coding but chunked (501); a
@@ -34,7 +34,6 @@ from app.cycle import Cycle
 from app.facade import Refusals
 from app.flow import ConnectionFlow
 from app.framing import FramingError, body_of, head_size, unknown_coding
-from app.head_held import HeadHeld
 from app.logs import INVALID_HTTP
 from app.refused import over_connections, parser_said
 from app.values import SLOW_LINK_S
@@ -49,7 +48,7 @@ LAST_READ_S = 0.25
 
 
 class OneWriteProtocol(BoundedProtocol):
-    """uvicorn's httptools protocol with ``HeadHeld`` for every request and the bounds the
+    """uvicorn's httptools protocol with a ``Cycle`` for every request and the bounds the
     module names (``protocol_for`` sets the time bound), which a slow or hostile client cannot
     pass to hold the server's connections or memory. A request that asks to upgrade (h2c) is
     answered in HTTP/1.1 with its body, as RFC 9110 lets a server do. At shutdown a connection
@@ -169,8 +168,8 @@ class OneWriteProtocol(BoundedProtocol):
                 self._declined = None  # llhttp refuses the length itself
 
     def _begin(self) -> None:
-        """uvicorn's ``on_headers_complete`` past its upgrade (its body here, not called), the
-        cycle's transport ``HeadHeld`` before its task starts."""
+        """uvicorn's ``on_headers_complete`` past its upgrade (its body here, not called), its
+        cycle a ``Cycle``."""
         parser, scope = self.parser, self.scope
         http_version = parser.get_http_version()
         scope["method"] = parser.get_method().decode("ascii")
@@ -195,11 +194,12 @@ class OneWriteProtocol(BoundedProtocol):
             scope=scope, transport=self.transport, flow=self.flow, logger=self.logger,
             access_logger=self.access_logger, access_log=self.access_log,
             default_headers=self.server_state.default_headers,
-            message_event=asyncio.Event(), expect_100_continue=self.expect_100_continue,
+            message_event=asyncio.Event(),
+            # An HTTP/1.0 client knows no 1xx answer and would take one for its answer: its
+            # expectation is ignored (RFC 9110, 10.1.1), where uvicorn would send one.
+            expect_100_continue=self.expect_100_continue and http_version != "1.0",
             keep_alive=http_version != "1.0" and parser.should_keep_alive() and not self._last,
             on_response=self.on_response_complete)
-        held = cycle.transport = HeadHeld(self.transport, cycle)  # type: ignore[assignment]
-        cycle.on_response = held.done
         if existing is None or existing.response_complete:
             self._start_asgi_task(cycle, app)
         else:  # pipelined: it waits

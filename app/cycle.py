@@ -1,12 +1,22 @@
-"""uvicorn's request-response cycle with an answer's head made at less cost.
+"""uvicorn's request-response cycle, each answer in one write and its head made at less cost.
 
-uvicorn's ``send`` checks every header of every answer, its own ``date`` and ``server`` among
-them, with two regular-expression searches, a lower-casing and three comparisons each: about
-1 % of a front end's instructions a request (docs/frontends.md). ``Cycle`` makes the same head
-and refuses the same headers, but checks and formats uvicorn's default headers once for each
-list of them (uvicorn makes a new one each second, for its date), and a header name once
+uvicorn writes the status line and headers when the app sends ``http.response.start`` and the
+body at ``http.response.body``: two ``write`` calls, so two TCP segments and two wake-ups of the
+client for every answer. ``Cycle`` holds the head until the body comes, and both go out in one
+``writelines`` (one ``writev`` on uvloop, the body not copied); a head with nothing written after
+it (HEAD, an empty body) goes when the response completes or the cycle closes the connection.
+What it writes once its connection is closing is dropped: its client is gone, or the connection
+was closed under it (a 400 for a request pipelined after it, a 408), and a write to the closed
+socket would raise.
+
+uvicorn's ``send`` also checks every header of every answer, its own ``date`` and ``server``
+among them, with two regular-expression searches, a lower-casing and three comparisons each:
+about 1 % of a front end's instructions a request (docs/frontends.md). ``Cycle`` makes the same
+head and refuses the same headers, but checks and formats uvicorn's default headers once for
+each list of them (uvicorn makes a new one each second, for its date), and a header name once
 (``header_name``: a table of the last few hundred names; an answer's are a handful); each value
-is still searched. The protocol (app/connection.py) builds its cycles of this class.
+is still searched. The protocol (app/connection.py) builds its cycles of this class; its
+``send`` and ``run_asgi`` hold uvicorn's code (0.54), not a call to it.
 """
 
 from __future__ import annotations
@@ -59,8 +69,39 @@ _defaults: tuple[object, bytes | None] = (None, None)
 
 
 class Cycle(RequestResponseCycle):
+    """uvicorn's cycle, each answer in one write and its head made at less cost (the module's
+    docstring says how)."""
+
+    _held: bytes | None = None  # the answer's head, till the body's first write
+
+    async def run_asgi(self, app: Any) -> None:
+        """uvicorn's, a held head written before the connection is closed."""
+        try:
+            result = await app(self.scope, self.receive, self.send)
+        except BaseException as exc:
+            self.logger.error("Exception in ASGI application\n", exc_info=exc)
+            if not self.response_started:
+                await self.send_500_response()
+            else:
+                self._close()
+        else:
+            if result is not None:
+                self.logger.error("ASGI callable should return None, but returned '%s'.", result)
+                self._close()
+            elif not self.response_started and not self.disconnected:
+                self.logger.error("ASGI callable returned without starting response.")
+                await self.send_500_response()
+            elif not self.response_complete and not self.disconnected:
+                self.logger.error("ASGI callable returned without completing response.")
+                self._close()
+        finally:
+            self.on_response = lambda: None
+
     async def send(self, message: Any) -> None:
-        """uvicorn's (0.54: its body here, not called), the head made by ``_head``."""
+        """uvicorn's, the head made by ``_head`` and held for the body's write. An answer given
+        before the body its client waits to send (``Expect: 100-continue``, no ``100
+        Continue`` sent) closes the connection and says so (RFC 9110, 10.1.1): the client sends
+        no body, and a connection read on would take its next request for that body."""
         if self.flow.write_paused and not self.disconnected:
             await self.flow.drain()
         if self.disconnected:
@@ -69,6 +110,8 @@ class Cycle(RequestResponseCycle):
             if message["type"] != "http.response.start":
                 raise RuntimeError(
                     f"Expected ASGI message 'http.response.start', but got '{message['type']}'.")
+            if self.waiting_for_100_continue and self.more_body:
+                self.keep_alive = False
             self.response_started = True
             self.waiting_for_100_continue = False
             status_code = message["status"]
@@ -77,7 +120,7 @@ class Cycle(RequestResponseCycle):
                     '%s - "%s %s HTTP/%s" %d', get_client_addr(self.scope),
                     self.scope["method"], get_path_with_query_string(self.scope),
                     self.scope["http_version"], status_code)
-            self.transport.write(self._head(status_code, message.get("headers", ())))
+            self._held = self._head(status_code, message.get("headers", ()))
         elif not self.response_complete:
             if message["type"] != "http.response.body":
                 raise RuntimeError(
@@ -90,20 +133,22 @@ class Cycle(RequestResponseCycle):
                 content = [b"%x\r\n" % len(body), body, b"\r\n"] if body else []
                 if not more_body:
                     content.append(b"0\r\n\r\n")
-                self.transport.write(b"".join(content))
+                self._write(b"".join(content))
             else:
                 num_bytes = len(body)
                 if num_bytes > self.expected_content_length:
                     raise RuntimeError("Response content longer than Content-Length")
                 self.expected_content_length -= num_bytes
-                self.transport.write(body)
+                self._write(body)
             if not more_body:
                 if self.expected_content_length != 0:
                     raise RuntimeError("Response content shorter than Content-Length")
                 self.response_complete = True
                 self.message_event.set()
                 if not self.keep_alive:
-                    self.transport.close()
+                    self._close()
+                elif self._held is not None:
+                    self._write(b"")
                 self.on_response()
         else:
             raise RuntimeError(
@@ -150,3 +195,19 @@ class Cycle(RequestResponseCycle):
             content.append(b"transfer-encoding: chunked\r\n")
         content.append(b"\r\n")
         return b"".join(content)
+
+    def _write(self, data: bytes) -> None:
+        """``data``, after the head where it is held, in one write."""
+        head, self._held = self._held, None
+        transport = self.transport
+        if transport.is_closing():
+            return
+        if head is None:
+            transport.write(data)
+        else:
+            transport.writelines([head, data])  # uvloop: one writev, the body not copied
+
+    def _close(self) -> None:
+        if self._held is not None:
+            self._write(b"")
+        self.transport.close()

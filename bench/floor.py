@@ -18,10 +18,10 @@ the same way: two batches' worth of clients, so the next batch waits while one c
 process a request with mlp's body (512 numbers) and a small answer at ``--concurrency`` (32, a
 front end's share of c=256 at 8): a bare protocol on uvloop, httptools parsing and one write
 an answer (no ASGI, no keep-alive timer, no checks: the least any Python server on uvloop
-spends), uvicorn with the raw app (two writes an answer), uvicorn with only the answer's head
-held for its body (one write: ``HeadHeld``, app/head_held.py), and uvicorn with batchserve's
-protocol (that one write and its bounds on slow, large and pipelined requests), rounds
-alternating.
+spends), uvicorn with the raw app (two writes an answer), uvicorn with only batchserve's cycles
+(each answer in one write, its head made at less cost: ``Cycle``, app/cycle.py), and uvicorn
+with batchserve's protocol (those cycles and its bounds on slow, large and pipelined requests),
+rounds alternating.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.connection import protocol_for
-from app.head_held import HeadHeld
+from app.cycle import Cycle
 from bench.run import (
     answered_s,
     body_file,
@@ -176,13 +176,14 @@ def bare_server(port: int) -> None:
 
 
 class OneWrite(HttpToolsProtocol):
-    """uvicorn's protocol with the head held for the body's write (``HeadHeld``) and nothing
-    else of batchserve's: the one write's own cost, apart from the bounds ``Served`` adds."""
+    """uvicorn's protocol with batchserve's cycles (``Cycle``: one write an answer) and nothing
+    else of batchserve's: their own cost, apart from the bounds ``Served`` adds. Each cycle
+    uvicorn made is made a ``Cycle`` before its task first runs (its ``run_asgi`` stays
+    uvicorn's: the same on a request that succeeds)."""
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
-        held = self.cycle.transport = HeadHeld(self.transport, self.cycle)  # type: ignore
-        self.cycle.on_response = held.done
+        self.cycle.__class__ = Cycle
 
 
 Served = protocol_for(30.0)  # uvicorn's protocol as batchserve runs it (app/draining.py)

@@ -1,4 +1,5 @@
-"""Cycle: the bytes, framing state and errors of uvicorn's RequestResponseCycle."""
+"""Cycle: the bytes, framing state and errors of uvicorn's RequestResponseCycle, each answer
+in one write."""
 
 from __future__ import annotations
 
@@ -20,39 +21,58 @@ LENGTH = (b"content-length", str(len(BODY)).encode())
 
 class Transport:
     def __init__(self) -> None:
-        self.events: list[Any] = []
+        self.writes: list[bytes] = []  # one entry a write call
+        self.closed = False
 
     def write(self, data: bytes) -> None:
-        self.events.append(bytes(data))
+        self.writes.append(bytes(data))
+
+    def writelines(self, parts: list[bytes]) -> None:
+        self.writes.append(b"".join(parts))
 
     def close(self) -> None:
-        self.events.append("close")
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
 
 
 class Flow:
     write_paused = False
 
 
+class Log:
+    """The errors a cycle logs: each message, and its exception's type and text."""
+
+    def __init__(self) -> None:
+        self.errors: list[tuple[Any, ...]] = []
+
+    def error(self, message: str, *args: Any, exc_info: BaseException | None = None) -> None:
+        self.errors.append((message % args, type(exc_info), str(exc_info)))
+
+
 async def outcome(cycle_class: type[RequestResponseCycle], messages: list[dict[str, Any]],
                   defaults: list[tuple[bytes, bytes]], method: str = "POST",
-                  keep_alive: bool = True) -> tuple[Any, ...]:
-    """What a cycle of ``cycle_class`` wrote, its framing state and the error it raised (as
-    its type and text), once sent ``messages``."""
-    transport = Transport()
+                  keep_alive: bool = True) -> tuple[Transport, tuple[Any, ...]]:
+    """The transport of a cycle of ``cycle_class`` whose app sent ``messages``, and what the
+    cycle wrote in all, whether it closed the connection, what it logged and its framing
+    state."""
+    transport, log = Transport(), Log()
     cycle = cycle_class(
         scope={"method": method, "http_version": "1.1"},  # type: ignore[typeddict-item]
-        transport=transport, flow=Flow(), logger=logging.getLogger("test"),  # type: ignore[arg-type]
+        transport=transport, flow=Flow(), logger=log,  # type: ignore[arg-type]
         access_logger=logging.getLogger("test"), access_log=False, default_headers=defaults,
         message_event=asyncio.Event(), expect_100_continue=False, keep_alive=keep_alive,
         on_response=lambda: None)
-    error = None
-    try:
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
         for message in messages:
-            await cycle.send(message)  # type: ignore[arg-type]
-    except Exception as exc:  # uvicorn's are RuntimeError and ValueError
-        error = (type(exc), str(exc))
-    return (transport.events, error, cycle.keep_alive, cycle.chunked_encoding,
-            cycle.expected_content_length, cycle.response_complete)
+            await send(message)
+
+    await cycle.run_asgi(app)
+    return transport, (b"".join(transport.writes), transport.closed, log.errors,
+                       cycle.keep_alive, cycle.chunked_encoding, cycle.expected_content_length,
+                       cycle.response_complete)
 
 
 def answer(headers: list[tuple[bytes, bytes]], body: bytes = BODY, status: int = 200
@@ -90,25 +110,34 @@ CASES = {
 
 
 @pytest.mark.parametrize("messages, defaults", CASES.values(), ids=CASES.keys())
-async def test_a_cycle_writes_and_refuses_what_uvicorns_does(
+async def test_a_cycle_writes_and_refuses_what_uvicorns_does_in_fewer_writes(
         messages: list[dict[str, Any]], defaults: list[tuple[bytes, bytes]]) -> None:
-    theirs = await outcome(RequestResponseCycle, messages, defaults)
-    assert await outcome(Cycle, messages, defaults) == theirs
-    assert theirs[0] or theirs[1]  # each case writes something or fails
+    theirs, their_outcome = await outcome(RequestResponseCycle, messages, defaults)
+    ours, our_outcome = await outcome(Cycle, messages, defaults)
+    assert our_outcome == their_outcome
+    assert their_outcome[0] or their_outcome[2]  # each case writes something or fails
+    n = len(theirs.writes)  # the head is joined to what uvicorn wrote after it, if anything
+    assert len(ours.writes) == max(n - 1, min(n, 1))
+
+
+async def test_an_answer_goes_out_in_one_write() -> None:
+    ours, (written, *_) = await outcome(Cycle, CASES["an inference answer"][0], DEFAULTS)
+    assert ours.writes == [written] and written.endswith(b"\r\n\r\n" + BODY)
 
 
 @pytest.mark.parametrize("method, keep_alive", [("HEAD", True), ("POST", False)])
 async def test_a_head_request_and_a_closing_connection_as_uvicorn(method: str, keep_alive: bool
                                                                    ) -> None:
     messages = answer([LENGTH])
-    theirs = await outcome(RequestResponseCycle, messages, DEFAULTS, method, keep_alive)
-    assert await outcome(Cycle, messages, DEFAULTS, method, keep_alive) == theirs
+    _, theirs = await outcome(RequestResponseCycle, messages, DEFAULTS, method, keep_alive)
+    ours, our_outcome = await outcome(Cycle, messages, DEFAULTS, method, keep_alive)
+    assert our_outcome == theirs and len(ours.writes) == 1
 
 
 async def test_each_new_list_of_default_headers_is_the_one_written() -> None:
     """uvicorn makes a new list each second, with its date: the head has the list it has."""
     for date in (b"Sat, 05 Dec 2026 04:00:00 GMT", b"Sat, 05 Dec 2026 04:00:01 GMT"):
         defaults = [(b"date", date), (b"server", b"uvicorn")]
-        events = (await outcome(Cycle, answer([LENGTH]), defaults))[0]
-        assert events == (await outcome(RequestResponseCycle, answer([LENGTH]), defaults))[0]
-        assert b"date: " + date + b"\r\n" in events[0]
+        _, (written, *_) = await outcome(Cycle, answer([LENGTH]), defaults)
+        assert written == (await outcome(RequestResponseCycle, answer([LENGTH]), defaults))[1][0]
+        assert b"date: " + date + b"\r\n" in written

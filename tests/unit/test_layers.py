@@ -32,7 +32,6 @@ LAYERS = [
      "app.bounded",
      "app.refused",
      "app.flow",
-     "app.head_held",
      "app.cycle",
      "app.accepting",
      "app.draining", "app.cli", "app.__main__", "app"],
