@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Awaitable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -63,13 +64,14 @@ class AccessLog:
         started = time.perf_counter()
         status = 0
 
-        async def send_with_id(message: Message) -> None:
+        def send_with_id(message: Message) -> Awaitable[None]:
+            """``send``'s awaitable, not a coroutine of its own: no frame a message more."""
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
                 headers = [*message.get("headers", ()), (REQUEST_ID_HEADER, rid.encode())]
                 message = {**message, "headers": headers}
-            await send(message)
+            return send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
