@@ -48,7 +48,7 @@ def header_name(name: bytes) -> tuple[bytes, int]:
     if HEADER_RE.search(name):
         raise RuntimeError("Invalid HTTP header name.")
     lowered = name.lower()
-    return lowered, FRAMING.get(lowered, 0)
+    return lowered, FRAMING.get(bytes(lowered), 0)  # bytes: a bytearray is no key
 
 
 def plain_lines(headers: Headers) -> bytes | None:
@@ -171,7 +171,10 @@ class Cycle(RequestResponseCycle):
             content.append(lines)
         has_connection_close = False
         for name, value in headers:
-            lowered, kind = header_name(name)
+            try:
+                lowered, kind = header_name(name)
+            except TypeError:  # a name that cannot be a key (a bytearray): checked uncached
+                lowered, kind = header_name.__wrapped__(name)
             if HEADER_VALUE_RE.search(value):
                 raise RuntimeError("Invalid HTTP header value.")
             if not kind:  # most headers: nothing of the framing to set
