@@ -11,30 +11,13 @@ import pytest
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from app.cycle import Cycle
+from tests.unit.test_connection import Transport
 
 pytestmark = pytest.mark.asyncio
 
 DEFAULTS = [(b"date", b"Sat, 05 Dec 2026 04:00:00 GMT"), (b"server", b"uvicorn")]
 BODY = b'{"predictions": [[1.0]]}'
 LENGTH = (b"content-length", str(len(BODY)).encode())
-
-
-class Transport:
-    def __init__(self) -> None:
-        self.writes: list[bytes] = []  # one entry a write call
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(bytes(data))
-
-    def writelines(self, parts: list[bytes]) -> None:
-        self.writes.append(b"".join(parts))
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
 
 
 class Flow:
@@ -70,7 +53,7 @@ async def outcome(cycle_class: type[RequestResponseCycle], messages: list[dict[s
             await send(message)
 
     await cycle.run_asgi(app)
-    return transport, (b"".join(transport.writes), transport.closed, log.errors,
+    return transport, (b"".join(transport.writes), transport.is_closing(), log.errors,
                        cycle.keep_alive, cycle.chunked_encoding, cycle.expected_content_length,
                        cycle.response_complete)
 
