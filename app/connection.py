@@ -63,6 +63,9 @@ class OneWriteProtocol(BoundedProtocol):
     _trailing: int | None = None
     _bodied = False
     _last = False  # the connection closes after the request under way, or the next one
+    # The cycle whose app runs; ``cycle`` is the last request parsed, a pipelined one that
+    # waits behind it when the client pipelines.
+    _running: RequestResponseCycle | None = None
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -225,6 +228,13 @@ class OneWriteProtocol(BoundedProtocol):
         # uvicorn cancels its keep-alive timer on a clean close only: after a reset the timer
         # would hold this protocol and its last request for keep_alive_s.
         self._unset_keepalive_if_required()
+        # uvicorn tells only the last request parsed that its client has gone: where a
+        # pipelined one waits, the running one would be computed and counted answered for no
+        # one, its disconnect watch (app/api/inference.py) never woken.
+        running = self._running
+        if running is not None and running is not self.cycle and not running.response_complete:
+            running.disconnected = True
+            running.message_event.set()
         super().connection_lost(exc)
 
     def shutdown(self) -> None:
@@ -244,6 +254,7 @@ class OneWriteProtocol(BoundedProtocol):
         if app is service_unavailable:
             self._counted(503, "connections")
             app = over_connections
+        self._running = cycle
         task = self.loop.create_task(cycle.run_asgi(app))  # uvicorn's (not called)
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)

@@ -496,6 +496,24 @@ async def test_reads_stay_paused_while_many_pipelined_requests_wait() -> None:
     assert not protocol.flow.read_paused  # resumed once the pipeline was short
 
 
+async def test_a_running_request_whose_client_left_hears_it_with_one_pipelined_behind(
+        ) -> None:
+    """uvicorn told only the last request parsed: with a pipelined request waiting, the
+    running one's wait for a disconnect (as the inference routes watch) never ended, and its
+    work was done and counted answered for a client long gone."""
+    heard: list[str] = []
+
+    async def watching(scope: Any, receive: Any, send: Any) -> None:
+        await receive()  # the body
+        heard.append((await receive())["type"])
+
+    protocol, transport = connect(OneWriteProtocol, watching, POST * 2)
+    await wait_until(lambda: protocol.tasks and protocol.pipeline, "one running, one waiting")
+    protocol.connection_lost(ConnectionResetError())
+    await wait_until(lambda: heard, "the running request's receive")
+    assert heard == ["http.disconnect"] and transport.writes == []
+
+
 async def test_bytes_that_are_no_request_get_one_400_alone() -> None:
     _, transport = connect(OneWriteProtocol, answer, b"\x16\x03\x01" * MAX_HEAD_BYTES)
     (written,) = transport.writes  # no 431 after it
