@@ -14,7 +14,9 @@ process's (loop, device threads, decode pool).
 
 ``--steps`` also prints where the event loop's CPU a message goes, step by step (reading,
 admission, answering, sending; bench/steps.py): with ``--clients 32`` at c=256 each message
-holds about 8 requests, as real front ends send under load.
+holds about 8 requests, as real front ends send under load. ``--opcodes`` prints the Python
+bytecodes the event loop runs a message, by function, in the first round (bench/opcodes.py):
+exact where its CPU moves with the box, at the message sizes the clients' shares give.
 
 ``--workload minilm`` serves ``minilm_stand_in``: MiniLM's handler (token ids of each length as
 items, padded into a batch) with a forward that only averages the ids, so that on the CPU what
@@ -52,6 +54,7 @@ from app.runtime import build_service
 from app.state import ModelState
 from bench.frontends import PROFILE_HZ, profiled, profiled_s
 from bench.gil_share import shares
+from bench.opcodes import Opcodes, report
 from bench.run import cpu_seconds, instance_for
 from bench.steps import Steps
 
@@ -126,8 +129,17 @@ async def device(args: argparse.Namespace) -> list[tuple[float, float, float, fl
             n0, t0, b0 = _count(answered), time.monotonic(), _batches(registry, args.workload)
             loop0, all0 = cpu_seconds(os.getpid(), os.getpid()), cpu_seconds(os.getpid())
             into = args.profile if i == 0 else None  # py-spy on this process, the first round
+            counting = Opcodes() if args.opcodes and i == 0 else None
+            messages = service.metrics.frontend_messages._value.get()
             with profiled(into, os.getpid(), args.seconds, profile_name(args)):
+                if counting is not None:
+                    counting.start()
                 await asyncio.sleep(args.seconds)
+                if counting is not None:
+                    counting.stop()
+                    messages = service.metrics.frontend_messages._value.get() - messages
+                    print(report(counting.rows(), max(1, int(messages)), "message", 40),
+                          flush=True)
             n1, t1, b1 = _count(answered), time.monotonic(), _batches(registry, args.workload)
             loop1, all1 = cpu_seconds(os.getpid(), os.getpid()), cpu_seconds(os.getpid())
             n = max(1.0, n1 - n0)
@@ -237,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
                         "thread kind held the GIL a request")
     p.add_argument("--steps", action="store_true",
                    help="print the event loop's CPU a message by step (bench/steps.py)")
+    p.add_argument("--opcodes", action="store_true",
+                   help="print the event loop's Python bytecodes a message by function, in the "
+                        "first round (bench/opcodes.py)")
     p.add_argument("--client-fd", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     tune_for_serving()  # as the device process and each front end do
@@ -252,10 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'round':>5}{'req/s':>10}{'loop us/req':>13}{'process us/req':>16}{'batch':>7}")
     for i, (rate, loop, whole, batch) in enumerate(rounds, 1):
         print(f"{i:>5}{rate:>10.0f}{loop:>13.1f}{whole:>16.1f}{batch:>7.1f}")
-    # py-spy takes CPU beside what it records: the profiled first round is left out where
-    # others ran
-    plain = rounds[1:] if args.profile is not None and len(rounds) > 1 else rounds
-    print(f"median{' of the rounds without py-spy' if plain is not rounds else ''}: "
+    # py-spy takes CPU beside what it records, and tracing slows the loop: the profiled or
+    # traced first round is left out where others ran
+    watched = args.profile is not None or args.opcodes
+    plain = rounds[1:] if watched and len(rounds) > 1 else rounds
+    print(f"median{' of the rounds after the first' if plain is not rounds else ''}: "
           f"{statistics.median(r[0] for r in plain):,.0f} req/s, loop "
           f"{statistics.median(r[1] for r in plain):.1f} us/req, process "
           f"{statistics.median(r[2] for r in plain):.1f} us/req")

@@ -20,12 +20,12 @@ the PATH).
 
 ``--opcodes``: where a front end's Python goes, which callgrind sees only as the interpreter's
 loop: each front end counts the bytecodes its event loop's thread runs in each function
-(``sys.settrace`` with opcode events, from a signal after the warm-up to one after the
-requests), and the functions that run the most a request are printed with their calls (a
-coroutine's every resumption is one). Exact and repeatable like the instructions; C code called
-from Python (simdjson, numpy, uvloop) is not in it, and a bytecode's cost varies: a change that
-runs fewer can run as many instructions. On mlp (2026-12-04) about 3,600 opcodes and 126 calls a
-request, uvicorn's ``send`` the most of them (11 %).
+(bench/opcodes.py, from a signal after the warm-up to one after the requests), and the functions
+that run the most a request are printed with their calls (a coroutine's every resumption is one).
+Exact and repeatable like the instructions; C code called from Python (simdjson, numpy, uvloop) is
+not in it, and a bytecode's cost varies: a change that runs fewer can run as many instructions. On
+mlp (2026-12-04) about 3,600 opcodes and 126 calls a request, uvicorn's ``send`` the most of them
+(11 %).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.frontends import tree
-from bench.loop_profile import short
+from bench.opcodes import report
 from bench.run import instance_for, server_process
 
 # A front end whose requests start no disconnect watch (the module's docstring says why).
@@ -58,22 +58,14 @@ runpy.run_module("app.frontend.entry", run_name="__main__")
 # A front end counting the opcodes its event loop's thread runs in each function, from
 # SIGRTMIN+1 to SIGRTMIN+2 (SIGUSR1 and 2 are the server's); then written to BENCH_CALLGRIND_OUT.
 OPCODES = """
-import collections, json, os, signal, sys
-ran, calls = collections.Counter(), collections.Counter()
-def opcode(frame, event, arg):
-    if event == "opcode":
-        ran[frame.f_code] += 1
-    return opcode
-def called(frame, event, arg):
-    frame.f_trace_opcodes = True
-    calls[frame.f_code] += 1
-    return opcode
+import json, os, signal
+from bench.opcodes import Opcodes
+counting = Opcodes()
 def stop(*_):
-    sys.settrace(None)
+    counting.stop()
     with open(os.environ["BENCH_CALLGRIND_OUT"] + "/fe.%d.json" % os.getpid(), "w") as out:
-        json.dump([[code.co_filename, code.co_firstlineno, code.co_qualname, count, calls[code]]
-                   for code, count in ran.items()], out)
-signal.signal(signal.SIGRTMIN + 1, lambda *_: sys.settrace(called))
+        json.dump(counting.rows(), out)
+signal.signal(signal.SIGRTMIN + 1, lambda *_: counting.start())
 signal.signal(signal.SIGRTMIN + 2, stop)
 """
 
@@ -193,19 +185,8 @@ def opcodes(args: argparse.Namespace, out: Path, pids: list[int], load: Callable
     deadline = time.monotonic() + 60
     while len(list(out.glob("fe.*.json"))) < len(pids) and time.monotonic() < deadline:
         time.sleep(0.2)
-    ran: dict[str, list[int]] = {}
-    for dump in out.glob("fe.*.json"):
-        for file, line, name, count, calls in json.loads(dump.read_text()):
-            where = f"{short(file)}:{line}({name})"
-            ran[where] = [a + b for a, b in zip(ran.get(where, [0, 0]), (count, calls),
-                                                 strict=True)]
-    total = sum(count for count, _ in ran.values())
-    print(f"{total / args.requests:,.0f} opcodes and "
-          f"{sum(calls for _, calls in ran.values()) / args.requests:.1f} calls a request",
-          flush=True)
-    for where, (count, calls) in sorted(ran.items(), key=lambda kv: -kv[1][0])[:args.top]:
-        print(f"{count / args.requests:8.1f} {100 * count / total:5.1f} % "
-              f"{calls / args.requests:6.2f}  {where}")
+    rows = [row for dump in out.glob("fe.*.json") for row in json.loads(dump.read_text())]
+    print(report(rows, args.requests, "request", args.top), flush=True)
     return ok
 
 
