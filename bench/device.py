@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import socket
 import statistics
@@ -129,17 +130,14 @@ async def device(args: argparse.Namespace) -> list[tuple[float, float, float, fl
             n0, t0, b0 = _count(answered), time.monotonic(), _batches(registry, args.workload)
             loop0, all0 = cpu_seconds(os.getpid(), os.getpid()), cpu_seconds(os.getpid())
             into = args.profile if i == 0 else None  # py-spy on this process, the first round
-            counting = Opcodes() if args.opcodes and i == 0 else None
-            messages = service.metrics.frontend_messages._value.get()
-            with profiled(into, os.getpid(), args.seconds, profile_name(args)):
-                if counting is not None:
-                    counting.start()
+            counting = Opcodes() if args.opcodes and i == 0 else None  # the first round
+            m0 = _messages(registry)
+            with profiled(into, os.getpid(), args.seconds, profile_name(args)), \
+                    counting or contextlib.nullcontext():
                 await asyncio.sleep(args.seconds)
-                if counting is not None:
-                    counting.stop()
-                    messages = service.metrics.frontend_messages._value.get() - messages
-                    print(report(counting.rows(), max(1, int(messages)), "message", 40),
-                          flush=True)
+            if counting is not None:
+                print(report(counting.rows(), max(1, int(_messages(registry) - m0)), "message",
+                             40), flush=True)
             n1, t1, b1 = _count(answered), time.monotonic(), _batches(registry, args.workload)
             loop1, all1 = cpu_seconds(os.getpid(), os.getpid()), cpu_seconds(os.getpid())
             n = max(1.0, n1 - n0)
@@ -165,6 +163,11 @@ def _batches(registry: Any, model: str) -> tuple[float, float]:
         return float(found or 0.0)
 
     return value("sum"), value("count")
+
+
+def _messages(registry: Any) -> float:
+    """Messages the device process has read from its clients."""
+    return float(registry.get_sample_value("batchserve_frontend_messages_total") or 0.0)
 
 
 def _count(counter: Any) -> float:

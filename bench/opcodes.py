@@ -32,6 +32,13 @@ class Opcodes:
     def stop(self) -> None:
         sys.settrace(None)
 
+    def __enter__(self) -> Opcodes:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
     def rows(self) -> list[Row]:
         return [(code.co_filename, code.co_firstlineno, code.co_qualname, count,
                  self.calls[code]) for code, count in self.ran.items()]
