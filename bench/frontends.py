@@ -53,6 +53,7 @@ from bench.run import (
     answered_s,
     check_answers,
     cpu_seconds,
+    cpu_times,
     instance_for,
     offline_items_s,
     run_wrk,
@@ -92,6 +93,10 @@ class Point:
     frontend_cores: tuple[float, float] = (0.0, 0.0)
     # wrk's cores, all its threads together: near its thread count, the client is the bound.
     client_cores: float = 0.0
+    # The front ends' share of their CPU in the kernel (with N=1 the one process's): reading,
+    # writing and waking across sockets, which the instruction counts (bench.instructions)
+    # leave out. 0.09-0.11 with two front ends on the CPU box (mlp, c=64).
+    frontend_kernel: float = 0.0
     build: str = "this"  # or "base": the checkout of --base
 
 
@@ -137,15 +142,27 @@ def pin(pids: list[int], device_cores: int) -> str:
     return listed
 
 
-def per_process_cpu(pids: list[int]) -> list[float]:
-    """Each process's CPU seconds so far (0 for one that has gone)."""
-    seconds = []
+def per_process_times(pids: list[int]) -> list[tuple[float, float]]:
+    """Each process's CPU seconds so far, in user space and in the kernel (0 for one that has
+    gone)."""
+    times = []
     for pid in pids:
         try:
-            seconds.append(cpu_seconds(pid))
+            times.append(cpu_times(pid))
         except (FileNotFoundError, ProcessLookupError):
-            seconds.append(0.0)
-    return seconds
+            times.append((0.0, 0.0))
+    return times
+
+
+def per_process_cpu(pids: list[int]) -> list[float]:
+    """Each process's CPU seconds so far (0 for one that has gone)."""
+    return [sum(times) for times in per_process_times(pids)]
+
+
+def kernel_share(before: list[tuple[float, float]], after: list[tuple[float, float]]) -> float:
+    """The share of the processes' CPU between two ``per_process_times`` spent in the kernel."""
+    user, kernel = (sum(b[i] - a[i] for a, b in zip(before, after, strict=True)) for i in (0, 1))
+    return kernel / (user + kernel) if user + kernel > 0 else 0.0
 
 
 @contextmanager
@@ -253,12 +270,14 @@ def measure(args: argparse.Namespace, frontends: int, check: bool,
                     env=env, cpus=cpus)
             totals0 = stage_totals(url)
             pids = tree(pid)  # the device process, then the front ends
-            each0, t0, loop0 = per_process_cpu(pids), time.monotonic(), cpu_seconds(pid, pid)
+            times0, t0, loop0 = per_process_times(pids), time.monotonic(), cpu_seconds(pid, pid)
             with SmSampler(args.devices) as sm:
                 r = run_wrk(url, path_file, c, args.seconds, path, threads=min(c, args.threads),
                             env=env, cpus=cpus)
-            each1, t1, loop1 = per_process_cpu(pids), time.monotonic(), cpu_seconds(pid, pid)
+            times1, t1, loop1 = per_process_times(pids), time.monotonic(), cpu_seconds(pid, pid)
+            each0, each1 = ([sum(t) for t in times] for times in (times0, times1))
             cpu0, cpu1, dev0, dev1 = sum(each0), sum(each1), each0[0], each1[0]
+            fe = slice(1 if frontends > 1 else 0, None)  # with one process, that process
             each = [(c1 - c0) / (t1 - t0) for c0, c1 in zip(each0[1:], each1[1:],
                                                              strict=True)] or [0.0]
             batch, server_s, queue_s, batch_s, per_message = means(totals0, stage_totals(url))
@@ -274,7 +293,7 @@ def measure(args: argparse.Namespace, frontends: int, check: bool,
                           server_s * 1e3, queue_s * 1e3, batch_s * 1e3,
                           (cpu1 - cpu0) * per_request - device_us, device_us, per_message,
                           (min(each), max(each)), r["cpu_s"] / (t1 - t0),
-                          "base" if base else "this")
+                          kernel_share(times0[fe], times1[fe]), "base" if base else "this")
             print(row(point), flush=True)
             points.append(point)
             if args.profile is not None:
@@ -300,7 +319,7 @@ def profile_point(args: argparse.Namespace, name: str, pids: list[int],
 HEAD = (f"{'front ends':>10}{'conc':>6}{'req/s':>10}{'items/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
         f"{'errors':>8}{'batch':>7}{'cores':>7}{'loop us':>8}{'GPU busy':>9}"
         f"{'srv ms':>8}{'queue ms':>9}{'batch ms':>9}{'fe us':>7}{'dev us':>7}{'req/msg':>8}"
-        f"{'fe cores':>11}{'wrk cores':>10}")
+        f"{'fe cores':>11}{'wrk cores':>10}{'fe sys':>7}")
 
 
 def row(p: Point) -> str:
@@ -314,7 +333,7 @@ def row(p: Point) -> str:
             + (f"{p.per_message:>8.1f}" if p.per_message else f"{'-':>8}")
             + (f"{p.frontend_cores[0]:>6.2f}-{p.frontend_cores[1]:.2f}" if p.per_message
                else f"{'-':>11}")
-            + f"{p.client_cores:>10.2f}")
+            + f"{p.client_cores:>10.2f}{p.frontend_kernel:>7.2f}")
 
 
 def alone(args: argparse.Namespace, when: str) -> float:

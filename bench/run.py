@@ -258,11 +258,18 @@ def body_file(instances: list[Any]) -> Iterator[str]:
         os.unlink(f.name)
 
 
-def cpu_seconds(pid: int, thread: int | None = None) -> float:
-    """CPU time of process ``pid``, or of its thread ``thread`` (the main thread's id is pid)."""
+def cpu_times(pid: int, thread: int | None = None) -> tuple[float, float]:
+    """CPU seconds of process ``pid``, or of its thread ``thread`` (the main thread's id is
+    pid): in user space, and in the kernel."""
     stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
     fields = stat.read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """CPU time of process ``pid``, or of its thread ``thread``, user and kernel together."""
+    return sum(cpu_times(pid, thread))
 
 
 def scrape(url: str, *names: str, **labels: str) -> list[float]:
