@@ -10,7 +10,9 @@ process) and of the device process (``dev us``): which side bounds a curve that 
 and the requests a message from the front ends carried (``req/msg``), which sets most of what
 a request costs the device process; the least and most busy front end's cores (``fe
 cores``: uneven when the connections are); and wrk's cores, its threads together (``wrk
-cores``: near ``--threads``, the client is the bound). ``--offline`` adds the model called
+cores``: near ``--threads``, the client is the bound); and the front ends' share of their CPU
+in the kernel (``fe sys``: the reads, writes and wake-ups that bench.instructions' counts leave
+out). ``--offline`` adds the model called
 in-process at the max batch (bench.run's ceiling), before the curve and after it, and the
 ratios against the higher reading. ``--base DIR`` runs each point on that checkout too, in
 turn with this build, and gives this build's ratio to it (an A/B on a lent GPU: bench.carry
