@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The GPU run, in one command on a lent GPU machine (docs/benchmarks.md, "GPU"): a core's speed
-# alone and with every core busy (bench/cores.py: whether the cores slow each other down), a
-# body's parse both ways (bench/parse.py), the tests with CUDA present, then the front-end curve
+# alone and with every core busy (bench/cores.py: whether the cores slow each other down), the
+# tests with CUDA present, then the front-end curve
 # (docs/frontends.md): N = 1, 2, 4, 8, 14 front ends at c=256 on mlp (1 JSON instance a request,
 # and 12 there too; 32 instances as v2 binary tensors) and minilm, each with the model alone at
 # its batch limit and the GPU's busy share, at the server's default cuda_graphs (auto: on for
 # both; docs/cuda-graphs.md). Its parts on an H200, the machine's start not counted: the curves
 # 380 s (2026-11-30, each minilm server capturing 99 graphs: a point 30 s against mlp's 14; each
 # server's start is printed, "served N s after its start"), the tests 39 s in 4 processes and the
-# install, bench.cores and bench.parse about 35 s (2026-12-04): not yet timed as one call.
+# install, bench.cores and bench.parse about 35 s (2026-12-04; bench.parse, about 10 s, only
+# with CURVES naming parse since): not yet timed as one call.
 #
 # Single points at POINT_FRONTENDS front ends, run only when CURVES names them (their model
 # alone is their workload's curve's): mlp-json-long-launch and minilm-long-launch (a CUDA
@@ -49,7 +50,7 @@
 # records: one process at c=256 read 3.8 k req/s profiled). Profiles go to $OUT/profiles.tgz,
 # the results to $OUT/results.tgz. Needs .carry/ from `python -m bench.carry` (made here, named
 # in the device call's carry). A cold start of the machine takes about a minute more.
-#   1:  CURVES="mlp-json mlp-binary32 minilm" OUT=$OUT bash bench/gpu.sh (~7.8 minutes by its
+#   1:  CURVES="mlp-json mlp-binary32 minilm" OUT=$OUT bash bench/gpu.sh (~7.6 minutes by its
 #       parts: the tests in TEST_WORKERS=4 processes 39 s on the H200 on 2026-12-04, the curves
 #       380 s on 2026-11-30 and mlp JSON's point at 12 since; not yet timed as one call: each
 #       part prints its seconds)
@@ -290,10 +291,14 @@ main() {
   # request, came to 7.1 cores at 8 front ends and 7.2 at 14, wrk's beside it: a quota of 8
   # would explain why 14 gave no more)
   timeout 45 "$PY" -m bench.cores
-  # a body's parse both ways on this box's cores (about 10 s): at 31e352c numpy's cast and range
-  # check in the dense parse held as many of a front end's GIL samples as simdjson's parse
-  echo "== a /predict and a v2 body to rows, the general parse against the dense one"
-  timeout 45 "$PY" -m bench.parse
+  # a body's parse both ways on this box's cores (about 10 s; when CURVES names parse): at
+  # 31e352c numpy's cast and range check in the dense parse held as many of a front end's GIL
+  # samples as simdjson's parse; on 2026-12-04 the dense parse took 23.8 us on one H200 box
+  # and 12.9 on another, 12.4 on the CPU box
+  if [[ " $CURVES " == *" parse "* ]]; then
+    echo "== a /predict and a v2 body to rows, the general parse against the dense one"
+    timeout 45 "$PY" -m bench.parse
+  fi
 
   if [ -n "$TESTS" ]; then
     echo "== tests: $TESTS (devices auto: CUDA where present)"
