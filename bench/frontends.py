@@ -97,7 +97,7 @@ class Point:
     client_cores: float = 0.0
     # The front ends' share of their CPU in the kernel (with N=1 the one process's): reading,
     # writing and waking across sockets, which the instruction counts (bench.instructions)
-    # leave out. 0.09-0.11 with two front ends on the CPU box (mlp, c=64).
+    # leave out. With two front ends on the CPU box, c=64: 0.14 on mlp, 0.09-0.11 its stand-in.
     frontend_kernel: float = 0.0
     build: str = "this"  # or "base": the checkout of --base
 
