@@ -12,12 +12,12 @@ a request costs the device process; the least and most busy front end's cores (`
 cores``: uneven when the connections are); and wrk's cores, its threads together (``wrk
 cores``: near ``--threads``, the client is the bound); and the front ends' share of their CPU
 in the kernel (``fe sys``: the reads, writes and wake-ups that bench.instructions' counts leave
-out). ``--offline`` adds the model called
-in-process at the max batch (bench.run's ceiling), before the curve and after it, and the
-ratios against the higher reading. ``--base DIR`` runs each point on that checkout too, in
-turn with this build, and gives this build's ratio to it (an A/B on a lent GPU: bench.carry
---base packs the base). ``--pin-device-cores K`` keeps the device process's threads on K cores
-of their own and the front ends and wrk off them (``pin``).
+out). ``--offline`` adds the model called in-process at the max batch (bench.run's ceiling),
+before the curve and after it, and the ratios against the higher reading. ``--base DIR`` runs
+each point on that checkout too, in turn with this build, and gives this build's ratio to it
+(an A/B on a lent GPU: bench.carry --base packs the base). ``--pin-device-cores K`` keeps the
+device process's threads on K cores of their own and the front ends and wrk off them
+(``pin``).
 
     python -m bench.frontends --workload linear --frontends 1,2 --concurrency 64
     python -m bench.frontends --workload mlp --instances 32 --binary --devices cuda \\

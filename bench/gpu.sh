@@ -8,8 +8,8 @@
 # both; docs/cuda-graphs.md). Its parts on an H200, the machine's start not counted: the curves
 # 380 s (2026-11-30, each minilm server capturing 99 graphs: a point 30 s against mlp's 14; each
 # server's start is printed, "served N s after its start"), the tests 39 s in 4 processes and the
-# install, bench.cores and bench.parse about 35 s (2026-12-04; bench.parse, about 10 s, only
-# with CURVES naming parse since): not yet timed as one call.
+# install and bench.cores about 25 s (2026-12-04): not yet timed as one call. CURVES naming
+# parse adds a body's parse both ways (bench/parse.py, about 10 s) before the tests.
 #
 # Single points at POINT_FRONTENDS front ends, run only when CURVES names them (their model
 # alone is their workload's curve's): mlp-json-long-launch and minilm-long-launch (a CUDA
@@ -291,10 +291,9 @@ main() {
   # request, came to 7.1 cores at 8 front ends and 7.2 at 14, wrk's beside it: a quota of 8
   # would explain why 14 gave no more)
   timeout 45 "$PY" -m bench.cores
-  # a body's parse both ways on this box's cores (about 10 s; when CURVES names parse): at
-  # 31e352c numpy's cast and range check in the dense parse held as many of a front end's GIL
-  # samples as simdjson's parse; on 2026-12-04 the dense parse took 23.8 us on one H200 box
-  # and 12.9 on another, 12.4 on the CPU box
+  # a body's parse both ways on this box's cores: at 31e352c numpy's cast and range check in the
+  # dense parse held as many of a front end's GIL samples as simdjson's parse (on 2026-12-04 the
+  # dense parse took 23.8 us on one H200 box and 12.9 on another, 12.4 on the CPU box)
   if [[ " $CURVES " == *" parse "* ]]; then
     echo "== a /predict and a v2 body to rows, the general parse against the dense one"
     timeout 45 "$PY" -m bench.parse
