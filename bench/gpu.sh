@@ -125,6 +125,10 @@ fi
 export PATH=$PWD/.carry/bin:$PATH LD_LIBRARY_PATH=$PWD/.carry/lib HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 
+named() {  # whether CURVES names $1
+  [[ " $CURVES " == *" $1 "* ]]
+}
+
 run_frontends() {  # what it is, seconds it may take, then bench.frontends flags
   local what=$1 limit=$2
   shift 2
@@ -139,7 +143,7 @@ curve() {  # name, seconds it may take, flags: N = FRONTENDS (JSON_FRONTENDS for
   # with the model alone
   local name=$1 limit=$2 counts=$FRONTENDS
   shift 2
-  [[ " $CURVES " == *" $name "* ]] || return 0
+  named "$name" || return 0
   [ "$name" = mlp-json ] && counts=$JSON_FRONTENDS
   run_frontends "front-end curve: $name" "$limit" --frontends "$counts" --offline \
     --out "$OUT/frontends-$name.json" "$@"
@@ -148,13 +152,13 @@ curve() {  # name, seconds it may take, flags: N = FRONTENDS (JSON_FRONTENDS for
 point() {  # name, seconds it may take, flags: N = POINT_FRONTENDS (its curve has the model alone)
   local name=$1 limit=$2
   shift 2
-  [[ " $CURVES " == *" $name "* ]] || return 0
+  named "$name" || return 0
   run_frontends "front-end point: $name" "$limit" --frontends "$POINT_FRONTENDS" \
     --out "$OUT/frontends-$name.json" "$@"
 }
 
 device_alone() {  # bench.device on mlp (x1, x32) and on minilm's items, with GIL shares
-  if [[ " $CURVES " == *" device "* ]]; then
+  if named device; then
     for n in $DEVICE_INSTANCES; do
       echo "== the device process alone: mlp, $n items a request, 8 synthetic front ends"
       timeout 60 "$PY" -m bench.device --workload mlp --devices "$DEVICES" --clients 8 \
@@ -200,7 +204,7 @@ batch_for() {  # a workload's --max-batch-size in the single points: minilm's 12
 }
 
 switch_sweep() {  # the device process's GIL switch interval (bench/switch.py): an A/B
-  [[ " $CURVES " == *" switch "* ]] || return 0
+  named switch || return 0
   # ALT_WORKLOADS at the server's (100 us, a launch and wait at 5) against 100 throughout (no
   # shorter launch), alternating, two rounds
   local batch us=100
@@ -220,7 +224,7 @@ switch_sweep() {  # the device process's GIL switch interval (bench/switch.py): 
 alternating() {  # CURVE FLAG: ALT_WORKLOADS at POINT_FRONTENDS as the server runs and with
   # FLAG (bench/switch.py, or one --flag=value word), alternating, two rounds
   local curve=$1 flag=$2 with label workload batch
-  [[ " $CURVES " == *" $curve "* ]] || return 0
+  named "$curve" || return 0
   for round in 1 2; do
     for workload in $ALT_WORKLOADS; do
       batch=$(batch_for "$workload")
@@ -238,7 +242,7 @@ alternating() {  # CURVE FLAG: ALT_WORKLOADS at POINT_FRONTENDS as the server ru
 }
 
 ab_compare() {  # this build against the base that bench.carry --base packed, in turn
-  [[ " $CURVES " == *" ab "* ]] || return 0
+  named ab || return 0
   if [ ! -f .carry/base-build.tar.gz ]; then
     echo "== ab: no .carry/base-build.tar.gz (python -m bench.carry --base COMMIT)"
     return 0
@@ -262,7 +266,7 @@ ab_compare() {  # this build against the base that bench.carry --base packed, in
 }
 
 c1_compare() {  # c=1: the first GPU run's build against this one
-  if [[ " $CURVES " == *" c1 "* ]] && [ -f .carry/first-gpu-build.tar.gz ]; then
+  if named c1 && [ -f .carry/first-gpu-build.tar.gz ]; then
     rm -rf /tmp/first-gpu-build && mkdir /tmp/first-gpu-build
     tar -xzf .carry/first-gpu-build.tar.gz -C /tmp/first-gpu-build
     body=$("$PY" -c 'import json; from bench.run import instance_for
@@ -294,7 +298,7 @@ main() {
   # a body's parse both ways on this box's cores: at 31e352c numpy's cast and range check in the
   # dense parse held as many of a front end's GIL samples as simdjson's parse (on 2026-12-04 the
   # dense parse took 23.8 us on one H200 box and 12.9 on another, 12.4 on the CPU box)
-  if [[ " $CURVES " == *" parse "* ]]; then
+  if named parse; then
     echo "== a /predict and a v2 body to rows, the general parse against the dense one"
     timeout 45 "$PY" -m bench.parse
   fi
