@@ -1,91 +1,56 @@
 #!/usr/bin/env bash
-# The GPU run, in one command on a lent GPU machine (docs/benchmarks.md, "GPU"): a core's speed
-# alone and with every core busy (bench/cores.py: whether the cores slow each other down), the
-# tests with CUDA present, then the front-end curve
-# (docs/frontends.md): N = 1, 2, 4, 8, 14 front ends at c=256 on mlp (1 JSON instance a request,
-# and 12 there too; 32 instances as v2 binary tensors) and minilm, each with the model alone at
-# its batch limit and the GPU's busy share, at the server's default cuda_graphs (auto: on for
-# both; docs/cuda-graphs.md). Its parts on an H200, the machine's start not counted: the curves
-# 380 s (2026-11-30, each minilm server capturing 99 graphs: a point 30 s against mlp's 14; each
-# server's start is printed, "served N s after its start"), the tests 39 s in 4 processes and the
-# install and bench.cores about 25 s (2026-12-04): not yet timed as one call. CURVES naming
-# parse adds a body's parse both ways (bench/parse.py, about 10 s) before the tests.
-#
-# Single points at POINT_FRONTENDS front ends, run only when CURVES names them (their model
-# alone is their workload's curve's): mlp-json-long-launch and minilm-long-launch (a CUDA
-# launch and wait at the server's 100 us switch interval, not 5: app/process.py),
-# mlp-json-eager, mlp-binary32-eager and minilm-eager (--cuda-graphs false), minilm-profile
-# (the device process under py-spy), mlp-json-c512 (c=256 and 512 on one server: is the
-# curve's bound the round trip or the CPU?); about a minute each. And three diagnostics: "device"
-# (about 3 minutes), the device process alone (bench.device on mlp, eager and with CUDA graphs,
-# and on minilm's items: its ceiling and CPU a request without HTTP, and which thread holds
-# the GIL, printed by bench.gil_share; on mlp with 32 synthetic front ends, its event loop's
-# CPU a message by step, bench/steps.py; and bench.gil_switch on mlp and minilm: a batch's
-# time next to a thread that holds the GIL, by switch interval, and where it let the GIL go,
-# eager and as graphs); "switch" (about 3 minutes, half with ALT_WORKLOADS=mlp),
-# ALT_WORKLOADS at POINT_FRONTENDS front ends with the device process's GIL switch interval at
-# the server's (100 us, 5 while a device thread launches and waits) and at 100 throughout
-# (bench/switch.py), alternating, two rounds (the device loop's CPU a message that no step
-# accounts for, 85.8 us on the H200 against 22.5 on the CPU box, may be GIL hand-offs at 5
-# us); "ab" (about 2 minutes a
-# workload), AB_WORKLOADS at POINT_FRONTENDS front ends, this build and the base that
-# `python -m bench.carry --base COMMIT` packed, in turn, two rounds; "sync" (about 3
-# minutes, half with ALT_WORKLOADS=mlp), ALT_WORKLOADS (mlp JSON and minilm unless set) at
-# POINT_FRONTENDS with the device threads' wait for a batch
-# asleep (the server's) and spinning (CUDA's default with one context; bench/switch.py),
-# alternating, two rounds (a spinning wait holds a core the front ends could use; asleep
-# 1.12 x at N=8 on the H200 on 2026-12-04); "nap" (about 3 minutes, half with
-# ALT_WORKLOADS=mlp), the same with device threads that, with a batch in flight and nothing
-# queued, nap on their bell before its wait, so work that comes meanwhile is launched at once
-# (bench/nap.py); "writes" (about 3 minutes),
-# the same with the device process's writes to the front ends letting the GIL go (os.writev,
-# bench/switch.py) against uvloop's, which holds it; "pinned"
-# (about 3 minutes), the same with the device process's threads on PIN_CORES of their own and
-# the front ends and wrk on the others (bench.frontends --pin-device-cores: does it cost 19-20
-# us a request at N=8, against 12.9 alone, because the front ends take its cores?); "c1"
-# (about 1 minute), at c=1 (C1_CONCURRENCY) this build against the first GPU run's (bench/ab.sh,
-# both up at once), with one process and with its default front ends (C1_FRONTENDS). With
-# PROFILE=1 py-spy also records the device process and a front end at each point of the first
-# curve, in a second run of the point after the measured one (py-spy takes CPU beside what it
-# records: one process at c=256 read 3.8 k req/s profiled). Profiles go to $OUT/profiles.tgz,
-# the results to $OUT/results.tgz. Needs .carry/ from `python -m bench.carry` (made here, named
-# in the device call's carry). A cold start of the machine takes about a minute more.
-#   1:  CURVES="mlp-json mlp-binary32 minilm" OUT=$OUT bash bench/gpu.sh (~7.6 minutes by its
-#       parts: the tests in TEST_WORKERS=4 processes 39 s on the H200 on 2026-12-04, the curves
-#       380 s on 2026-11-30 and mlp JSON's point at 12 since; not yet timed as one call: each
-#       part prints its seconds)
-#       then at once, on the same machine:
-#       TESTS= FRONTENDS=8,10,12 CURVES="mlp-json nap" ALT_WORKLOADS=mlp OUT=$OUT \
-#       bash bench/gpu.sh  (~3 minutes: past 8 front ends on this box, 8 again so that the
-#       three are one run's; device threads that nap on their bell before a batch's wait,
-#       bench/nap.py)
-#   2026-12-04, two boxes (docs/benchmarks.md): at 10292e2 `TESTS= CURVES="ab paced prompt sync
-#   mlp-json-c512" AB_WORKLOADS=mlp-json ALT_WORKLOADS=mlp` (328 s) and at 98f05a1 `CURVES="sync
-#   c1" ALT_WORKLOADS="mlp minilm"` (303 s): asleep against spinning 1.15/1.10 x and 1.04/1.00 x
-#   on mlp JSON, minilm 0.97/0.95 x; paced, prompt and the hold at 16 no gain (paced and prompt's
-#   front ends, bench/paced.py and bench/prompt.py, removed since: `git show ba42404:bench/paced.py`);
-#   c=512 1.24 x c=256.
-#   2:  TESTS= CURVES="pinned writes switch" ALT_WORKLOADS=mlp OUT=$OUT bash bench/gpu.sh (~4.5 min)
-#       TESTS= CURVES="sync" ALT_WORKLOADS=minilm OUT=$OUT bash bench/gpu.sh  (~2 minutes:
-#       minilm's waits asleep against spinning a third time: 0.97 and 0.95 x on 2026-12-04)
-#   3:  (here: python -m bench.carry --base COMMIT)
-#       TESTS= CURVES="ab" OUT=$OUT bash bench/gpu.sh                      (~4 minutes)
-#   4:  TESTS= CURVES="minilm-eager device" OUT=$OUT bash bench/gpu.sh     (~4 minutes)
-# What ran before a timeout stays in $OUT/gpu.log. The tests are the modules with CUDA tests
-# and the API's predict path (TESTS="tests/unit tests/api": all of them, ~2 minutes).
-#
-#   on the device:  bash bench/gpu.sh            (logs and result JSON go to $OUT)
-#   dry run here:   INSTALL=0 PY=.venv/bin/python DEVICES=cpu FRONTENDS=1,2 OUT=/tmp/gpu \
-#                   bash bench/gpu.sh
+# The GPU run, in one command on a lent GPU machine (docs/benchmarks.md, "Front ends"):
+#   on the device:  CURVES="mlp-json mlp-binary32 minilm" OUT=$OUT bash bench/gpu.sh
+#   dry run here:   INSTALL=0 PY=.venv/bin/python DEVICES=cpu TESTS= FRONTENDS=1,2 \
+#                   CURVES=mlp-json OUT=/tmp/gpu bash bench/gpu.sh
 #   a part of it:   TESTS=tests/unit/test_repository.py CURVES=minilm FRONTENDS=1,8 ...
-#                   (TESTS= runs no tests; a second call on the same machine installs
-#                   nothing again)
+# Needs .carry/ from `python -m bench.carry [--base COMMIT]` here, named in the device call's
+# carry; a second call on the same machine installs nothing again. Each part prints its seconds;
+# what ran before a timeout stays in $OUT/gpu.log, the results go to $OUT/results.tgz and
+# py-spy's profiles to $OUT/profiles.tgz (a device call brings back at most 8 files).
+#
+# The default (CURVES unset), about 7.6 minutes on an H200 by its parts, the machine's start not
+# counted: lscpu and a core's speed alone and with every core busy (bench/cores.py; with the
+# install about 25 s); the tests with CUDA paths in TEST_WORKERS=4 processes (39 s; TESTS= runs
+# none, TESTS="tests/unit tests/api" all, about 2 minutes); then at c=256 the front-end curves,
+# N = FRONTENDS (1, 2, 4, 8, 14), each with the model alone at its batch limit and the GPU's busy
+# share, at the server's default cuda_graphs (docs/cuda-graphs.md): mlp with 1 JSON instance a
+# request (with 12 too: JSON_FRONTENDS), mlp with 32 instances as v2 binary tensors, and minilm
+# (a point takes 14 s on mlp, 30 on minilm, whose server captures 99 CUDA graphs first; 380 s in
+# all).
+#
+# CURVES may also name, each run only when named:
+# - single points at POINT_FRONTENDS front ends, about a minute each (their model alone is their
+#   curve's): mlp-json-eager, mlp-binary32-eager, minilm-eager (--cuda-graphs false);
+#   mlp-json-long-launch, minilm-long-launch (a CUDA launch and wait at the server's 100 us
+#   switch interval, not 5: app/process.py); mlp-json-c512 (c=256 and 512 on one server: is the
+#   bound the round trip or the CPU?); minilm-profile (the device process under py-spy);
+# - parse: a body's parse both ways (bench/parse.py, about 10 s), before the tests;
+# - device (about 3 minutes): the device process alone (bench.device) on mlp, eager and as CUDA
+#   graphs, and on minilm's items, and which thread holds the GIL (bench.gil_share); its event
+#   loop's CPU a message by step with 32 synthetic front ends (bench/steps.py); a batch beside a
+#   thread that holds the GIL, by switch interval, eager and as graphs (bench.gil_switch);
+# - A/Bs of ALT_WORKLOADS at POINT_FRONTENDS, as the server runs and changed, alternating, two
+#   rounds, about 3 minutes each (half with ALT_WORKLOADS=mlp): switch (the device process's GIL
+#   switch interval at 100 us throughout, not 5 while a device thread launches and waits:
+#   bench/switch.py), sync (the device threads' wait for a batch spinning, CUDA's default, not
+#   asleep), nap (device threads that, with a batch in flight and nothing queued, nap on their
+#   bell before its wait: bench/nap.py), writes (the device process's writes to the front ends
+#   letting the GIL go, os.writev), pinned (the device process's threads on PIN_CORES cores of
+#   their own, the front ends and wrk on the others);
+# - ab (about 2 minutes a workload): AB_WORKLOADS at POINT_FRONTENDS, this build and the base
+#   that `python -m bench.carry --base COMMIT` packed, in turn, two rounds;
+# - c1 (about 1 minute): at C1_CONCURRENCY this build against the first GPU run's (bench/ab.sh,
+#   both up at once), with one process and with C1_FRONTENDS.
+# PROFILE=1 also records the device process and a front end with py-spy at each point of mlp
+# JSON's curve, in a second run of the point after the measured one (py-spy takes CPU beside
+# what it records).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 PY=${PY:-python3}
 DEVICES=${DEVICES:-cuda}
-# mlp JSON's curve has 12 too, unless FRONTENDS is set: the 60,000 req/s target's likeliest N
-# (at 31e352c on the H200, 12 read 1.09 x 8; about 14 s more)
+# mlp JSON's curve has 12 too, unless FRONTENDS is set: past 8 front ends, where the 60,000
+# req/s target may be (about 14 s more)
 JSON_FRONTENDS=${JSON_FRONTENDS:-${FRONTENDS:-1,2,4,8,12,14}}
 FRONTENDS=${FRONTENDS:-1,2,4,8,14}
 SECONDS_PER_POINT=${SECONDS_PER_POINT:-3}
@@ -291,13 +256,11 @@ main() {
   command -v lscpu >/dev/null && lscpu | grep -E \
     '^(Model name|CPU\(s\)|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|NUMA node\(s\)):'
   # and whether they slow each other down when all are busy (lscpu in a VM may not say), and
-  # any CPU quota on its cgroups (on mlp JSON at 630b9d8 the server's CPU, fe us + dev us a
-  # request, came to 7.1 cores at 8 front ends and 7.2 at 14, wrk's beside it: a quota of 8
-  # would explain why 14 gave no more)
+  # any CPU quota on its cgroups (one of 8 cores would explain why 14 front ends gave no more
+  # than 8, the server's CPU about 7 cores at both)
   timeout 45 "$PY" -m bench.cores
-  # a body's parse both ways on this box's cores: at 31e352c numpy's cast and range check in the
-  # dense parse held as many of a front end's GIL samples as simdjson's parse (on 2026-12-04 the
-  # dense parse took 23.8 us on one H200 box and 12.9 on another, 12.4 on the CPU box)
+  # a body's parse both ways on this box's cores (a front end's largest single cost; one H200
+  # box took twice another's time)
   if named parse; then
     echo "== a /predict and a v2 body to rows, the general parse against the dense one"
     timeout 45 "$PY" -m bench.parse
