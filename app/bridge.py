@@ -62,6 +62,7 @@ class Bridge:
         self.app = app
         self._frontends = frontends
         service.state.frontends_starting = frontends > 0
+        self._ending_start = False  # ``_end_start`` is under way or done
         self._links: set[FrontEndLink] = set()
         self._counts: dict[tuple[str, str], ModelMetrics] = {}
         self._tasks = Background(log)
@@ -192,8 +193,20 @@ class Bridge:
                 if lack.get(key) != "unavailable":
                     lack[key] = status
         state.frontends_lack = lack
-        if sum(link.started for link in self._links) >= self._frontends:
-            state.frontends_starting = False
+        if (state.frontends_starting and not self._ending_start
+                and sum(link.started for link in self._links) >= self._frontends):
+            self._ending_start = True
+            self._tasks.start(self._end_start(), "the front ends' start")
+
+    async def _end_start(self) -> None:
+        """Every front end has started: the server reads loading till each also holds the
+        models the start-up loads made ready, with their handlers. A front end that started
+        before those loads ended learns of them by snapshot, and till then refuses them as
+        loading, which a probe that read ready would send traffic to."""
+        while self.service.repository.starting:
+            await asyncio.sleep(SNAPSHOT_CHECK_S)
+        await self.hold_current()
+        self.service.state.frontends_starting = False
 
     def _metrics(self, name: str, version: str) -> ModelMetrics:
         key = (name, version)

@@ -451,6 +451,38 @@ def test_front_ends_whose_handler_never_builds_start_and_say_it_loads(tmp_path: 
         assert {fresh_get(url, "/health_check").json()["status"] for _ in range(6)} == {"ready"}
 
 
+def test_the_first_ready_health_answer_finds_every_front_end_serving(tmp_path: Path) -> None:
+    """Front ends that started while the start-up load ran (the model's code still building)
+    learn of the model by snapshot: the server reads loading till each holds it, with its
+    handler (app/bridge.py, ``_end_start``), so requests sent the moment a probe first reads
+    ready (a gateway's, Kubernetes' readiness) are answered by every front end, none refused
+    as loading."""
+    gate, log = tmp_path / "gate", tmp_path / "server.log"
+    (tmp_path / "slow").mkdir()
+    (tmp_path / "slow" / "config.toml").write_text('model = "tests.fakes:gate_file_build"\n')
+    with log.open("wb") as out, serve(
+            "--model-repository", str(tmp_path), "--devices", "cpu", "--model-control-mode",
+            "explicit", "--load-model", "slow", "--frontends", "2",
+            env={"GATE_FILE": str(gate)}, stderr=out.fileno(), reuse_port=True) as (_, url):
+        wait_until_sync(lambda: len(re.findall(r"front end \d+: ready in ", log.read_text()))
+                        == 2, "both front ends started")
+        assert fresh_get(url, "/health_check").json()["status"] == "loading"
+        gate.touch()
+
+        async def at_first_ready() -> list[int]:
+            async with httpx.AsyncClient(timeout=WAIT_S) as probe, \
+                    httpx.AsyncClient(timeout=WAIT_S) as client:
+                while (await probe.get(url + "/health_check")).status_code != 200:
+                    await asyncio.sleep(0.002)
+                # at once, on connections of their own, which the kernel spreads
+                answers = await asyncio.gather(*(
+                    client.post(url + "/predict", json={"instances": [[1, 2]]})
+                    for _ in range(16)))
+            return [answer.status_code for answer in answers]
+
+        assert asyncio.run(at_first_ready()) == [200] * 16
+
+
 @pytest.mark.parametrize("frontends", [1, 2])
 def test_each_process_refreezes_its_heap_after_a_load_and_an_unload(tmp_path: Path,
                                                                    frontends: int) -> None:

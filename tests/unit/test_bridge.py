@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from app.asks import Asked, Replied
-from app.bridge import Bridge
+from app.bridge import SNAPSHOT_CHECK_S, Bridge
 from app.device_link import FrontEndLink
 from app.models.base import Tensors
 from app.models.tensor import TensorHandler
@@ -367,15 +367,25 @@ async def test_a_chunks_row_cancelled_or_past_its_deadline_is_dropped_uncomputed
         assert sample(registry, "batchserve_dropped_items_total", reason="expired") == 1
 
 
+async def acknowledge(bridge: Bridge, front: FrontEndLink, outbox: Outbox) -> None:
+    """Answer the ack the bridge asked of ``front`` (once it has asked), as a front end does."""
+    await wait_until(lambda: any(kind == "ack" for kind, _, _ in outbox.sent), "an ack asked")
+    key = next(entry for kind, entry, _ in outbox.sent if kind == "ack")
+    outbox.sent.clear()
+    bridge._handle(front, {"acked": [key]})
+    await asyncio.sleep(0.05)  # what waits on the ack runs on
+
+
 async def test_health_says_what_a_front_end_cannot_serve_and_loading_till_all_have_started(
 ) -> None:
     """One health answer whichever front end a probe reaches: the server reads loading till
-    every front end has started with the handlers of its models; later, a model version some
-    front end cannot serve reads loading (it makes the handler) or unavailable (it could
-    not), the server ready; a front end that goes away takes what it lacked with it."""
+    every front end has started with the handlers of its models and holds the snapshot sent
+    then; later, a model version some front end cannot serve reads loading (it makes the
+    handler) or unavailable (it could not), the server ready; a front end that goes away
+    takes what it lacked with it."""
     async with running(EchoHandler()) as service:
         bridge = Bridge(service, frontends=2)
-        (one, _), (two, _) = link(), link()
+        (one, first), (two, second) = link(), link()
         bridge._links.update((one, two))
         model = service.repository.get()
 
@@ -388,7 +398,12 @@ async def test_health_says_what_a_front_end_cannot_serve_and_loading_till_all_ha
         bridge._handle(two, lacking("loading"))  # its start ended, the handler not yet made
         assert (service.status, model.health) == ("loading", "loading")
         bridge._handle(two, lacking())
-        assert (service.status, model.health) == ("ready", "ready")
+        assert (service.status, model.health) == ("loading", "ready")  # the snapshot not held
+        await acknowledge(bridge, one, first)
+        assert service.status == "loading"
+        await acknowledge(bridge, two, second)
+        await wait_until(lambda: service.status == "ready", "ready")
+        assert model.health == "ready"
         bridge._handle(one, lacking("unavailable"))
         bridge._handle(two, lacking("loading"))
         assert (service.status, model.health) == ("ready", "unavailable")
@@ -400,6 +415,31 @@ async def test_health_says_what_a_front_end_cannot_serve_and_loading_till_all_ha
     async with running(EchoHandler()) as service:
         Bridge(service)  # no front end to wait for (bench/device.py's)
         assert service.status == "ready"
+
+
+async def test_the_server_reads_loading_till_every_front_end_holds_the_start_up_models(
+) -> None:
+    """Front ends that started while the start-up loads ran learn of the models they made
+    ready by snapshot, and refuse them as loading till then: the server reads loading till
+    each has acknowledged a snapshot sent after those loads ended (its handlers made), not
+    ready while a front end would still refuse them."""
+    async with running(EchoHandler()) as service:
+        service.repository.starting = True  # as while a start-up load runs
+        bridge = Bridge(service, frontends=2)
+        (one, first), (two, second) = link(), link()
+        bridge._links.update((one, two))
+        for front in (one, two):
+            bridge._handle(front, {"lacking": [[]]})  # started, lacking nothing it was sent
+        await asyncio.sleep(3 * SNAPSHOT_CHECK_S)
+        assert service.status == "loading" and first.sent == second.sent == []
+        service.repository.starting = False
+        await wait_until(lambda: len(second.sent) == 2, "the snapshot sent")
+        assert [kind for kind, _, _ in first.sent] == ["models", "ack"]
+        assert service.status == "loading"
+        await acknowledge(bridge, two, second)
+        assert service.status == "loading"  # one of two holds it
+        await acknowledge(bridge, one, first)
+        await wait_until(lambda: service.status == "ready", "ready")
 
 
 async def test_a_front_ends_ask_is_answered_by_the_app_in_process() -> None:
