@@ -204,7 +204,7 @@ class Bridge:
         before those loads ended learns of them by snapshot, and till then refuses them as
         loading, which a probe that read ready would send traffic to."""
         while self.service.repository.starting:
-            await asyncio.sleep(SNAPSHOT_CHECK_S)
+            await self.service.changed()
         await self.hold_current()
         self.service.state.frontends_starting = False
 

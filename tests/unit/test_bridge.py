@@ -433,6 +433,7 @@ async def test_the_server_reads_loading_till_every_front_end_holds_the_start_up_
         await asyncio.sleep(3 * SNAPSHOT_CHECK_S)
         assert service.status == "loading" and first.sent == second.sent == []
         service.repository.starting = False
+        service._signal()  # as the start-up loads' task does when it ends
         await wait_until(lambda: len(second.sent) == 2, "the snapshot sent")
         assert [kind for kind, _, _ in first.sent] == ["models", "ack"]
         assert service.status == "loading"
