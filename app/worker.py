@@ -92,10 +92,15 @@ class DeviceWorker:
         self._commands.give(run)
 
     def detach(self, model: ServedModel, done: Callable[[], None]) -> None:
-        """Stop serving ``model`` and release its replica; ``done`` runs on the loop."""
+        """Stop serving ``model`` and release its replica; ``done`` runs on the loop, once the
+        thread holds nothing of the model (the caller may find it collected at once)."""
+        held = [model]  # not a closure's cell: the command lets go of it before ``done``
+
         def run() -> None:
-            self._slots.pop(model, None)
-            self._fairness.forget(model)
+            detached = held.pop()
+            self._slots.pop(detached, None)
+            self._fairness.forget(detached)
+            del detached
             if self.device.type == "cuda" and self.fault is None:
                 torch.cuda.empty_cache()  # the replica's blocks go back to the driver
             self._loop.call_soon_threadsafe(done)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -35,6 +37,7 @@ from tests.fakes import (
     OOMHandler,
     WrongLengthHandler,
 )
+from tests.holders import holders
 
 pytestmark = pytest.mark.asyncio
 CPU = torch.device("cpu")
@@ -306,6 +309,37 @@ async def test_detach_releases_the_model_and_the_thread_goes_on() -> None:
         h.models["other"].handler.gate.set()  # type: ignore[attr-defined]
         h.put("other", 4.0)
         assert float((await h.settled(1))[4.0]) == 8.0
+
+
+class Preempted:
+    """The worker's loop, whose ``call_soon_threadsafe`` of ``callback`` leaves the calling
+    thread asleep a while after it: as a thread the OS preempts right after it wakes the loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, callback: Any) -> None:
+        self._loop = loop
+        self._callback = callback
+
+    def call_soon_threadsafe(self, callback: Any, *args: Any) -> asyncio.Handle:
+        handle = self._loop.call_soon_threadsafe(callback, *args)
+        if callback == self._callback:
+            time.sleep(0.3)
+        return handle
+
+
+async def test_a_detached_model_is_let_go_before_its_done_runs() -> None:
+    """By the time ``done`` runs, the thread holds nothing of the model, however long it takes
+    to go on after waking the loop: an unload's caller may find it collected at once."""
+    async with device(EchoHandler()) as h:
+        model = h.models.pop("echo")
+        model.metrics.metrics.forget_model("echo", "1")  # its gauges read it: as an unload's
+        gone = weakref.ref(model)
+        detached = asyncio.Event()
+        h.worker._loop = Preempted(h.worker._loop, detached.set)  # type: ignore[assignment]
+        h.worker.detach(model, detached.set)
+        del model
+        await detached.wait()
+        gc.collect()
+        assert gone() is None, holders(gone())
 
 
 async def test_an_idle_thread_sleeps_until_work_rings(monkeypatch: pytest.MonkeyPatch) -> None:
