@@ -331,7 +331,8 @@ async def test_a_detached_model_is_let_go_before_its_done_runs() -> None:
     to go on after waking the loop: an unload's caller may find it collected at once."""
     async with device(EchoHandler()) as h:
         model = h.models.pop("echo")
-        model.metrics.metrics.forget_model("echo", "1")  # its gauges read it: as an unload's
+        # Its gauges read it; an unload drops them first (app/runtime.py, ``unexport``).
+        model.metrics.metrics.forget_model("echo", "1")
         gone = weakref.ref(model)
         detached = asyncio.Event()
         h.worker._loop = Preempted(h.worker._loop, detached.set)  # type: ignore[assignment]
