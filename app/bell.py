@@ -78,25 +78,33 @@ class Mailbox:
 
     def __init__(self, bell: Bell) -> None:
         self._bell = bell
-        self._calls: deque[Callable[[], None]] = deque()
+        self._calls: deque[tuple[Callable[[], None], Callable[[], None] | None]] = deque()
         self._lock = threading.Lock()
         self._closed = False
 
     def __bool__(self) -> bool:
         return bool(self._calls)
 
-    def give(self, call: Callable[[], None]) -> None:
+    def give(self, call: Callable[[], None], then: Callable[[], None] | None = None) -> None:
+        """``call`` on the thread, then ``then`` once the thread holds nothing of ``call`` (nor
+        what its closure holds): whoever ``then`` tells may find that collected at once."""
         with self._lock:
             if not self._closed:
-                self._calls.append(call)
+                self._calls.append((call, then))
                 self._bell.ring_now()
                 return
         call()
+        if then is not None:
+            then()
 
     def run_all(self) -> None:
         """The commands given so far, in order (the thread, between batches)."""
         while self._calls:
-            self._calls.popleft()()
+            call, then = self._calls.popleft()
+            call()
+            del call
+            if then is not None:
+                then()
 
     def close(self) -> None:
         """The thread ends: what was given runs now, what comes later where it is given."""

@@ -87,25 +87,19 @@ class DeviceWorker:
         def run() -> None:
             self._slots[model] = Slot(model, warm.replica, warm.batch_limit, warm.cost,
                                       warm.padded)
-            self._loop.call_soon_threadsafe(done)
 
-        self._commands.give(run)
+        self._commands.give(run, functools.partial(self._loop.call_soon_threadsafe, done))
 
     def detach(self, model: ServedModel, done: Callable[[], None]) -> None:
         """Stop serving ``model`` and release its replica; ``done`` runs on the loop, once the
         thread holds nothing of the model (the caller may find it collected at once)."""
-        held = [model]  # not a closure's cell: the command lets go of it before ``done``
-
         def run() -> None:
-            detached = held.pop()
-            self._slots.pop(detached, None)
-            self._fairness.forget(detached)
-            del detached
+            self._slots.pop(model, None)
+            self._fairness.forget(model)
             if self.device.type == "cuda" and self.fault is None:
                 torch.cuda.empty_cache()  # the replica's blocks go back to the driver
-            self._loop.call_soon_threadsafe(done)
 
-        self._commands.give(run)
+        self._commands.give(run, functools.partial(self._loop.call_soon_threadsafe, done))
 
     def release(self) -> list[ServedModel]:
         """A dead thread lets its replicas go (the thread that replaces it loads its own) and
