@@ -21,7 +21,7 @@ from app.api.inference import (
 from app.api.rendered import Rendered
 from app.api.routing import RawRoute
 from app.arrays import Results
-from app.errors import InvalidInput
+from app.errors import InvalidInput, PayloadTooLarge
 from app.facade import ModelFacade
 from app.payload import (
     dense_instances,
@@ -51,7 +51,17 @@ def _parse(model: ModelFacade, body: bytes, _: dict[bytes, bytes]) -> tuple[list
     width = model.handler.dense_width
     if width is not None and (dense := dense_instances(body, width, limit)) is not None:
         return dense, None, NOTHING_ASKED
-    instances = instances_of(parse_json(body), limit)
+    payload = parse_json(body)
+    try:
+        instances = instances_of(payload, limit)
+    except PayloadTooLarge:
+        # One instance's numbers sent without its brackets read as that many instances: where
+        # the first cannot be the model's, that is the mistake to name (a heavy decode is left
+        # to the pool, never run here).
+        first = payload["instances"][:1]
+        if model.decodes_inline(first):
+            model.handler.decode(first)
+        raise
     if model.handler.input_datatype != "BYTES" and may_hold_booleans(body):
         index = first_boolean(instances)
         if index is not None:

@@ -186,6 +186,10 @@ async def test_limits_get_413() -> None:
     async with app_client(make_settings(max_body_bytes=1000, max_instances=4)) as client:
         r = await client.post("/predict", json={"instances": [[1, 2, 3, 4]] * 5})
         assert_error(r, 413, "payload_too_large", "limit of 4")
+        # One instance's numbers without its brackets: past the limit as instances, but the
+        # mistake named is the instance's shape.
+        r = await client.post("/predict", json={"instances": [1, 2, 3, 4, 5]})
+        assert_error(r, 422, "invalid_input", "instances[0]: expected shape [4], got []")
         r = await client.post("/predict", content=b'{"instances": [' + b"1," * 2000 + b"1]}")
         assert_error(r, 413, "payload_too_large", "1000 bytes")
 

@@ -43,9 +43,11 @@ def check_input(name: Any, shape: Any, datatype: Any, max_rows: int, model: str,
         )
     if shape[0] == 0:
         raise InvalidInput(f"input '{name}': the batch dimension is 0; send at least one row")
+    # The row's shape before the row limit: a shape without its batch dimension ([512] for
+    # rows of 512) reads as that many rows, and the mistake to name is the shape.
+    _check_item_shape(name, shape, expected)
     if shape[0] > max_rows:
         raise PayloadTooLarge(f"{shape[0]} rows is more than the limit of {max_rows} per request")
-    _check_item_shape(name, shape, expected)
     return name, shape, datatype
 
 

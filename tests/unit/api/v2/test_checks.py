@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from app.api.v2.checks import check_outputs
-from app.errors import InvalidInput
+from app.api.v2.checks import check_input, check_outputs
+from app.errors import InvalidInput, PayloadTooLarge
 from app.models.signature import TensorSpec
 
 
@@ -38,3 +38,14 @@ def test_many_outputs_cost_a_look_each_not_a_search_of_those_before() -> None:
 def test_an_output_twice_or_unknown_is_named(names: list[str], message: str) -> None:
     with pytest.raises(InvalidInput, match=re.escape(message)):
         check_outputs(names, "m", [TensorSpec("a", "FP32", (1,)), TensorSpec("b", "FP32", (1,))])
+
+
+def test_a_shape_without_its_batch_dimension_is_named_before_the_row_limit() -> None:
+    """[512] for one row of 512 reads as 512 rows of none: past the row limit, but the mistake
+    to name is the shape, not the count (the client would send fewer rows, to no avail)."""
+    spec = TensorSpec("INPUT0", "FP32", (512,))
+    with pytest.raises(InvalidInput, match=re.escape("expected shape [512], got [] per row")):
+        check_input("INPUT0", [512], "FP32", 256, "mlp", spec)
+    with pytest.raises(PayloadTooLarge, match="300 rows is more than the limit of 256"):
+        check_input("INPUT0", [300, 512], "FP32", 256, "mlp", spec)
+    assert check_input("INPUT0", [256, 512], "FP32", 256, "mlp", spec)[1] == [256, 512]
