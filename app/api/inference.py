@@ -22,42 +22,18 @@ from starlette.types import Receive, Scope, Send
 from app.api.auth import check_auth
 from app.api.body import CLIENT_CLOSED, ClientGone, read_inflated
 from app.api.error_responses import format_of
+from app.api.headers import priority_header, request_timeout_s
 from app.arrays import Results
 from app.arriving import Arriving
 from app.config import Settings
-from app.errors import InvalidInput, ServeError
+from app.errors import ServeError
 from app.facade import ModelFacade, RequestCounts, Waiting
-from app.framing import decimal
 from app.tracing import Tracing, carrier_of
 
-TIMEOUT_HEADER = "x-request-timeout"
-PRIORITY_HEADER = "x-priority"
 # Set by app/connection.py in the scope of a request it cut off and answered itself (a 408 for
 # one slow to arrive, a 431 for trailers past the bound): (status, the rejection's type).
 CUT_OFF = "batchserve.cut_off"
 WATCH_AFTER_S = 0.02  # a request still unanswered after this starts watching for a disconnect
-
-# The headers above as OpenAPI parameters, for the inference routes' operations.
-TIMEOUT_PARAMETER: dict[str, Any] = {
-    "name": "X-Request-Timeout", "in": "header", "required": False,
-    "description": "seconds from arrival to answer; shortens, never lengthens, the model's "
-                   "request_timeout_s",
-    "schema": {"type": "number", "exclusiveMinimum": 0},
-}
-
-
-def priority_parameter(levels: int | None = None) -> dict[str, Any]:
-    """``X-Priority`` as an OpenAPI parameter; ``levels``: the model's priority_levels, where
-    the route serves one model known when the schema is built."""
-    schema: dict[str, Any] = {"type": "integer", "minimum": 0}
-    if levels is not None:
-        schema["maximum"] = levels
-    return {
-        "name": "X-Priority", "in": "header", "required": False,
-        "description": "priority level: 1 the most urgent, up to the model's priority_levels; "
-                       "0 or absent: the model's default_priority_level",
-        "schema": schema,
-    }
 
 Parsed = TypeVar("Parsed")
 # A protocol's body parser (model, body, headers by lower-case name) and answer renderer.
@@ -101,31 +77,6 @@ class Asked:
 
 
 NOTHING_ASKED = Asked()
-
-
-def request_timeout_s(header: bytes | None, limit_s: float) -> float:
-    """The model's timeout, shortened by an ``X-Request-Timeout`` header (seconds) if given."""
-    if header is None:
-        return limit_s
-    raw = header.decode("latin-1")
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value > 0:
-        raise InvalidInput(f"{TIMEOUT_HEADER} must be a positive number of seconds, got {raw!r}")
-    return min(value, limit_s)
-
-
-def priority_header(header: bytes | None) -> int | None:
-    """``X-Priority: N``: the level a request asks for (1 the most urgent; 0 the default)."""
-    if header is None:
-        return None
-    level = decimal(header)
-    if level is None:
-        shown = header[:40].decode("latin-1") + ("..." if len(header) > 40 else "")
-        raise InvalidInput(f"{PRIORITY_HEADER} must be a whole number >= 0, got {shown!r}")
-    return level
 
 
 class DisconnectWatch:

@@ -10,13 +10,12 @@ from typing import Any
 
 import orjson
 
+from app.api.headers import TIMEOUT_PARAMETER, priority_parameter
 from app.api.inference import (
     NOTHING_ASKED,
-    TIMEOUT_PARAMETER,
     Asked,
     InferenceEndpoint,
     Serving,
-    priority_parameter,
 )
 from app.api.rendered import Rendered
 from app.api.routing import RawRoute

@@ -10,12 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from app.api.error_responses import V2
+from app.api.headers import TIMEOUT_PARAMETER, priority_parameter
 from app.api.inference import (
-    TIMEOUT_PARAMETER,
     Asked,
     InferenceEndpoint,
     Serving,
-    priority_parameter,
 )
 from app.api.rendered import Rendered
 from app.api.routing import RawRoute
