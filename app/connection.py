@@ -31,6 +31,7 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from app.bounded import MAX_HEAD_BYTES, BoundedProtocol, Refused
 from app.cycle import Cycle
+from app.errors import quoted
 from app.facade import Refusals
 from app.flow import ConnectionFlow
 from app.framing import FramingError, body_of, head_size, unknown_coding
@@ -154,7 +155,7 @@ class OneWriteProtocol(BoundedProtocol):
         if coding is not None:  # RFC 9112, 6.1: a coding the server does not know is a 501
             self._counted(501, "transfer_coding")
             self._refuse(501, "Not Implemented", "unsupported_encoding",
-                         f"Transfer-Encoding {coding.decode('latin-1')!r} is not one this server "
+                         f"Transfer-Encoding {quoted(coding)} is not one this server "
                          "takes: chunked only (gzip and deflate go in Content-Encoding)",
                          self.url.decode("latin-1"))
             raise Refused

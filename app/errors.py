@@ -32,6 +32,14 @@ def bounded(message: str) -> str:
     return head + _note(len(message) - len(head) - len(tail)) + tail
 
 
+def quoted(value: bytes, most: int = 40) -> str:
+    """A header's value as a message quotes it: its first ``most`` bytes, as UTF-8 where they
+    are (a client's "５" reads as itself, not as the three Latin-1 characters of its bytes),
+    each other byte escaped."""
+    text = value[:most].decode("utf-8", "backslashreplace")
+    return f"'{text}...'" if len(value) > most else f"'{text}'"
+
+
 def _note(cut: int) -> str:
     return f" ... ({cut} characters cut) ... "
 

@@ -8,7 +8,7 @@ import zlib
 from starlette.types import Receive
 
 from app.arriving import Arriving
-from app.errors import InvalidInput, PayloadTooLarge, UnsupportedEncoding
+from app.errors import InvalidInput, PayloadTooLarge, UnsupportedEncoding, quoted
 from app.framing import decimal
 
 # The Content-Encodings Triton takes (tritonclient's request_compression_algorithm sends them),
@@ -91,7 +91,7 @@ def inflated(body: bytes, encoding: bytes | None, limit: int) -> bytes:
         return body
     wbits = ENCODINGS.get(name)
     if wbits is None:
-        raise UnsupportedEncoding(f"Content-Encoding {name.decode('latin-1')!r} is not one this "
+        raise UnsupportedEncoding(f"Content-Encoding {quoted(name)} is not one this "
                                   "server takes: gzip, deflate or none")
     parts: list[bytes] = []
     view, start, size = memoryview(body), 0, 0

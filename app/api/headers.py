@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.errors import InvalidInput
+from app.errors import InvalidInput, quoted
 from app.framing import decimal
 
 TIMEOUT_HEADER = "x-request-timeout"
@@ -44,7 +44,7 @@ def request_timeout_s(header: bytes | None, limit_s: float) -> float:
         value = float("nan")
     if not value > 0:
         raise InvalidInput(f"{TIMEOUT_HEADER} must be a positive number of seconds, got "
-                           f"{_shown(header)}")
+                           f"{quoted(header)}")
     return min(value, limit_s)
 
 
@@ -54,13 +54,5 @@ def priority_header(header: bytes | None) -> int | None:
         return None
     level = decimal(header)
     if level is None:
-        raise InvalidInput(f"{PRIORITY_HEADER} must be a whole number >= 0, got {_shown(header)}")
+        raise InvalidInput(f"{PRIORITY_HEADER} must be a whole number >= 0, got {quoted(header)}")
     return level
-
-
-def _shown(header: bytes) -> str:
-    """A header's value as an error quotes it: its first 40 bytes, as UTF-8 where they are
-    (a client's "５" reads as itself, not as the three Latin-1 characters of its bytes), each
-    other byte escaped."""
-    text = header[:40].decode("utf-8", "backslashreplace") + ("..." if len(header) > 40 else "")
-    return f"'{text}'"

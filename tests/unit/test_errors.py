@@ -3,7 +3,9 @@ clients."""
 
 from __future__ import annotations
 
-from app.errors import MAX_MESSAGE_BYTES, bounded, first_line
+import pytest
+
+from app.errors import MAX_MESSAGE_BYTES, bounded, first_line, quoted
 
 
 def test_first_line_is_the_messages_first_line_else_the_types_name() -> None:
@@ -26,3 +28,13 @@ def test_a_message_a_client_is_sent_is_cut_in_its_middle_at_a_kilobyte() -> None
     emoji = bounded("🚀" * 1_000)  # four bytes each: the cuts fall between characters
     assert emoji == "🚀" * 184 + " ... (752 characters cut) ... " + "🚀" * 64
     assert len(emoji.encode()) <= MAX_MESSAGE_BYTES
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    ("５".encode(), "'５'"),  # UTF-8 as itself, not as the Latin-1 of its bytes
+    (b"\xff5", "'\\xff5'"),  # a byte that is no UTF-8: escaped
+    (b"x" * 100, "'" + "x" * 40 + "...'"),  # the first 40 bytes
+    (b"gzip", "'gzip'"),
+])
+def test_a_header_value_is_quoted_readably_and_bounded(value: bytes, shown: str) -> None:
+    assert quoted(value) == shown
