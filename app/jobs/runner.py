@@ -72,7 +72,7 @@ async def run_worker(settings: Settings) -> int:
         except Exception as exc:  # noqa: BLE001 - Redis gone: one line; anything else: logged
             cause = exc.__cause__ if isinstance(exc, RuntimeError) and exc.__cause__ else exc
             if isinstance(cause, (RedisError, OSError)):
-                log.critical("cannot use Redis at %s: %s; exiting", settings.redis_url,
+                log.critical("cannot use Redis at %s, exiting: %s", settings.redis_url,
                              first_line(cause))
             else:
                 log.exception("the worker stopped on an error")
