@@ -14,6 +14,7 @@ import os
 # client refuses past 16 KiB (8 KiB is its soft limit; percent-encoding may triple the bytes).
 MAX_MESSAGE_BYTES = 1024
 _KEPT_AT_END = 256  # of those, the message's end: where it says what is wrong with the value
+QUOTED_BYTES = 40  # of a header's value a message quotes
 
 
 def bounded(message: str) -> str:
@@ -32,16 +33,16 @@ def bounded(message: str) -> str:
     return head + _note(len(message) - len(head) - len(tail)) + tail
 
 
-def quoted(value: bytes, most: int = 40) -> str:
-    """A header's value as a message quotes it: its first ``most`` bytes, as UTF-8 where they
-    are (a client's "５" reads as itself, not as the three Latin-1 characters of its bytes),
-    each other byte escaped."""
-    text = value[:most].decode("utf-8", "backslashreplace")
-    return f"'{text}...'" if len(value) > most else f"'{text}'"
-
-
 def _note(cut: int) -> str:
     return f" ... ({cut} characters cut) ... "
+
+
+def quoted(value: bytes) -> str:
+    """A header's value as a message quotes it: its first QUOTED_BYTES, as UTF-8 where they are
+    (a client's "５" reads as itself, not as the three Latin-1 characters of its bytes), each
+    other byte escaped."""
+    text = value[:QUOTED_BYTES].decode("utf-8", "backslashreplace")
+    return f"'{text}...'" if len(value) > QUOTED_BYTES else f"'{text}'"
 
 
 class BatchServeError(Exception):
