@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from app.config import BatchSettings, ModelSettings, Settings
 from app.errors import ConfigError
 from app.models.base import ModelHandler
-from app.values import describe_errors
+from app.values import describe_errors, unknown_settings
 
 MODEL_FILES = ("model.pt", "model.pt2")
 CONFIG_FILE = "config.toml"
@@ -47,6 +47,9 @@ class ModelSource:
 def model_settings(server: Settings, values: dict[str, Any]) -> ModelSettings:
     """A model's settings: its own ``values`` over what the user set for the whole server (a
     model's ``model`` is never inherited). Raises ValueError naming what is wrong."""
+    unknown = unknown_settings(values, ModelSettings.model_fields)  # a load's config's too
+    if unknown:
+        raise ValueError(unknown)
     inherited = {k: getattr(server, k) for k in server.explicit
                  if k in BatchSettings.model_fields and k != "model"}
     try:
@@ -124,9 +127,7 @@ class Catalog:
                 f"({', '.join(sorted(versions, key=int))}): give one"))
         if not versions:
             if "model" not in values:
-                return ModelSource(name, settings, reason=(
-                    f"no model: {CONFIG_FILE} sets none and there is no version folder "
-                    f"(1/{MODEL_FILES[0]} or 1/{MODEL_FILES[1]})"))
+                return ModelSource(name, settings, reason=_no_model(folder))
             versions = {"1": settings.model}
         source = ModelSource(name, settings, versions)
         missing = [v for v in source.wanted() if v not in versions]
@@ -175,24 +176,42 @@ def _config_values(folder: Path) -> dict[str, Any]:
         values = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} cannot be read: {exc}") from None
-    unknown = sorted(set(values) - set(ModelSettings.model_fields))
+    unknown = unknown_settings(values, ModelSettings.model_fields)
     if unknown:
-        raise ValueError(f"{path}: unknown settings {', '.join(unknown)}")
+        raise ValueError(f"{path}: {unknown}")
     return values
 
 
 def _versions(folder: Path) -> dict[str, str]:
     versions: dict[str, str] = {}
-    for path in sorted(folder.iterdir()):
-        if path.is_dir() and path.name.isascii() and path.name.isdigit():
-            files = [path / f for f in MODEL_FILES if (path / f).is_file()]
-            if len(files) > 1:
-                raise ValueError(f"{path} holds both {MODEL_FILES[0]} and {MODEL_FILES[1]}")
-            version = str(int(path.name))
-            if files and version in versions:  # "01" and "1": which to serve is not for a guess
-                other = Path(versions[version]).parent.name
-                raise ValueError(f"{folder}: folders {other} and {path.name} are both version "
-                                 f"{version}")
-            if files:
-                versions[version] = str(files[0])
+    for path in _numbered(folder):
+        files = [path / f for f in MODEL_FILES if (path / f).is_file()]
+        if len(files) > 1:
+            raise ValueError(f"{path} holds both {MODEL_FILES[0]} and {MODEL_FILES[1]}")
+        version = str(int(path.name))
+        if files and version in versions:  # "01" and "1": which to serve is not for a guess
+            other = Path(versions[version]).parent.name
+            raise ValueError(f"{folder}: folders {other} and {path.name} are both version "
+                             f"{version}")
+        if files:
+            versions[version] = str(files[0])
     return versions
+
+
+def _numbered(folder: Path) -> list[Path]:
+    """The folders in ``folder`` named by a number: its version folders, filled or not."""
+    return [path for path in sorted(folder.iterdir())
+            if path.is_dir() and path.name.isascii() and path.name.isdigit()]
+
+
+def _no_model(folder: Path) -> str:
+    """Why a model's folder names no model: what is missing, and any version folder with no
+    model file in it (a file misnamed, or not copied yet)."""
+    config = (f"{CONFIG_FILE} sets none" if (folder / CONFIG_FILE).is_file()
+              else f"there is no {CONFIG_FILE}")
+    empty = [path.name for path in _numbered(folder)]
+    if empty:
+        return (f"no model: {config}, and version folder {', '.join(empty)} holds no "
+                f"{MODEL_FILES[0]} or {MODEL_FILES[1]}")
+    return (f"no model: {config}, and there is no version folder (1/{MODEL_FILES[0]} or "
+            f"1/{MODEL_FILES[1]})")

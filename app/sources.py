@@ -3,7 +3,6 @@ TOML file, the environment (``BATCHSERVE_*``), command-line flags."""
 
 from __future__ import annotations
 
-import difflib
 import os
 import tomllib
 from collections.abc import Mapping
@@ -12,7 +11,7 @@ from typing import Any
 
 from app.config import CONFIG_ENV, ENV_PREFIX, Settings
 from app.errors import ConfigError
-from app.values import describe_errors
+from app.values import describe_errors, nearest, unknown_settings
 
 
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -27,9 +26,9 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     except UnicodeDecodeError as exc:  # TOML is UTF-8 text
         raise ConfigError(f"config file {path} is not valid TOML: the byte at offset {exc.start} "
                           "is not UTF-8") from exc
-    unknown = sorted(set(data) - set(Settings.model_fields))
+    unknown = unknown_settings(data, Settings.model_fields)
     if unknown:
-        raise ConfigError(f"config file {path}: unknown settings {', '.join(unknown)}")
+        raise ConfigError(f"config file {path}: {unknown}")
     return data
 
 
@@ -62,9 +61,8 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     for key in sorted(k for k in environ if k.upper().startswith(ENV_PREFIX)):
         if key.upper() in known:
             continue
-        names = [k.removeprefix(ENV_PREFIX) for k in known]
-        near = difflib.get_close_matches(key.upper().removeprefix(ENV_PREFIX), names, n=1,
-                                         cutoff=0.7)
-        hint = f"; did you mean {ENV_PREFIX}{near[0]}?" if near else ""
+        near = nearest(key.upper().removeprefix(ENV_PREFIX),
+                       [k.removeprefix(ENV_PREFIX) for k in known])
+        hint = f"; did you mean {ENV_PREFIX}{near}?" if near else ""
         warnings.append(f"{key} is not a batchserve setting and is ignored{hint}")
     return warnings

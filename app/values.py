@@ -3,9 +3,10 @@ and URLs, defaults that give way to what the user set, and a validation error as
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
-from collections.abc import Container, Mapping
+from collections.abc import Collection, Container, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,6 +22,7 @@ DAY_S = 86400.0  # the longest a timeout or lease may be: longer ones overflow t
 # on a link that lost a few segments in a row (TCP's retransmission timer doubles from 0.2 s),
 # can take seconds to send a request or to acknowledge a byte of its answer.
 SLOW_LINK_S = 5.0
+NAMED_UNKNOWN = 5  # unknown settings an error names, each with its likeliest meaning
 
 
 def listed_names(value: Any) -> Any:
@@ -122,3 +124,24 @@ def describe_errors(exc: ValueError) -> str:
         else:
             parts.append(f"{name}: {msgs[0]}" if name else msgs[0])
     return "invalid settings: " + "; ".join(parts)
+
+
+def nearest(name: str, names: Iterable[str]) -> str | None:
+    """The one of ``names`` that ``name`` most resembles, where one is close (a typo's)."""
+    near = difflib.get_close_matches(name, list(names), n=1, cutoff=0.7)
+    return near[0] if near else None
+
+
+def unknown_settings(given: Iterable[str], known: Collection[str]) -> str | None:
+    """``unknown settings A (did you mean B?), C`` for the names in ``given`` that ``known``
+    lacks, each with the one it most resembles; None where there are none. The first
+    NAMED_UNKNOWN only: a load's config is a client's, and may name thousands."""
+    unknown = sorted(set(given) - set(known))
+    if not unknown:
+        return None
+    parts = []
+    for name in unknown[:NAMED_UNKNOWN]:
+        near = nearest(name, known)
+        parts.append(f"{name} (did you mean {near}?)" if near else name)
+    more = len(unknown) - NAMED_UNKNOWN
+    return f"unknown settings {', '.join(parts)}" + (f" and {more} more" if more > 0 else "")

@@ -50,9 +50,14 @@ def test_versions_are_numbered_folders_and_the_newest_serves(tmp_path: Path) -> 
     ({"1/model.pt": b""}, 'model = "linear"\n', "both a model setting"),
     ({"1/model.pt": b"", "1/model.pt2": b""}, "", "holds both model.pt and model.pt2"),
     ({"01/model.pt": b"", "1/model.pt": b""}, "", "folders 01 and 1 are both version 1"),
-    ({}, "", "no model"),
+    ({}, "", "no model: there is no config.toml, and there is no version folder "
+             "(1/model.pt or 1/model.pt2)"),
+    ({}, "max_batch_size = 8\n", "no model: config.toml sets none, and there is no version"),
+    ({"1/weights.pt": b""}, "", "no model: there is no config.toml, and version folder 1 holds "
+                               "no model.pt or model.pt2"),
     ({}, "max_batch_size = [", "cannot be read"),
     ({}, "colour = 3\n", "unknown settings colour"),
+    ({}, "max_batch_sise = 8\n", "unknown settings max_batch_sise (did you mean max_batch_size?)"),
 ])
 def test_layout_mistakes_are_explained(tmp_path: Path, files: dict[str, bytes], config: str,
                                        reason: str) -> None:

@@ -132,8 +132,13 @@ def test_bad_values_and_unknown_keys(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="max_batch_size"):
         load_settings(None, {"max_batch_size": 0})
     cfg = tmp_path / "c.toml"
-    cfg.write_text("max_batch_sise = 8\n")
-    with pytest.raises(ConfigError, match="unknown settings max_batch_sise"):
+    cfg.write_text("max_batch_sise = 8\ncolour = 3\n")
+    with pytest.raises(ConfigError, match=re.escape(
+            "unknown settings colour, max_batch_sise (did you mean max_batch_size?)")):
+        load_settings(cfg)
+    cfg.write_text("".join(f"colour{i} = 3\n" for i in range(7)))  # five named, the rest counted
+    with pytest.raises(ConfigError, match=r"colour0, colour1, colour2, colour3, colour4 and 2 "
+                                          r"more$"):
         load_settings(cfg)
     cfg.write_text("max_batch_size = [\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
