@@ -49,8 +49,21 @@ def load_settings(
     try:
         layered = layered_settings(**given)
     except ValueError as exc:
-        raise ConfigError(describe_errors(exc)) from exc
+        raise ConfigError(describe_errors(exc, lambda name: setter(name, given, path, file_values,
+                                                                   os.environ))) from exc
     return Settings(**{name: getattr(layered, name) for name in layered.explicit})
+
+
+def setter(name: str, flags: Mapping[str, Any], path: str | os.PathLike[str] | None,
+           file_values: Mapping[str, Any], environ: Mapping[str, str]) -> str | None:
+    """What set setting ``name``: its flag, else its variable, else the config file (the order
+    in which they win); None for its default."""
+    if name in flags:
+        return f"--{name.replace('_', '-')}"
+    variable = ENV_PREFIX + name.upper()
+    if any(key.upper() == variable for key in environ):
+        return variable
+    return f"{path}" if name in file_values else None
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:

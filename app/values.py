@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
-from collections.abc import Collection, Container, Iterable, Mapping
+from collections.abc import Callable, Collection, Container, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -103,8 +103,11 @@ def derive_defaults(given: Mapping[str, Any], fields: Container[str]) -> dict[st
     return {name: value for name, value in out.items() if name in given or name in fields}
 
 
-def describe_errors(exc: ValueError) -> str:
-    """One line naming every invalid setting of a validation error."""
+def describe_errors(exc: ValueError, setter: Callable[[str], str | None] | None = None) -> str:
+    """One line naming every invalid setting of a validation error, and what set each where
+    ``setter`` knows (a flag, a variable, a file: of several, the one that wins). A value is
+    shown only for a setting of several kinds (frontends: a number or auto): another's may
+    be a secret (api_key, a password in redis_url)."""
     errors = getattr(exc, "errors", None)
     if errors is None:
         return str(exc)
@@ -119,10 +122,11 @@ def describe_errors(exc: ValueError) -> str:
         found.setdefault(name, (err.get("input"), []))[1].append(msg)
     parts = []
     for name, (given, msgs) in found.items():
-        if len(msgs) > 1:
-            parts.append(f"{name}: {' or '.join(msgs)} (given {given!r})")
-        else:
-            parts.append(f"{name}: {msgs[0]}" if name else msgs[0])
+        said = [f"given {given!r}"] if len(msgs) > 1 else []
+        where = setter(name) if setter is not None and name else None
+        said += [f"set by {where}"] if where else []
+        shown = f" ({', '.join(said)})" if said else ""
+        parts.append(f"{name}: {' or '.join(msgs)}{shown}" if name else msgs[0])
     return "invalid settings: " + "; ".join(parts)
 
 

@@ -98,7 +98,8 @@ def test_a_model_gets_no_server_setting_derived_from_its_own() -> None:
     ("given", "named"),
     [
         ({"request_timeout_s": float("inf")}, "request_timeout_s: Input should be a finite"),
-        ({"max_wait_ms": "inf"}, "max_wait_ms: Input should be a finite number$"),
+        ({"max_wait_ms": "inf"}, r"max_wait_ms: Input should be a finite number \(set by "
+                                 r"--max-wait-ms\)$"),
         ({"latency_target_ms": float("nan")}, "latency_target_ms: Input should be a finite"),
         ({"job_lease_s": float("inf")}, "job_lease_s: Input should be a finite"),
         ({"request_timeout_s": 1e300}, "request_timeout_s: Input should be less than or equal"),
@@ -316,13 +317,35 @@ def test_cuda_graphs_are_auto_unless_set() -> None:
     assert Settings().cuda_graphs == "auto"
 
 
+def test_an_invalid_setting_names_what_set_it(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Of a flag, a variable and the config file, the one that wins is named; no value but a
+    setting of several kinds' (another's may be a secret)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('max_batch_size = "eight"\n')
+    wrong = "max_batch_size: Input should be a valid integer, unable to parse string as an integer"
+    with pytest.raises(ConfigError, match=re.escape(f"{wrong} (set by {cfg})")):
+        load_settings(cfg)
+    monkeypatch.setenv("BATCHSERVE_MAX_BATCH_SIZE", "nine")
+    with pytest.raises(ConfigError, match=re.escape(f"{wrong} (set by BATCHSERVE_MAX_BATCH_SIZE)")):
+        load_settings(cfg)
+    too_few = "max_batch_size: Input should be greater than or equal to 1"
+    with pytest.raises(ConfigError, match=re.escape(f"{too_few} (set by --max-batch-size)")):
+        load_settings(cfg, {"max_batch_size": 0})
+    monkeypatch.delenv("BATCHSERVE_MAX_BATCH_SIZE")
+    monkeypatch.setenv("BATCHSERVE_API_KEY", "hunter 2")
+    with pytest.raises(ConfigError) as err:
+        load_settings(None)
+    assert str(err.value).endswith("(set by BATCHSERVE_API_KEY)") and "hunter" not in str(err.value)
+
+
 def test_a_switch_flag_refuses_other_words() -> None:
     args = build_parser().parse_args(["serve", "--cuda-graphs", "maybe"])
     with pytest.raises(ConfigError) as err:
         load_settings(None, {"cuda_graphs": args.cuda_graphs})
     assert str(err.value) == (
         "invalid settings: cuda_graphs: Input should be a valid boolean, unable to interpret "
-        "input or Input should be 'auto' (given 'maybe')")
+        "input or Input should be 'auto' (given 'maybe', set by --cuda-graphs)")
 
 
 def test_a_redis_url_redis_cannot_use_is_refused() -> None:
