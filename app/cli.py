@@ -17,6 +17,7 @@ from app.config import ENV_PREFIX, Settings
 from app.errors import BatchServeError, ConfigError, first_line
 from app.lifetime import ended, open_standard_streams
 from app.sources import load_settings, unknown_variables
+from app.values import without_password
 from app.version import __version__
 
 
@@ -163,8 +164,8 @@ def submit_jobs(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     except (RedisError, OSError) as exc:
-        print(f"batchserve submit: cannot use Redis at {settings.redis_url}: {first_line(exc)}",
-              file=sys.stderr)
+        print(f"batchserve submit: cannot use Redis at {without_password(settings.redis_url)}: "
+              f"{first_line(exc)}", file=sys.stderr)
         return 1
     out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115
     try:

@@ -39,10 +39,25 @@ def listed_names(value: Any) -> Any:
     return [name.strip() for name in value.split(",") if name.strip()]
 
 
+def without_password(url: str) -> str:
+    """``url`` as a log or an error may show it: its password, if it holds one (Redis's
+    ``redis://:PASSWORD@host``, the usual way to give one), replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # a port that is not a number: the text before the host is still cut
+        return url.split("://", 1)[0] + "://***@" + url.rsplit("@", 1)[-1] if "@" in url else url
+    if not password:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
+
+
 def redis_scheme(value: str) -> str:
     """A URL of a scheme redis-py connects with (it raises a traceback's ValueError later)."""
     if urlsplit(value).scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(f"{value!r} is not a redis://, rediss:// or unix:// URL")
+        raise ValueError(f"{without_password(value)!r} is not a redis://, rediss:// or unix:// URL")
     return value
 
 
@@ -52,7 +67,7 @@ def http_url(value: str | None) -> str | None:
     if value is not None:
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"{value!r} is not an http:// or https:// URL")
+            raise ValueError(f"{without_password(value)!r} is not an http:// or https:// URL")
     return value
 
 

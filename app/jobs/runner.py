@@ -18,6 +18,7 @@ from app.jobs.consumer import JobWorker
 from app.jobs.metrics import JobMetrics
 from app.process import fit_torch_threads, freeze_startup_objects, tune_for_serving
 from app.runtime import InferenceService, build_service
+from app.values import without_password
 
 log = logging.getLogger("batchserve.jobs")
 
@@ -72,8 +73,8 @@ async def run_worker(settings: Settings) -> int:
         except Exception as exc:  # noqa: BLE001 - Redis gone: one line; anything else: logged
             cause = exc.__cause__ if isinstance(exc, RuntimeError) and exc.__cause__ else exc
             if isinstance(cause, (RedisError, OSError)):
-                log.critical("cannot use Redis at %s, exiting: %s", settings.redis_url,
-                             first_line(cause))
+                log.critical("cannot use Redis at %s, exiting: %s",
+                             without_password(settings.redis_url), first_line(cause))
             else:
                 log.exception("the worker stopped on an error")
             return 1

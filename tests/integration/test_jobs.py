@@ -345,7 +345,8 @@ def test_submit_and_worker_fail_in_one_line(redis_url: str, tmp_path: Path) -> N
     good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
     good.write_text("[1, 2, 3, 4]\n")
     bad.write_text("[1, 2, 3, 4]\nnot json\n")
-    down = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    # nothing listens there; its password is never shown
+    down = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
     cases = [
         (["submit", str(tmp_path / "missing.jsonl")], 2, "cannot read"),
         (["submit", str(bad)], 2, "bad.jsonl line 2 is not JSON"),
@@ -357,11 +358,13 @@ def test_submit_and_worker_fail_in_one_line(redis_url: str, tmp_path: Path) -> N
         proc = run_app(*args)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == code and len(lines) == 1 and says in lines[0], proc.stderr
+        assert "hunter2" not in proc.stderr
     proc = run_app("worker", "--redis-url", down, "--model", "linear", "--devices", "cpu",
                    "--log-level", "warning")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "cannot use Redis at" in lines[0], proc.stderr
+    assert len(lines) == 1 and "cannot use Redis at redis://:***@" in lines[0], proc.stderr
+    assert "hunter2" not in proc.stderr
 
 
 def test_redis_lost_stops_the_worker_in_lines_without_a_traceback(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from app.config import ModelSettings, Settings
 from app.errors import ConfigError
 from app.sources import load_settings, unknown_variables
 from app.supervisor import frontend_count
+from app.values import without_password
 from app.version import __version__
 from tests.conftest import make_settings
 
@@ -351,6 +352,10 @@ def test_a_switch_flag_refuses_other_words() -> None:
 def test_a_redis_url_redis_cannot_use_is_refused() -> None:
     with pytest.raises(ConfigError, match="redis_url: 'localhost:6379' is not a redis://"):
         load_settings(None, {"redis_url": "localhost:6379"})
+    with pytest.raises(ConfigError, match=re.escape("'http://:***@redis:6379' is not a redis://")):
+        load_settings(None, {"redis_url": "http://:hunter2@redis:6379"})
+    with pytest.raises(ConfigError, match=re.escape("'ftp://u:***@c' is not an http://")):
+        load_settings(None, {"otel_endpoint": "ftp://u:hunter2@c"})
     for url in ("redis://h:1/0", "rediss://h", "unix:///run/redis.sock"):
         assert load_settings(None, {"redis_url": url}).redis_url == url
 
@@ -366,3 +371,15 @@ def test_an_otel_endpoint_over_http_or_https_is_taken() -> None:
     for url in ("http://collector:4318", "https://otel.example.com"):
         assert load_settings(None, {"otel_endpoint": url}).otel_endpoint == url
     assert load_settings(None, {}).otel_endpoint is None
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("redis://:hunter2@redis:6379/0", "redis://:***@redis:6379/0"),
+    ("rediss://user:hunter2@[::1]:6379", "rediss://user:***@[::1]:6379"),
+    ("redis://:pa@ss@h:1/0", "redis://:***@h:1/0"),  # an @ in the password
+    ("redis://user@h", "redis://user@h"),  # no password: as it is
+    ("unix:///run/redis.sock", "unix:///run/redis.sock"),
+    ("redis://:hunter2@[::1:6379", "redis://***@[::1:6379"),  # no URL urlsplit takes
+])
+def test_a_urls_password_is_never_shown(url: str, shown: str) -> None:
+    assert without_password(url) == shown
