@@ -63,7 +63,7 @@ def setter(name: str, flags: Mapping[str, Any], path: str | os.PathLike[str] | N
     variable = ENV_PREFIX + name.upper()
     if any(key.upper() == variable for key in environ):
         return variable
-    return f"{path}" if name in file_values else None
+    return str(path) if name in file_values else None
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:

@@ -8,8 +8,9 @@ from typing import Any
 from app.errors import InvalidInput, quoted
 from app.framing import decimal
 
-TIMEOUT_HEADER = "x-request-timeout"
-PRIORITY_HEADER = "x-priority"
+# The headers' names as ASGI gives them (bytes, lower case).
+TIMEOUT_HEADER = b"x-request-timeout"
+PRIORITY_HEADER = b"x-priority"
 
 # The headers as OpenAPI parameters, for the inference routes' operations.
 TIMEOUT_PARAMETER: dict[str, Any] = {
@@ -43,7 +44,7 @@ def request_timeout_s(header: bytes | None, limit_s: float) -> float:
     except ValueError:
         value = float("nan")
     if not value > 0:
-        raise InvalidInput(f"{TIMEOUT_HEADER} must be a positive number of seconds, got "
+        raise InvalidInput(f"{TIMEOUT_HEADER.decode()} must be a positive number of seconds, got "
                            f"{quoted(header)}")
     return min(value, limit_s)
 
@@ -54,5 +55,6 @@ def priority_header(header: bytes | None) -> int | None:
         return None
     level = decimal(header)
     if level is None:
-        raise InvalidInput(f"{PRIORITY_HEADER} must be a whole number >= 0, got {quoted(header)}")
+        raise InvalidInput(f"{PRIORITY_HEADER.decode()} must be a whole number >= 0, got "
+                           f"{quoted(header)}")
     return level

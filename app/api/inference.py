@@ -22,7 +22,12 @@ from starlette.types import Receive, Scope, Send
 from app.api.auth import check_auth
 from app.api.body import CLIENT_CLOSED, ClientGone, read_inflated
 from app.api.error_responses import format_of
-from app.api.headers import priority_header, request_timeout_s
+from app.api.headers import (
+    PRIORITY_HEADER,
+    TIMEOUT_HEADER,
+    priority_header,
+    request_timeout_s,
+)
 from app.arrays import Results
 from app.arriving import Arriving
 from app.config import Settings
@@ -180,7 +185,7 @@ async def run_inference(scope: Scope, receive: Receive, service: Serving, name: 
         if model is None:
             assert missing is not None
             raise missing
-        deadline = arrived + request_timeout_s(headers.get(b"x-request-timeout"),
+        deadline = arrived + request_timeout_s(headers.get(TIMEOUT_HEADER),
                                                model.settings.request_timeout_s)
         body = await read_inflated(receive, settings.max_body_bytes,
                                    headers.get(b"content-length"),
@@ -193,7 +198,7 @@ async def run_inference(scope: Scope, receive: Receive, service: Serving, name: 
         instances, context, asked = parse(model, body, headers)
         priority = asked.priority
         if priority is None:
-            priority = priority_header(headers.get(b"x-priority"))
+            priority = priority_header(headers.get(PRIORITY_HEADER))
         if asked.timeout_s:
             deadline = min(deadline, arrived + asked.timeout_s)
         watch = DisconnectWatch(receive)
